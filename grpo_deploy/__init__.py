@@ -1,0 +1,3 @@
+"""grpo-deploy: render, check and launch GRPO + LoRA post-training deployments."""
+
+__version__ = "0.1.0"
