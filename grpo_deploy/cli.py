@@ -1,0 +1,301 @@
+"""The `grpo-deploy` command line: argument parsing and printing only; the work happens in the modules below."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from . import __version__, preflight, profiles, scaffold
+from .plan import make_plan
+from .render import render_files
+from .resolve import Resolved, resolve
+from .spec import ENGINES, SpecError, load
+from .table import human_bytes, table
+
+DEFAULT_SPEC = "grpo-deploy.yaml"
+EXIT_USAGE = 2
+
+
+class CliError(Exception):
+    """An expected failure: printed as one clear message, exit code 2, no traceback."""
+
+
+# ---------------------------------------------------------------- shared helpers
+
+def _load(args) -> Resolved:
+    path = args.file
+    if path is None:
+        if Path(DEFAULT_SPEC).exists():
+            path = DEFAULT_SPEC
+        else:
+            print(f"note: no -f and no ./{DEFAULT_SPEC}: using the embedded default (cpu rehearsal on this host)",
+                  file=sys.stderr)
+            return resolve(scaffold.embedded_default())
+    return resolve(load(path))
+
+
+def _parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]i?B?|B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise CliError(f"--free-space: cannot read size {text!r} (use e.g. 500GB, 1.5TB, 800GiB)")
+    unit = (m.group(2) or "B").upper().rstrip("B") or "B"
+    factor = {"B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
+    return int(float(m.group(1)) * factor)
+
+
+def _free_space(values: list[str] | None, res: Resolved) -> dict[str, int]:
+    out = {}
+    names = {h.name for h in res.spec.hosts}
+    for item in values or []:
+        host, sep, size = item.partition("=")
+        if not sep or host not in names:
+            raise CliError(f"--free-space {item!r}: expected HOST=SIZE with HOST one of {', '.join(sorted(names))}")
+        out[host] = _parse_size(size)
+    return out
+
+
+def _add_spec(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-f", "--file", metavar="SPEC",
+                   help=f"deployment spec (default: ./{DEFAULT_SPEC}, else the embedded cpu rehearsal)")
+
+
+def _add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output (stable shape)")
+
+
+def _add_free_space(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--free-space", action="append", metavar="HOST=SIZE",
+                   help="what-if: plan as if HOST had SIZE free where checkpoints go (e.g. node1=500GB); repeatable")
+
+
+# ---------------------------------------------------------------- verbs
+
+def cmd_init(args) -> int:
+    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()] if args.hosts else []
+    try:
+        text = scaffold.spec_text(args.profile, args.engine, hosts, args.name)
+    except scaffold.InitError as exc:
+        raise CliError(str(exc)) from None
+    out = Path(args.output)
+    if out.exists() and not args.force:
+        raise CliError(f"{out} exists; pass --force to overwrite it or -o another file")
+    out.write_text(text, encoding="utf-8")
+    print(f"wrote {out} (profile {args.profile}, engine {args.engine}); next: grpo-deploy plan -f {out}")
+    return 0
+
+
+def cmd_render(args) -> int:
+    res = _load(args)
+    out = Path(args.output).resolve()
+    files = render_files(res, config_dir=str(out / "config"))
+    if args.check:
+        return _render_check(out, files)
+    if out.exists() and any(out.iterdir()) and not (out / "MANIFEST").exists():
+        raise CliError(f"{out} exists and is not an earlier render (no MANIFEST); choose an empty or new directory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for rel, text in files.items():
+            target = tmp / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"rendered {len(files)} files for run {res.spec.run.name} ({res.engine}) into {out}")
+    for rel in sorted(files):
+        print(f"  {rel}")
+    return 0
+
+
+def _render_check(out: Path, files: dict[str, str]) -> int:
+    problems = []
+    for rel, text in sorted(files.items()):
+        target = out / rel
+        if not target.exists():
+            problems.append(f"missing  {rel}")
+        elif target.read_text(encoding="utf-8") != text:
+            problems.append(f"differs  {rel}")
+    if out.exists():
+        for path in sorted(out.rglob("*")):
+            rel = path.relative_to(out).as_posix()
+            if path.is_file() and rel not in files:
+                problems.append(f"extra    {rel}")
+    if problems:
+        print(f"{out} is out of date with the spec and renderer:")
+        print("\n".join(f"  {p}" for p in problems))
+        print(f"fix: grpo-deploy render -o {out}")
+        return 1
+    print(f"{out} matches the renderer ({len(files)} files)")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    res = _load(args)
+    ctx = preflight.Context(res, free_space=_free_space(args.free_space, res))
+    plan = ctx.plan()
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=2, default=str))
+        return 0 if plan.ok else 1
+    print(f"run {plan.run}: engine {plan.engine}, model {plan.model}"
+          + (f" ({plan.params / 1e6:,.1f} M params, LoRA {plan.lora_params / 1e6:,.2f} M)" if plan.params else ""))
+    rows = []
+    for h in plan.hosts:
+        for m in h.memory:
+            detail = ", ".join(f"{k}={v}" for k, v in m.items() if k not in ("role", "why", "fits"))
+            rows.append([h.host, h.profile, m.get("role"), h.gpus,
+                         {True: "fits", False: "DOES NOT FIT", None: "?"}[m.get("fits")],
+                         f"{detail}. {m.get('why', '')}"])
+    print(table(["host", "profile", "role", "gpus", "memory", "estimate"], rows))
+    if plan.disk:
+        d = plan.disk
+        print()
+        print(f"checkpoints: {human_bytes(d.checkpoint_bytes)} each, saved at steps "
+              f"{', '.join(map(str, d.save_steps)) or 'never'} of {d.total_steps}; keep "
+              f"{'all' if d.keep is None else d.keep}; adapters on the volume {d.adapters_kept} x "
+              f"{human_bytes(d.adapter_bytes)}")
+        print(f"disk: need {human_bytes(d.peak_bytes)} at peak on {d.filesystem}; free "
+              f"{human_bytes(d.free_bytes)} ({d.free_source}) -> "
+              + {True: "OK", False: "DOES NOT FIT", None: "unknown"}[d.fits])
+        for line in d.explanation:
+            print(f"  - {line}")
+    for w in plan.warnings:
+        print(f"warning: {w}")
+    if args.explain:
+        print()
+        rows = [[f"{section}.{k}", v["value"], v["source"], v["why"]]
+                for section, values in plan.settings.items() for k, v in values.items()]
+        print(table(["setting", "value", "from", "why"], rows))
+    else:
+        print("\n(--explain lists every setting with where it came from and why)")
+    return 0 if plan.ok else 1
+
+
+def cmd_preflight(args) -> int:
+    try:
+        res = _load(args)
+    except SpecError as exc:
+        if args.json:
+            print(json.dumps({"ok": False, "exit_code": preflight.EXIT_COULD_NOT_RUN,
+                              "error": "invalid spec", "problems": [str(p) for p in exc.problems]}, indent=2))
+            return preflight.EXIT_COULD_NOT_RUN
+        raise
+    ctx = preflight.Context(res, free_space=_free_space(args.free_space, res))
+    results = preflight.run_checks(ctx, only=args.only)
+    if args.json:
+        print(preflight.to_json(results))
+    else:
+        print(table(["check", "host", "verdict", "fact / fix"],
+                    [[r.check, r.host, r.verdict.upper(), r.fact + (f"  -> fix: {r.hint}" if r.hint else "")]
+                     for r in results]))
+        failed = sum(r.verdict == preflight.FAIL for r in results)
+        print(f"\npreflight: {'FAILED, ' + str(failed) + ' check(s)' if failed else 'all checks passed'}")
+    return preflight.exit_code(results)
+
+
+def cmd_profiles(args) -> int:
+    rows = []
+    for name in profiles.names():
+        p = profiles.load(name)
+        rows.append([name, ",".join(p.engines), "/".join(p.hardware.get("arch", [])), p.description])
+    print(table(["profile", "engines", "arch", "description"], rows))
+    return 0
+
+
+def cmd_not_built(args) -> int:
+    print(f"grpo-deploy {args.verb}: not built yet in this version ({__version__}). "
+          "See README.md, 'What works today'.", file=sys.stderr)
+    return EXIT_USAGE
+
+
+# ---------------------------------------------------------------- parser
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="grpo-deploy",
+        description="Render, check and launch GRPO + LoRA post-training deployments "
+                    "(TRL async GRPO + vLLM server, or verl) from one spec and hardware profiles.",
+        epilog="Typical flow: init -> plan -> preflight -> up -> status. Every verb has --help.",
+    )
+    parser.add_argument("--version", action="version", version=f"grpo-deploy {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    p = sub.add_parser("init", help="write a commented deployment spec from a hardware profile",
+                       description="Write a commented spec with every key, filled from a hardware profile.")
+    p.add_argument("--profile", required=True, choices=profiles.names(), help="hardware profile (grpo-deploy profiles)")
+    p.add_argument("--engine", required=True, choices=ENGINES, help="training engine")
+    p.add_argument("--hosts", help="comma-separated SSH hosts; trl-async: 'trainer,server' (e.g. spark1,spark2) or one "
+                                   "host for both roles; verl: head first, then workers. Default: this machine")
+    p.add_argument("--name", help="run name (default: from profile and engine)")
+    p.add_argument("-o", "--output", default=DEFAULT_SPEC, help=f"file to write (default {DEFAULT_SPEC})")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.set_defaults(fn=cmd_init)
+
+    p = sub.add_parser("render", help="write every artifact (vLLM args, trainer config, compose env, verl overrides)",
+                       description="Render every artifact of the run into a directory; nothing else is touched. "
+                                   "With --check, compare the directory with a fresh render and exit 1 on any difference.")
+    _add_spec(p)
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--check", action="store_true", help="diff DIR against a fresh render instead of writing")
+    p.set_defaults(fn=cmd_render)
+
+    p = sub.add_parser("plan", help="what runs where, memory fit, checkpoint size and disk need per host",
+                       description="Plan the run: roles and GPUs per host, memory fit (rough estimates), checkpoint "
+                                   "size, save schedule, and disk need against the real free space. Exit 1 when "
+                                   "something does not fit.")
+    _add_spec(p)
+    _add_json(p)
+    _add_free_space(p)
+    p.add_argument("--explain", action="store_true", help="list every setting with its source and reason")
+    p.set_defaults(fn=cmd_plan)
+
+    p = sub.add_parser("preflight", help="run every check; table or --json; exit 0 ok, 1 failed, 2 could not run",
+                       description="Check every precondition before anything starts: spec, identity (UID/umask), "
+                                   "Docker engine, architecture, disk headroom, logger credentials, images.")
+    _add_spec(p)
+    _add_json(p)
+    _add_free_space(p)
+    p.add_argument("--only", action="append", metavar="CHECK",
+                   help=f"run only this check (repeatable): {', '.join(n for n, _, _ in preflight.CHECKS)}")
+    p.set_defaults(fn=cmd_preflight)
+
+    p = sub.add_parser("profiles", help="list the hardware profiles")
+    p.set_defaults(fn=cmd_profiles)
+
+    for verb, text in (("up", "start the run (all-or-nothing)"), ("status", "progress of a run"),
+                       ("diagnose", "name the bottleneck and the next knob"), ("logs", "follow the run's logs"),
+                       ("down", "stop the run"), ("checkpoints", "list, verify, quarantine, prune checkpoints")):
+        p = sub.add_parser(verb, help=f"{text} [not built yet]", description=f"{text}. Not built yet.")
+        p.set_defaults(fn=cmd_not_built)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.fn(args)
+    except SpecError as exc:
+        print("error: the spec is not valid; nothing was written or started:", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    except CliError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

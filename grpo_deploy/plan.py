@@ -1,0 +1,275 @@
+"""Plan a run (pure): what runs where, memory fit, checkpoint size, the save schedule, and disk need vs free space.
+
+Free space is an input (a fact gathered by the caller from the real filesystem, or a what-if figure), so
+every number here is reproducible in tests. Estimates are labelled as such; the disk rule is exact given
+the checkpoint size: while a checkpoint is written the previous `keep` still exist, so the peak is
+(keep + 1) checkpoints + the adapters the server may still read + a safety margin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .resolve import DATASET_SIZES, Resolved
+
+GB = 1e9
+GIB = 1024**3
+CKPT_EXTRA_BYTES = 8 * 1024**2  # trainer state, RNG, scheduler, dataloader state: a few MB
+
+
+@dataclass
+class Architecture:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    tie_word_embeddings: bool = True
+    head_dim: int | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Architecture":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """(in, out) of each linear layer of one decoder block (Qwen2/Llama layout)."""
+        h, i, q, kv = self.hidden_size, self.intermediate_size, self.num_attention_heads * self.hd, \
+            self.num_key_value_heads * self.hd
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
+                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+
+    def params(self) -> int:
+        per_layer = sum(a * b for a, b in self.linear_shapes().values()) + 2 * self.hidden_size
+        embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return per_layer * self.num_hidden_layers + embed + self.hidden_size
+
+    def lora_params(self, r: int, target_modules: Any = "all-linear") -> int:
+        shapes = self.linear_shapes()
+        if target_modules not in ("all-linear", None):
+            names = [target_modules] if isinstance(target_modules, str) else list(target_modules)
+            shapes = {k: v for k, v in shapes.items() if k in names}
+        return r * sum(a + b for a, b in shapes.values()) * self.num_hidden_layers
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.hd * dtype_bytes
+
+
+@dataclass
+class DiskPlan:
+    filesystem: str
+    free_bytes: int | None
+    free_source: str
+    checkpoint_bytes: int
+    adapter_bytes: int
+    adapters_kept: int
+    margin_bytes: int
+    total_steps: int
+    save_steps: list[int]
+    keep: int | None
+    peak_bytes: int
+    fits: bool | None
+    fails_at_save: int | None = None  # 1-based index into save_steps
+    fails_at_step: int | None = None
+    recommended_keep: int | None = None
+    extra_needed_bytes: int | None = None
+    explanation: list[str] = field(default_factory=list)
+
+
+@dataclass
+class RolePlan:
+    host: str
+    address: str
+    profile: str
+    roles: list[str]
+    gpus: str
+    memory: list[dict[str, Any]]
+
+
+@dataclass
+class Plan:
+    run: str
+    engine: str
+    model: str
+    params: int | None
+    lora_params: int | None
+    hosts: list[RolePlan]
+    disk: DiskPlan | None
+    settings: dict[str, dict[str, Any]]
+    warnings: list[str]
+    ok: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def total_steps(res: Resolved) -> int:
+    if res.engine == "trl-async":
+        return int(res.v("trl", "max_steps", 0) or 0)
+    verl = res.sections["verl"]
+    if "trainer.total_training_steps" in verl and verl["trainer.total_training_steps"].value:
+        return int(verl["trainer.total_training_steps"].value)
+    size = res.spec.dataset.size or DATASET_SIZES.get(res.v("data", "dataset"), 0)
+    batch = int(verl["data.train_batch_size"].value) if "data.train_batch_size" in verl else 1024
+    epochs = int(verl["trainer.total_epochs"].value) if "trainer.total_epochs" in verl else 1
+    return (size // batch) * epochs
+
+
+def save_steps(res: Resolved, steps: int) -> list[int]:
+    every = res.v("checkpoints", "save_every")
+    if not every or every <= 0 or steps <= 0:
+        return []
+    out = list(range(every, steps + 1, every))
+    if res.engine == "verl" and steps not in out:
+        out.append(steps)  # verl also saves on the last step
+    return out
+
+
+def checkpoint_bytes(res: Resolved, arch: Architecture) -> tuple[int, int, list[str]]:
+    """(checkpoint size, adapter size, explanation lines)."""
+    r = int(res.v("lora", "r", 8))
+    lora = arch.lora_params(r, res.v("lora", "target_modules", "all-linear"))
+    adapter = lora * 4  # PEFT saves the fp32 LoRA weights
+    optim = lora * 8  # Adam: two fp32 moments per trainable parameter
+    if res.engine == "verl":
+        verl = res.sections["verl"]
+        dtype = verl.get("actor_rollout_ref.actor.fsdp_config.model_dtype")
+        base_bytes = 2 if dtype is not None and dtype.value in ("bf16", "bfloat16") else 4
+        lora_only = verl.get("+actor_rollout_ref.actor.checkpoint.save_lora_only")
+        base = 0 if lora_only is not None and lora_only.value else arch.params() * base_bytes
+        total = base + adapter + optim + CKPT_EXTRA_BYTES
+        why = [f"verl FSDP checkpoint = frozen base in {'bf16' if base_bytes == 2 else 'fp32 (model_dtype default)'} "
+               f"{base / GB:.2f} GB + LoRA {adapter / GB:.3f} GB + Adam state {optim / GB:.3f} GB"]
+        return total, 0, why
+    total = adapter + optim + CKPT_EXTRA_BYTES
+    why = [f"TRL checkpoint = LoRA adapter {adapter / GB:.4f} GB + Adam state {optim / GB:.4f} GB + trainer state"]
+    return total, adapter, why
+
+
+def plan_disk(res: Resolved, arch: Architecture, free_bytes: int | None, filesystem: str, free_source: str) -> DiskPlan:
+    ckpt, adapter, why = checkpoint_bytes(res, arch)
+    steps = total_steps(res)
+    saves = save_steps(res, steps)
+    keep = res.keep
+    adapters_kept = (int(res.v("trl", "max_staleness", 4)) + 2) if res.engine == "trl-async" else 0
+    margin = int(float(res.v("checkpoints", "disk_margin_gb", 2.0)) * GB)
+    fixed = adapter * adapters_kept + margin
+
+    def present_while_saving(i: int, k: int | None) -> int:  # checkpoints on disk while save i (1-based) is written
+        return i if k is None else min(i - 1, k) + 1
+
+    n_saves = len(saves)
+    peak = (present_while_saving(n_saves, keep) * ckpt if n_saves else 0) + fixed
+    plan = DiskPlan(filesystem=filesystem, free_bytes=free_bytes, free_source=free_source, checkpoint_bytes=ckpt,
+                    adapter_bytes=adapter, adapters_kept=adapters_kept, margin_bytes=margin, total_steps=steps,
+                    save_steps=saves, keep=keep, peak_bytes=peak, fits=None, explanation=list(why))
+    plan.explanation.append(
+        f"{n_saves} saves over {steps} steps (every {res.v('checkpoints', 'save_every')}), keep "
+        f"{'all' if keep is None else keep}: peak {present_while_saving(n_saves, keep) if n_saves else 0} checkpoints "
+        f"while one is written + {adapters_kept} adapters + {margin / GB:.1f} GB margin = {peak / GB:.1f} GB")
+    if free_bytes is None:
+        plan.explanation.append("free space unknown: measured by preflight on the host that holds the volume")
+        return plan
+    plan.fits = peak <= free_bytes
+    if plan.fits:
+        return plan
+    for i, step in enumerate(saves, start=1):
+        if present_while_saving(i, keep) * ckpt + fixed > free_bytes:
+            plan.fails_at_save, plan.fails_at_step = i, step
+            break
+    best = int((free_bytes - fixed) // ckpt) - 1 if ckpt else None
+    plan.recommended_keep = best if best is not None and best >= 1 else None
+    keep_all_peak = (n_saves * ckpt if n_saves else 0) + fixed
+    plan.extra_needed_bytes = max(0, keep_all_peak - free_bytes)
+    ordinal = {1: "1st", 2: "2nd", 3: "3rd"}.get(plan.fails_at_save or 0, f"{plan.fails_at_save}th")
+    msg = (f"the run runs out of disk at the {ordinal} save (step {plan.fails_at_step}): "
+           f"{free_bytes / GB:.1f} GB free on {filesystem}, {ckpt / GB:.1f} GB per checkpoint")
+    plan.explanation.append(msg)
+    if plan.recommended_keep:
+        plan.explanation.append(
+            f"set checkpoints.keep: {plan.recommended_keep} (the largest that fits: a save needs room for one more "
+            f"checkpoint before the oldest is deleted), or add {plan.extra_needed_bytes / GB:.1f} GB to keep all")
+    else:
+        plan.explanation.append(f"not even one checkpoint plus the next fits: add at least "
+                                f"{(2 * ckpt + fixed - free_bytes) / GB:.1f} GB or move checkpoints.dir")
+    return plan
+
+
+def _memory(res: Resolved, arch: Architecture | None, host) -> list[dict[str, Any]]:
+    profile = res.profiles[host.name]
+    hw = profile.hardware
+    cap = float(hw.get("memory_gb_per_gpu") or hw.get("host_memory_gb") or 0) * GB
+    out: list[dict[str, Any]] = []
+    if arch is None:
+        return [{"role": ",".join(host.roles), "note": "model architecture unknown: set model.architecture"}]
+    weights = arch.params() * 2
+    for role in host.roles:
+        if role == "server":
+            gmu = float(res.v("vllm", "gpu_memory_utilization", 0.9))
+            pool = gmu * cap
+            kv = pool - weights
+            per_seq = arch.kv_bytes_per_token() * int(res.v("vllm", "max_model_len", 1024))
+            seqs = int(kv // per_seq) if per_seq and kv > 0 else 0
+            out.append({"role": "server", "budget_gb": round(pool / GB, 1), "weights_gb": round(weights / GB, 2),
+                        "kv_cache_gb": round(max(kv, 0) / GB, 1), "full_length_sequences": seqs,
+                        "fits": kv > 0 and seqs >= 1,
+                        "why": f"gpu_memory_utilization {gmu} x {cap / GB:.0f} GB"})
+        elif role == "trainer":
+            budget = int(res.v("trl", "token_budget", 0) or 0)
+            tokens = budget or (int(res.v("model", "max_prompt_length", 512)) + int(res.v("trl", "max_completion_length", 256))) \
+                * int(res.v("trl", "per_device_train_batch_size", 1))
+            ckpt = bool(res.v("trl", "gradient_checkpointing", False))
+            per_tok = arch.num_hidden_layers * arch.hidden_size * (2 if ckpt else 34) + arch.hidden_size * 34
+            act = tokens * per_tok + tokens * arch.vocab_size * 6
+            lora = arch.lora_params(int(res.v("lora", "r", 8)), res.v("lora", "target_modules")) * 16
+            need = weights + lora + act
+            avail = cap
+            if "server" in host.roles and hw.get("unified_memory", False) or profile.accelerator == "none":
+                avail = cap * (1 - float(res.v("vllm", "gpu_memory_utilization", 0.9)))
+            out.append({"role": "trainer", "estimate_gb": round(need / GB, 1), "available_gb": round(avail / GB, 1),
+                        "fits": need <= avail,
+                        "why": f"rough: weights {weights / GB:.1f} GB + LoRA/optimizer + activations for {tokens} "
+                               f"tokens per microbatch ({'with' if ckpt else 'without'} gradient checkpointing)"})
+        elif role in ("head", "worker"):
+            verl = res.sections["verl"]
+            n = int(verl["trainer.n_gpus_per_node"].value) if "trainer.n_gpus_per_node" in verl else 1
+            gmu = float(verl["actor_rollout_ref.rollout.gpu_memory_utilization"].value) \
+                if "actor_rollout_ref.rollout.gpu_memory_utilization" in verl else 0.5
+            tp = int(verl["actor_rollout_ref.rollout.tensor_model_parallel_size"].value) \
+                if "actor_rollout_ref.rollout.tensor_model_parallel_size" in verl else 1
+            shard = arch.params() * 4 / max(n * len(res.hosts_with("head") + res.hosts_with("worker")), 1)
+            out.append({"role": role, "rollout_pool_gb_per_gpu": round(gmu * cap / GB, 1),
+                        "rollout_weights_gb_per_gpu": round(weights / tp / GB, 2),
+                        "actor_shard_fp32_gb_per_gpu": round(shard / GB, 2), "fits": weights / tp < gmu * cap,
+                        "why": f"TP={tp}: each GPU holds 1/{tp} of the bf16 weights inside the rollout pool"})
+    return out
+
+
+def make_plan(res: Resolved, free_bytes: int | None = None, filesystem: str = "?", free_source: str = "unknown") -> Plan:
+    arch = Architecture.from_dict(res.architecture) if res.architecture else None
+    warnings = []
+    hosts = []
+    for host in res.spec.hosts:
+        profile = res.profiles[host.name]
+        gpus = "none" if profile.accelerator == "none" else (
+            ", ".join(f"{role}: {ids}" for role, ids in (host.gpus or {}).items())
+            or f"all {profile.hardware.get('gpus_per_host')}")
+        hosts.append(RolePlan(host.name, host.address, profile.name, list(host.roles), gpus, _memory(res, arch, host)))
+    disk = None
+    if arch is None:
+        warnings.append(f"model {res.v('model', 'path')!r} is not in grpo_deploy/models.yaml: set model.architecture "
+                        "in the spec for memory and checkpoint estimates")
+    else:
+        disk = plan_disk(res, arch, free_bytes, filesystem, free_source)
+    ok = all(m.get("fits", True) for h in hosts for m in h.memory) and (disk is None or disk.fits is not False)
+    explain = {section: {k: {"value": v.value, "source": v.source, "why": v.why} for k, v in values.items()}
+               for section, values in res.sections.items()}
+    return Plan(run=res.spec.run.name, engine=res.engine, model=str(res.v("model", "path")),
+                params=arch.params() if arch else None,
+                lora_params=arch.lora_params(int(res.v("lora", "r", 8)), res.v("lora", "target_modules")) if arch else None,
+                hosts=hosts, disk=disk, settings=explain, warnings=warnings, ok=ok)

@@ -1,0 +1,327 @@
+"""Resolve a spec against its hosts' profiles into every effective setting, with where each came from and why.
+
+Pure: no I/O beyond reading package data. Order of precedence: profile value -> spec field -> spec override.
+Cross-field rules that need the merged values (adapter slots vs staleness, LoRA rank slots, context length,
+verl batch divisibility, retention keys the pinned verl accepts) are checked here, with errors that name
+the spec key to change.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+
+from . import profiles
+from .spec import LoadedSpec, Problem, SpecError, key_str
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+VLLM_KEYS = {
+    "gpu_memory_utilization", "max_num_seqs", "dtype", "extra_args", "max_loras", "max_lora_rank", "max_cpu_loras",
+    "max_model_len", "enforce_eager", "port", "enable_prefix_caching", "max_num_batched_tokens", "kv_cache_dtype",
+    "swap_space", "load_format",
+}
+MODEL_KEYS = {"path", "served_name", "max_prompt_length"}
+LORA_KEYS = {"r", "alpha", "dropout", "target_modules"}
+DATA_KEYS = {"dataset", "rewards", "num_prompts", "path"}
+RUNTIME_KEYS = {"device", "attention_shim", "response_template"}
+# verl 0.9.1 keys that the seed or older docs use but the pinned version rejects, with what to use instead.
+VERL_REJECTED = {
+    "trainer.save_total_limit": "verl 0.9.1 has no trainer.save_total_limit (Hydra: 'Could not override'); "
+    "set checkpoints.keep, rendered as trainer.max_actor_ckpt_to_keep",
+    "trainer.max_actor_ckpt_to_keep": "set checkpoints.keep instead (one place for retention)",
+    "trainer.save_freq": "set checkpoints.save_every instead",
+    "trainer.default_local_dir": "set checkpoints.dir instead",
+    "trainer.resume_mode": "set checkpoints.resume instead",
+}
+VERL_PREFIXES = ("algorithm.", "data.", "actor_rollout_ref.", "trainer.", "reward_model.", "critic.", "ray_kwargs.",
+                 "custom_reward_function.", "+")
+DATASET_SIZES = {"gsm8k": 7473, "boxed-math": 1460}
+SERVER_PORT = 8000
+
+
+@cache
+def trl_fields() -> frozenset[str]:
+    text = (resources.files("grpo_deploy") / "trl_config_fields.txt").read_text(encoding="utf-8")
+    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+@cache
+def known_models() -> dict[str, dict[str, Any]]:
+    return yaml.safe_load((resources.files("grpo_deploy") / "models.yaml").read_text(encoding="utf-8"))
+
+
+ALLOWED_KEYS = {"model": MODEL_KEYS, "lora": LORA_KEYS, "data": DATA_KEYS, "vllm": VLLM_KEYS, "runtime": RUNTIME_KEYS}
+
+
+@dataclass(frozen=True)
+class Value:
+    value: Any
+    source: str  # "profile:<name>", "spec", "override", "derived"
+    why: str
+
+
+@dataclass(frozen=True)
+class Identity:
+    uid: int
+    gid: int
+    umask: str
+
+    @property
+    def user(self) -> str:
+        return f"{self.uid}:{self.gid}"
+
+
+@dataclass
+class Resolved:
+    loaded: LoadedSpec
+    profiles: dict[str, profiles.Profile]  # host name -> profile
+    sections: dict[str, dict[str, Value]] = field(default_factory=dict)
+    identities: dict[str, Identity] = field(default_factory=dict)
+    images: dict[str, str] = field(default_factory=dict)
+    architecture: dict[str, Any] | None = None
+
+    @property
+    def spec(self):
+        return self.loaded.spec
+
+    @property
+    def engine(self) -> str:
+        return self.spec.engine
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.spec.storage.mount}/runs/{self.spec.run.name}"
+
+    @property
+    def config_dir(self) -> str:
+        """Where the rendered run config is mounted inside every container."""
+        return "/etc/grpo-deploy"
+
+    def v(self, section: str, key: str, default: Any = None) -> Any:
+        value = self.sections.get(section, {}).get(key)
+        return default if value is None else value.value
+
+    def hosts_with(self, role: str):
+        return [h for h in self.spec.hosts if role in h.roles]
+
+    def host_for(self, role: str):
+        hosts = self.hosts_with(role)
+        return hosts[0] if hosts else None
+
+    @property
+    def server_url(self) -> str:
+        server = self.host_for("server")
+        trainer = self.host_for("trainer")
+        if server is None:
+            return ""
+        port = self.v("vllm", "port", SERVER_PORT)
+        if trainer is not None and trainer.name == server.name:
+            return f"http://server:{port}"  # the compose service name, same host
+        return f"http://{_host_part(server.address) if server.address != 'local' else server.name}:{port}"
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.v("checkpoints", "dir")
+
+    @property
+    def keep(self) -> int | None:
+        """Checkpoints kept; None = keep all."""
+        return self.v("checkpoints", "keep")
+
+
+def _host_part(address: str) -> str:
+    host = address.split("@", 1)[-1]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _role_profile(loaded: LoadedSpec, role: str) -> tuple[Any, profiles.Profile]:
+    host = next(h for h in loaded.spec.hosts if role in h.roles)
+    return host, profiles.load(host.profile)
+
+
+def resolve(loaded: LoadedSpec) -> Resolved:
+    """Merge profiles, spec fields and overrides; raise SpecError on any cross-field rule broken."""
+    spec = loaded.spec
+    res = Resolved(loaded, {h.name: profiles.load(h.profile) for h in spec.hosts})
+    problems: list[Problem] = []
+
+    def problem(path: tuple[Any, ...], message: str) -> None:
+        problems.append(Problem(loaded.doc.where(path), key_str(path), message))
+
+    main_role = "trainer" if spec.engine == "trl-async" else "head"
+    _, main_profile = _role_profile(loaded, main_role)
+    server_profile = _role_profile(loaded, "server")[1] if spec.engine == "trl-async" else main_profile
+
+    def from_profile(section: str, profile: profiles.Profile) -> dict[str, Value]:
+        return {k: Value(s.value, f"profile:{profile.name}", s.why) for k, s in profile.settings.get(section, {}).items()}
+
+    for section in ("model", "lora", "data", "trl", "verl", "runtime", "checkpoints"):
+        res.sections[section] = from_profile(section, main_profile)
+    res.sections["vllm"] = from_profile("vllm", server_profile)
+
+    # Spec fields.
+    def put(section: str, key: str, value: Any, why: str, source: str = "spec") -> None:
+        if value is not None:
+            res.sections[section][key] = Value(value, source, why)
+
+    put("model", "path", spec.model.path, "set in the spec (model.path)")
+    put("model", "served_name", spec.model.served_name or (spec.model.path if spec.model.path else None),
+        "set in the spec (model.served_name, else model.path)")
+    put("data", "dataset", spec.dataset.name, "set in the spec (dataset.name)")
+    put("data", "path", spec.dataset.path, "set in the spec (dataset.path)")
+    ck = spec.checkpoints
+    put("checkpoints", "save_every", ck.save_every, "set in the spec (checkpoints.save_every)")
+    if ck.keep is not None:
+        put("checkpoints", "keep", None if ck.keep == "all" else ck.keep, "set in the spec (checkpoints.keep)")
+        if ck.keep == "all":
+            res.sections["checkpoints"]["keep"] = Value(None, "spec", "keep every checkpoint (checkpoints.keep: all)")
+    put("checkpoints", "dir", ck.dir or f"{res.run_dir}/checkpoints",
+        "checkpoints.dir" if ck.dir else "default: on the shared volume, so a resume finds it from any host",
+        "spec" if ck.dir else "derived")
+    put("checkpoints", "resume", ck.resume, "checkpoints.resume")
+    put("checkpoints", "disk_margin_gb", ck.disk_margin_gb, "checkpoints.disk_margin_gb")
+
+    # Overrides.
+    for section, entries in spec.overrides.items():
+        for key, value in entries.items():
+            path = ("overrides", section, key)
+            if section == "trl" and key not in trl_fields():
+                problem(path, f"not an AsyncGRPOConfig field of trl 1.16.0 (see grpo_deploy/trl_config_fields.txt)")
+                continue
+            if section == "verl":
+                if key in VERL_REJECTED:
+                    problem(path, VERL_REJECTED[key])
+                    continue
+                if not key.startswith(VERL_PREFIXES):
+                    problem(path, f"not a verl Hydra key (expected one starting with {', '.join(VERL_PREFIXES)})")
+                    continue
+            if section in ALLOWED_KEYS and key not in ALLOWED_KEYS[section]:
+                problem(path, f"unknown {section} setting; allowed: {', '.join(sorted(ALLOWED_KEYS[section]))}")
+                continue
+            res.sections.setdefault(section, {})[key] = Value(value, "override", f"overrides.{section}.{key} in the spec")
+
+    # Identities: one UID/GID for every role unless the spec deliberately splits them.
+    run = spec.run
+    for role in ("server", "trainer", "head", "worker"):
+        ident = run.roles.get(role)
+        res.identities[role] = Identity(
+            uid=ident.uid if ident and ident.uid is not None else run.uid,
+            gid=ident.gid if ident and ident.gid is not None else run.gid,
+            umask=(ident.umask.zfill(4) if ident and ident.umask else run.umask),
+        )
+
+    # Images.
+    if spec.engine == "trl-async":
+        res.images["server"] = spec.images.server or server_profile.images.get("server", "")
+        res.images["trainer"] = spec.images.trainer or main_profile.images.get("trainer", "")
+    else:
+        res.images["verl"] = spec.images.verl or main_profile.images.get("verl", "")
+
+    # Architecture for size estimates.
+    model_path = res.v("model", "path")
+    res.architecture = spec.model.architecture or known_models().get(model_path)
+
+    if spec.engine == "trl-async":
+        _derive_trl(res, problem)
+    else:
+        _derive_verl(res, problem)
+    if problems:
+        raise SpecError(problems)
+    return res
+
+
+def _override_path(res: Resolved, section: str, key: str) -> tuple[Any, ...]:
+    """The spec key a user changes to fix a broken rule (an override, whether or not it is written yet)."""
+    return ("overrides", section, key)
+
+
+def _derive_trl(res: Resolved, problem) -> None:
+    trl, vllm, lora = res.sections["trl"], res.sections["vllm"], res.sections["lora"]
+    staleness = int(res.v("trl", "max_staleness", 4))
+    r = int(res.v("lora", "r", 8))
+
+    def derive(key: str, value: Any, why: str) -> None:
+        if key not in vllm:
+            vllm[key] = Value(value, "derived", why)
+
+    derive("max_loras", staleness + 2, f"max_staleness ({staleness}) + 2: TRL keeps that many adapter versions loaded")
+    derive("max_cpu_loras", int(res.v("vllm", "max_loras")), "same as max_loras")
+    fitting = [x for x in VLLM_LORA_RANKS if x >= r]
+    derive("max_lora_rank", fitting[0] if fitting else r, f"smallest vLLM LoRA rank slot >= lora.r ({r})")
+    need_len = int(res.v("model", "max_prompt_length", 512)) + int(res.v("trl", "max_completion_length", 256))
+    derive("max_model_len", need_len, "max_prompt_length + max_completion_length")
+    derive("port", SERVER_PORT, "vLLM's default port")
+
+    max_loras = res.v("vllm", "max_loras")
+    if int(max_loras) < staleness + 2:
+        problem(
+            _override_path(res, "vllm", "max_loras"),
+            f"vllm max_loras={max_loras} is too small for trl max_staleness={staleness}: TRL keeps up to "
+            f"max_staleness + 2 = {staleness + 2} adapter versions loaded, and a load beyond the slots evicts one "
+            f"still in use. Set it to >= {staleness + 2} or lower trl.max_staleness",
+        )
+    rank = res.v("vllm", "max_lora_rank")
+    if rank not in VLLM_LORA_RANKS:
+        problem(_override_path(res, "vllm", "max_lora_rank"),
+                f"max_lora_rank={rank} is not one vLLM accepts; allowed: {', '.join(map(str, VLLM_LORA_RANKS))}")
+    elif int(rank) < r:
+        problem(_override_path(res, "vllm", "max_lora_rank"),
+                f"max_lora_rank={rank} is below the adapter's rank lora.r={r}: the server would refuse the adapter")
+    if int(res.v("vllm", "max_model_len")) < need_len:
+        problem(_override_path(res, "vllm", "max_model_len"),
+                f"max_model_len={res.v('vllm', 'max_model_len')} < max_prompt_length + max_completion_length = {need_len}")
+    gmu = float(res.v("vllm", "gpu_memory_utilization", 0.9))
+    if not 0 < gmu <= 1:
+        problem(_override_path(res, "vllm", "gpu_memory_utilization"), "must be in (0, 1]")
+    if res.v("trl", "max_inflight_tasks") and res.v("vllm", "max_num_seqs") and \
+            int(res.v("trl", "max_inflight_tasks")) > int(res.v("vllm", "max_num_seqs")) * 4:
+        problem(_override_path(res, "trl", "max_inflight_tasks"),
+                "max_inflight_tasks is more than 4x the server's max_num_seqs: requests would only queue")
+    if res.v("checkpoints", "save_every"):
+        trl.setdefault("save_strategy", Value("steps", "derived", "checkpoints.save_every"))
+        trl["save_steps"] = Value(res.v("checkpoints", "save_every"), "derived", "checkpoints.save_every")
+    if res.keep is not None:
+        trl["save_total_limit"] = Value(res.keep, "derived", "checkpoints.keep")
+    for key in ("output_dir", "vllm_server_base_url"):
+        if key in trl and trl[key].source == "override":
+            problem(("overrides", "trl", key), "set by the kit from storage.mount / hosts; do not override")
+
+
+def _derive_verl(res: Resolved, problem) -> None:
+    verl = res.sections["verl"]
+    nnodes = len(res.hosts_with("head")) + len(res.hosts_with("worker"))
+    verl["trainer.nnodes"] = Value(nnodes, "derived", "one Ray node per host with role head or worker")
+    g = lambda k, d=None: verl[k].value if k in verl else d  # noqa: E731
+    n_gpus = int(g("trainer.n_gpus_per_node", 1))
+    tp = int(g("actor_rollout_ref.rollout.tensor_model_parallel_size", 1))
+    world = n_gpus * nnodes
+    tbs, n = int(g("data.train_batch_size", 1024)), int(g("actor_rollout_ref.rollout.n", 1))
+    mini = int(g("actor_rollout_ref.actor.ppo_mini_batch_size", tbs))
+    if world % tp:
+        problem(_override_path(res, "verl", "actor_rollout_ref.rollout.tensor_model_parallel_size"),
+                f"rollout TP={tp} does not divide the {world} GPUs (n_gpus_per_node x nnodes)")
+    if (tbs * n) % world:
+        problem(_override_path(res, "verl", "data.train_batch_size"),
+                f"data.train_batch_size x rollout.n = {tbs * n} is not divisible by the {world} GPUs")
+    if tbs < mini:
+        problem(_override_path(res, "verl", "actor_rollout_ref.actor.ppo_mini_batch_size"),
+                f"ppo_mini_batch_size {mini} > data.train_batch_size {tbs}")
+    if int(res.v("lora", "r", 0)) > 512:
+        problem(_override_path(res, "lora", "r"), "verl's vLLM rollout accepts LoRA ranks up to 512")
+
+
+def as_dict(res: Resolved) -> dict[str, Any]:
+    """Plain-data view for --json and for explaining values."""
+    return {
+        section: {k: {"value": v.value, "source": v.source, "why": v.why} for k, v in values.items()}
+        for section, values in res.sections.items()
+    }
+
+
+def dumps(res: Resolved) -> str:
+    return json.dumps(as_dict(res), indent=2, sort_keys=True, default=str)

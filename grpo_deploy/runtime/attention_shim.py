@@ -1,0 +1,294 @@
+"""FlashAttention-3 stand-in for TRL's packed (tree) attention: varlen attention on SDPA or torch varlen, plus install()."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import logging
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+log = logging.getLogger(__name__)
+
+MODES = ("auto", "on", "off")
+
+# Above this many (query x key) score entries per head, the SDPA backend stops building one block-diagonal mask over
+# the whole packed row and loops over segments instead (memory O(Tq x Tk) versus O(sum of per-segment products)).
+DENSE_LIMIT = 1 << 22
+
+# GPUs with a published FlashAttention-3 build on the kernels hub (Ampere A100 and Hopper).
+FA3_CAPABILITIES = {(8, 0), (9, 0)}
+
+
+@dataclass(frozen=True)
+class Segments:
+    """Per-segment query/key bounds of one packed call, as Python ints."""
+
+    q_bounds: list[int]
+    k_bounds: list[int]
+
+    @classmethod
+    def from_cu(cls, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> Segments:
+        q_bounds = [int(x) for x in cu_seqlens_q.tolist()]
+        k_bounds = [int(x) for x in cu_seqlens_k.tolist()]
+        if len(q_bounds) != len(k_bounds):
+            raise ValueError(f"cu_seqlens_q has {len(q_bounds)} entries but cu_seqlens_k has {len(k_bounds)}")
+        return cls(q_bounds, k_bounds)
+
+    def __iter__(self):
+        return iter(zip(self.q_bounds[:-1], self.q_bounds[1:], self.k_bounds[:-1], self.k_bounds[1:]))
+
+
+def _window(causal: bool, window_size: tuple[int, int]) -> tuple[int, int]:
+    """FlashAttention's (left, right) window; -1 is unbounded, and causal caps the right side at 0."""
+    left, right = (int(w) for w in window_size)
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def segment_mask(
+    seg_q: torch.Tensor, pos_q: torch.Tensor, seg_k: torch.Tensor, pos_k: torch.Tensor, left: int, right: int
+) -> torch.Tensor:
+    """Boolean (Tq, Tk) mask: same segment, and the key inside the query's window.
+
+    `pos_q` is a query's position on its segment's key axis, i.e. aligned bottom-right (query i of a segment with Lq
+    queries and Lk keys sits at key position i + Lk - Lq), which is FlashAttention's convention when q is shorter
+    than k.
+    """
+    allowed = seg_q[:, None] == seg_k[None, :]
+    offset = pos_k[None, :] - pos_q[:, None]
+    if right >= 0:
+        allowed &= offset <= right
+    if left >= 0:
+        allowed &= offset >= -left
+    return allowed
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float, softcap: float):
+    """Masked attention over (H, Tq, D) x (H, Tk, D); rows without any allowed key return zeros, like FlashAttention."""
+    has_key = mask.any(dim=-1)
+    # A fully masked row makes softmax produce NaN, whose gradient would leak into k and v even after the row is
+    # zeroed; letting such rows see every key keeps the math finite, and the `where` below discards their output.
+    safe_mask = mask | ~has_key[:, None]
+    if softcap and softcap > 0:
+        scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+        scores = softcap * torch.tanh(scores / softcap)
+        scores = scores.masked_fill(~safe_mask, float("-inf"))
+        out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(v.dtype), v)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe_mask, scale=scale)
+    if bool(has_key.all()):
+        return out
+    return torch.where(has_key[None, :, None], out, torch.zeros((), dtype=out.dtype, device=out.device))
+
+
+def _expand_kv(x: torch.Tensor, num_q_heads: int) -> torch.Tensor:
+    """Repeat KV heads (T, Hkv, D) to the query head count: query head h reads KV head h // (Hq / Hkv)."""
+    num_kv_heads = x.shape[1]
+    if num_kv_heads == num_q_heads:
+        return x
+    if num_q_heads % num_kv_heads:
+        raise ValueError(f"{num_q_heads} query heads are not a multiple of {num_kv_heads} key/value heads")
+    return x.repeat_interleave(num_q_heads // num_kv_heads, dim=1)
+
+
+def _positions(bounds_q: list[int], bounds_k: list[int], device) -> tuple[torch.Tensor, ...]:
+    """Segment id and bottom-right-aligned position of every packed query and key row."""
+    lens_q = torch.tensor([b - a for a, b in zip(bounds_q[:-1], bounds_q[1:])], device=device)
+    lens_k = torch.tensor([b - a for a, b in zip(bounds_k[:-1], bounds_k[1:])], device=device)
+    segments = torch.arange(len(lens_q), device=device)
+    seg_q = torch.repeat_interleave(segments, lens_q)
+    seg_k = torch.repeat_interleave(segments, lens_k)
+    start_q = torch.tensor(bounds_q[:-1], device=device)
+    start_k = torch.tensor(bounds_k[:-1], device=device)
+    pos_q = torch.arange(bounds_q[-1] - bounds_q[0], device=device) + bounds_q[0] - start_q[seg_q]
+    pos_q = pos_q
+    pos_k = torch.arange(bounds_k[-1] - bounds_k[0], device=device) + bounds_k[0] - start_k[seg_k]
+    return seg_q, pos_q, seg_k, pos_k
+
+
+def sdpa_varlen(q, k, v, segments: Segments, scale: float, left: int, right: int, softcap: float, dense_limit: int):
+    """Varlen attention on any device with PyTorch SDPA: one block-diagonal call for short rows, else per segment."""
+    num_heads = q.shape[1]
+    k, v = _expand_kv(k, num_heads), _expand_kv(v, num_heads)
+    total_q = segments.q_bounds[-1] - segments.q_bounds[0]
+    total_k = segments.k_bounds[-1] - segments.k_bounds[0]
+    if total_q * total_k <= dense_limit:
+        q0, k0 = segments.q_bounds[0], segments.k_bounds[0]
+        seg_q, pos_q, seg_k, pos_k = _positions(segments.q_bounds, segments.k_bounds, q.device)
+        mask = segment_mask(seg_q, pos_q, seg_k, pos_k, left, right)
+        out = _attend(
+            q[q0 : q0 + total_q].transpose(0, 1),
+            k[k0 : k0 + total_k].transpose(0, 1),
+            v[k0 : k0 + total_k].transpose(0, 1),
+            mask,
+            scale,
+            softcap,
+        )
+        return out.transpose(0, 1)
+    outputs = []
+    for q_start, q_end, k_start, k_end in segments:
+        len_q, len_k = q_end - q_start, k_end - k_start
+        pos_q = torch.arange(len_q, device=q.device)
+        pos_k = torch.arange(len_k, device=q.device)
+        zeros_q = torch.zeros(len_q, dtype=torch.long, device=q.device)
+        zeros_k = torch.zeros(len_k, dtype=torch.long, device=q.device)
+        mask = segment_mask(zeros_q, pos_q, zeros_k, pos_k, left, right)
+        outputs.append(
+            _attend(
+                q[q_start:q_end].transpose(0, 1),
+                k[k_start:k_end].transpose(0, 1),
+                v[k_start:k_end].transpose(0, 1),
+                mask,
+                scale,
+                softcap,
+            ).transpose(0, 1)
+        )
+    return torch.cat(outputs, dim=0)
+
+
+def _torch_varlen():
+    """PyTorch's native varlen attention (FlashAttention-2 kernels on CUDA), or None when this torch lacks it."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+class VarlenAttention:
+    """Object with FlashAttention's `flash_attn_varlen_func`, which is all TRL's `tree_attention` calls.
+
+    Tensors are packed as (total_tokens, heads, head_dim); `cu_seqlens_q`/`cu_seqlens_k` are int32 segment offsets.
+    Causal masking is aligned bottom-right when a segment has fewer queries than keys, and key/value may carry fewer
+    heads than the query (grouped-query attention). Returns a tensor shaped like `q`.
+
+    Backends: `torch.nn.attention.varlen.varlen_attn` for fp16/bf16 on CUDA, else SDPA on the packed row.
+    """
+
+    def __init__(self, backend: str = "auto", dense_limit: int = DENSE_LIMIT):
+        if backend not in ("auto", "sdpa", "varlen"):
+            raise ValueError(f"unknown attention backend {backend!r}: use auto, sdpa or varlen")
+        self.backend = backend
+        self.dense_limit = dense_limit
+        self.calls = 0
+
+    def _use_varlen(self, q: torch.Tensor, softcap: float) -> bool:
+        if self.backend == "sdpa":
+            return False
+        usable = q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and not softcap
+        if self.backend == "varlen":
+            if not usable or _torch_varlen() is None:
+                raise RuntimeError("torch varlen attention needs CUDA fp16/bf16 tensors, no softcap, and torch >= 2.10")
+            return True
+        return usable and _torch_varlen() is not None
+
+    def flash_attn_varlen_func(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens_q: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        max_seqlen_q: int,
+        max_seqlen_k: int,
+        softmax_scale: float | None = None,
+        causal: bool = False,
+        window_size: tuple[int, int] = (-1, -1),
+        softcap: float = 0.0,
+        **kwargs,
+    ) -> torch.Tensor:
+        self.calls += 1
+        if kwargs.get("dropout_p"):
+            raise ValueError("attention dropout is not supported by the attention shim")
+        scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+        left, right = _window(causal, window_size)
+        if self._use_varlen(q, softcap):
+            return _cuda_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, left, right)
+        segments = Segments.from_cu(cu_seqlens_q, cu_seqlens_k)
+        return sdpa_varlen(q, k, v, segments, scale, left, right, softcap or 0.0, self.dense_limit)
+
+
+def _cuda_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, left, right):
+    varlen_attn = _torch_varlen()
+    kwargs = {"scale": scale, "window_size": (left, right)}
+    if k.shape[1] != q.shape[1]:
+        if "enable_gqa" in inspect.signature(varlen_attn).parameters:
+            kwargs["enable_gqa"] = True
+        else:
+            k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+    out = varlen_attn(
+        q,
+        k,
+        v,
+        cu_seqlens_q.to(torch.int32),
+        cu_seqlens_k.to(torch.int32),
+        int(max_seqlen_q),
+        int(max_seqlen_k),
+        **kwargs,
+    )
+    return out[0] if isinstance(out, tuple) else out
+
+
+SHIM = VarlenAttention()
+
+
+def fa3_unavailable_reason() -> str | None:
+    """Why TRL's FlashAttention-3 kernel cannot run here, or None when it should (then TRL's lookup is kept)."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if not torch.version.hip:
+        capability = torch.cuda.get_device_capability()
+        if capability not in FA3_CAPABILITIES:
+            return f"GPU compute capability sm_{capability[0]}{capability[1]} has no FlashAttention-3 build"
+    if importlib.util.find_spec("kernels") is None:
+        return "the `kernels` package is not installed"
+    from trl.experimental.async_grpo import packing
+
+    try:
+        packing._flash_attn()
+    except Exception as error:  # offline hub, untrusted publisher, missing build: all mean "not here"
+        return f"FlashAttention-3 kernel could not be loaded ({type(error).__name__}: {error})"
+    return None
+
+
+def _shim_lookup() -> VarlenAttention:
+    return SHIM
+
+
+def install(mode: str = "auto") -> str:
+    """Point TRL's packed attention at the shim; returns a one-line account of what was decided.
+
+    `on` always installs, `off` never does, `auto` installs only where FlashAttention-3 is unavailable (no CUDA,
+    ARM64 or Blackwell GPUs without a build, or an offline kernels hub). TRL's `tree_attention` resolves
+    `packing._flash_attn` at call time, so rebinding that module attribute is enough.
+    """
+    if mode not in MODES:
+        raise ValueError(f"attention_shim must be one of {', '.join(MODES)}, not {mode!r}")
+    from trl.experimental.async_grpo import packing
+
+    if mode == "off":
+        return "attention shim off: TRL's FlashAttention-3 kernel is used"
+    if packing._flash_attn is _shim_lookup:
+        return "attention shim already installed"
+    if mode == "auto":
+        reason = fa3_unavailable_reason()
+        if reason is None:
+            return "attention shim not installed: FlashAttention-3 is available"
+    else:
+        reason = "forced on"
+    packing._flash_attn = _shim_lookup
+    message = f"attention shim installed ({reason})"
+    log.info(message)
+    return message
+
+
+def installed() -> bool:
+    """Whether TRL's packed attention currently resolves to the shim."""
+    from trl.experimental.async_grpo import packing
+
+    return packing._flash_attn is _shim_lookup

@@ -1,0 +1,47 @@
+"""Plain-text table formatting for every CLI verb (one place, so all output looks alike)."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Sequence
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], max_width: int | None = None) -> str:
+    """Left-aligned columns; the last column wraps to the terminal width."""
+    max_width = max_width or max(shutil.get_terminal_size((120, 20)).columns, 80)
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    fixed = sum(widths[:-1]) + 2 * (len(headers) - 1)
+    last = max(20, max_width - fixed)
+    lines = []
+    for n, row in enumerate(cells):
+        head = "  ".join(c.ljust(widths[i]) for i, c in enumerate(row[:-1]))
+        wrapped = _wrap(row[-1], last)
+        lines.append((head + "  " if head else "") + wrapped[0])
+        lines.extend(" " * (fixed + 2 if head else 0) + w for w in wrapped[1:])
+        if n == 0:
+            lines.append("  ".join("-" * widths[i] for i in range(len(headers) - 1)) + ("  " if head else "")
+                         + "-" * min(widths[-1], last))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    words, lines, cur = text.split(" "), [], ""
+    for w in words:
+        if cur and len(cur) + 1 + len(w) > width:
+            lines.append(cur)
+            cur = w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    lines.append(cur)
+    return lines
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "?"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} TB"

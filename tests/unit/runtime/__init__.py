@@ -1,0 +1,1 @@
+"""Unit tests for grpo_deploy.runtime."""
