@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .resolve import DATASET_SIZES, Resolved
+from .resolve import DATASET_SIZES, Resolved, gpu_split
 
 GB = 1e9
 GIB = 1024**3
@@ -256,9 +256,8 @@ def make_plan(res: Resolved, free_bytes: int | None = None, filesystem: str = "?
     hosts = []
     for host in res.spec.hosts:
         profile = res.profiles[host.name]
-        gpus = "none" if profile.accelerator == "none" else (
-            ", ".join(f"{role}: {ids}" for role, ids in (host.gpus or {}).items())
-            or f"all {profile.hardware.get('gpus_per_host')}")
+        gpus = "none" if profile.accelerator == "none" else \
+            "; ".join(f"{role} {','.join(map(str, ids))}" for role, ids in gpu_split(res, host).items())
         hosts.append(RolePlan(host.name, host.address, profile.name, list(host.roles), gpus, _memory(res, arch, host)))
     disk = None
     if arch is None:

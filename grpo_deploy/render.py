@@ -23,7 +23,7 @@ from typing import Any
 import jinja2
 import yaml
 
-from .resolve import Resolved, as_dict
+from .resolve import Resolved, as_dict, gpu_split
 
 COMPOSE_BASE = "compose.yaml"
 COMPOSE_NFS = "compose.nfs.yaml"
@@ -198,9 +198,7 @@ def _gpu_override(res: Resolved, host) -> str:
     for role in ("server", "trainer"):
         if role not in host.roles:
             continue
-        ids = (host.gpus or {}).get(role)
-        if ids is None:
-            ids = list(range(int(profile.hardware.get("gpus_per_host", 1))))
+        ids = gpu_split(res, host)[role]
         services[role] = {
             "deploy": {"resources": {"reservations": {"devices": [
                 {"driver": "nvidia", "device_ids": [str(i) for i in ids], "capabilities": ["gpu"]}

@@ -240,8 +240,35 @@ def _override_path(res: Resolved, section: str, key: str) -> tuple[Any, ...]:
     return ("overrides", section, key)
 
 
+def gpu_split(res: Resolved, host) -> dict[str, list[int]]:
+    """GPU indices per role on *host*: the spec's hosts[].gpus, else server on GPU 0 and the trainer on the rest
+    when both roles share a host, else every GPU of the profile for the one role."""
+    profile = res.profiles[host.name]
+    if profile.accelerator != "cuda":
+        return {}
+    n = int(profile.hardware.get("gpus_per_host", 1))
+    given = dict(host.gpus or {})
+    roles = [r for r in host.roles if r in ("server", "trainer", "head", "worker")]
+    if len(roles) == 2 and not profile.hardware.get("unified_memory", False):
+        given.setdefault("server", [0])
+        given.setdefault("trainer", list(range(1, n)))
+    for role in roles:
+        given.setdefault(role, list(range(n)))
+    return given
+
+
 def _derive_trl(res: Resolved, problem) -> None:
     trl, vllm, lora = res.sections["trl"], res.sections["vllm"], res.sections["lora"]
+    for i, host in enumerate(res.spec.hosts):
+        split = gpu_split(res, host)
+        if split and any(not ids for ids in split.values()):
+            problem(("hosts", i, "gpus"), f"host {host.name} runs both roles but its profile "
+                    f"{res.profiles[host.name].name} has {res.profiles[host.name].hardware.get('gpus_per_host')} GPU: "
+                    "give each role its own GPUs, e.g. gpus: {server: [0], trainer: [1]}, or use two hosts")
+        elif split and "server" in split and "trainer" in split and set(split["server"]) & set(split["trainer"]) \
+                and not res.profiles[host.name].hardware.get("unified_memory", False):
+            problem(("hosts", i, "gpus"), "server and trainer share a GPU: vLLM reserves gpu_memory_utilization of it "
+                    "and the trainer runs out of memory; give them separate GPUs")
     staleness = int(res.v("trl", "max_staleness", 4))
     r = int(res.v("lora", "r", 8))
 

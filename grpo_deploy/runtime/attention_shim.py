@@ -106,7 +106,7 @@ def _positions(bounds_q: list[int], bounds_k: list[int], device) -> tuple[torch.
     start_q = torch.tensor(bounds_q[:-1], device=device)
     start_k = torch.tensor(bounds_k[:-1], device=device)
     pos_q = torch.arange(bounds_q[-1] - bounds_q[0], device=device) + bounds_q[0] - start_q[seg_q]
-    pos_q = pos_q
+    pos_q = pos_q + (lens_k - lens_q)[seg_q]
     pos_k = torch.arange(bounds_k[-1] - bounds_k[0], device=device) + bounds_k[0] - start_k[seg_k]
     return seg_q, pos_q, seg_k, pos_k
 
@@ -133,7 +133,7 @@ def sdpa_varlen(q, k, v, segments: Segments, scale: float, left: int, right: int
     outputs = []
     for q_start, q_end, k_start, k_end in segments:
         len_q, len_k = q_end - q_start, k_end - k_start
-        pos_q = torch.arange(len_q, device=q.device)
+        pos_q = torch.arange(len_q, device=q.device) + (len_k - len_q)
         pos_k = torch.arange(len_k, device=q.device)
         zeros_q = torch.zeros(len_q, dtype=torch.long, device=q.device)
         zeros_k = torch.zeros(len_k, dtype=torch.long, device=q.device)

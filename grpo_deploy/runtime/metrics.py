@@ -1,0 +1,68 @@
+"""The metrics sink: an append-only JSONL file, one event object per line, flushed as each line is written."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from typing import Any
+
+
+def to_json_value(value: Any) -> Any:
+    """Plain JSON for a logged value: NaN and infinities become null, tensors and numpy scalars become numbers."""
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): to_json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json_value(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+class MetricsSink:
+    """Writes `{"event": ..., "time": <unix float>, ...}` lines to `path`, appending across runs and resumes."""
+
+    def __init__(self, path: str):
+        self.path = os.path.abspath(path)
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def emit(self, event: str, **fields: Any) -> dict:
+        record = {"event": event, "time": time.time()}
+        record.update({key: to_json_value(value) for key, value in fields.items()})
+        line = json.dumps(record, allow_nan=False, separators=(",", ":"))
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+        return record
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                os.fsync(self._file.fileno())
+                self._file.close()
+
+    def __enter__(self) -> MetricsSink:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_events(path: str) -> list[dict]:
+    """Every event in a metrics file, skipping a torn last line (the writer may have died mid-line)."""
+    events = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return events

@@ -1,0 +1,102 @@
+"""Tests of grpo_deploy.plan: model sizes, checkpoint sizes, and the seed-000 disk case."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpo_deploy import plan, resolve, scaffold, spec
+from grpo_deploy.cli import main
+
+
+def seed000_text(keep: str = "all") -> str:
+    """Seed 000: Qwen2.5-3B, LoRA r64, 15 epochs of GSM8K at batch 1024 = 105 steps, save every 20."""
+    text = scaffold.spec_text("a100", "verl", ["node1"])
+    text = text.replace("  keep: null ", f"  keep: {keep} ").replace("overrides: {}", "overrides: {verl: {trainer.total_epochs: 15}}")
+    return text
+
+
+def _resolved(text: str):
+    return resolve.resolve(spec.loads(text))
+
+
+def test_qwen25_3b_sizes_match_known_figures():
+    arch = plan.Architecture.from_dict(resolve.known_models()["Qwen/Qwen2.5-3B-Instruct"])
+    assert arch.params() == pytest.approx(3.09e9, rel=0.01)  # Qwen2.5-3B: 3.09 B parameters
+    # LoRA r64 on all 7 linear layers of 36 blocks: r * sum(in + out)
+    assert arch.lora_params(64) == 64 * 36 * (2 * 4096 + 2 * 2304 + 3 * 13056)
+
+
+def test_seed000_schedule_is_105_steps_saving_every_20():
+    res = _resolved(seed000_text())
+    assert plan.total_steps(res) == 105
+    assert plan.save_steps(res, 105) == [20, 40, 60, 80, 100, 105]
+
+
+def _ckpt(res) -> int:
+    arch = plan.Architecture.from_dict(res.architecture)
+    return plan.checkpoint_bytes(res, arch)[0]
+
+
+def test_seed000_runs_out_of_disk_at_step_80_and_recommends_keep_2():
+    res = _resolved(seed000_text("all"))
+    free = int(3.5 * _ckpt(res))
+    p = plan.make_plan(res, free_bytes=free, filesystem="/ckpt")
+    assert p.disk.fits is False and p.ok is False
+    assert (p.disk.fails_at_save, p.disk.fails_at_step) == (4, 80)
+    assert p.disk.recommended_keep == 2
+    assert p.disk.extra_needed_bytes > 0
+    assert "step 80" in " ".join(p.disk.explanation)
+
+
+@pytest.mark.parametrize("keep,fits", [(2, True), (3, False)])
+def test_seed000_with_retention(keep, fits):
+    res = _resolved(seed000_text(str(keep)))
+    free = int(3.5 * _ckpt(res))
+    assert plan.make_plan(res, free_bytes=free).disk.fits is fits
+
+
+def test_verl_checkpoint_is_dominated_by_fp32_base_weights():
+    res = _resolved(seed000_text())
+    ckpt = _ckpt(res)
+    assert 13e9 < ckpt < 14.5e9  # 3.09 B x 4 B + LoRA + Adam
+
+
+def test_trl_checkpoint_counts_adapters_kept_on_the_volume():
+    res = _resolved(scaffold.spec_text("gb10", "trl-async", ["a", "b"]))
+    p = plan.make_plan(res, free_bytes=10**12)
+    assert p.disk.adapters_kept == 6 and p.disk.adapter_bytes > 0 and p.disk.fits
+
+
+def test_unknown_model_warns_instead_of_guessing():
+    text = scaffold.spec_text("gb10", "trl-async", ["a", "b"]).replace(
+        "  path: null                        # null = the profile's", "  path: org/unknown-model # null = the profile's", 1)
+    p = plan.make_plan(_resolved(text))
+    assert p.disk is None and "model.architecture" in p.warnings[0]
+
+
+def test_cli_plan_seed000_json(tmp_path, capsys):
+    f = tmp_path / "spec.yaml"
+    f.write_text(seed000_text("all"))
+    ckpt = _ckpt(_resolved(seed000_text()))
+    rc = main(["plan", "-f", str(f), "--json", "--free-space", f"node1={int(3.5 * ckpt)}B"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1
+    assert out["disk"]["fails_at_step"] == 80 and out["disk"]["recommended_keep"] == 2
+
+
+def test_cli_plan_measures_the_real_filesystem(tmp_path, capsys):
+    """A host with shared_dir: plan reads statvfs of that real directory."""
+    shared = tmp_path / "nfs"
+    shared.mkdir()
+    text = scaffold.spec_text("cpu", "trl-async").replace("    roles: [server, trainer]",
+                                                         f"    roles: [server, trainer]\n    shared_dir: {shared}")
+    f = tmp_path / "spec.yaml"
+    f.write_text(text)
+    assert main(["plan", "-f", str(f), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    import shutil
+
+    assert out["disk"]["filesystem"] == str(shared)
+    assert abs(out["disk"]["free_bytes"] - shutil.disk_usage(shared).free) < 64 * 1024**2

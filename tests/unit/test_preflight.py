@@ -1,0 +1,95 @@
+"""Tests of grpo_deploy.preflight: check verdicts from facts, JSON shape, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpo_deploy import preflight, resolve, scaffold, spec
+from grpo_deploy.cli import main
+
+
+def ctx_for(text: str, **kw) -> preflight.Context:
+    return preflight.Context(resolve.resolve(spec.loads(text)), **kw)
+
+
+CPU = scaffold.spec_text("cpu", "trl-async")
+
+
+def _only(ctx, name):
+    return [r for r in preflight.run_checks(ctx, only=[name])]
+
+
+def test_identity_split_uid_fails_naming_uid_umask_and_path():
+    text = CPU.replace("  roles: {}", "  roles: {trainer: {uid: 0, gid: 0, umask: '0077'}}")
+    (r,) = _only(ctx_for(text), "identity")
+    assert r.verdict == "fail"
+    assert "UID 0:0" in r.fact and "umask 0077" in r.fact and "/shared/runs/rehearsal" in r.fact
+
+
+def test_identity_same_uid_passes():
+    (r,) = _only(ctx_for(CPU), "identity")
+    assert r.verdict == "ok"
+
+
+def test_wandb_without_key_fails_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    text = CPU.replace("kind: none", "kind: wandb")
+    (r,) = _only(ctx_for(text, environ={}), "logger")
+    assert r.verdict == "fail" and "WANDB_API_KEY" in r.fact
+
+
+def test_wandb_with_netrc_passes(tmp_path, monkeypatch):
+    netrc = tmp_path / ".netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password abc\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (r,) = _only(ctx_for(CPU.replace("kind: none", "kind: wandb"), environ={}), "logger")
+    assert r.verdict == "ok"
+
+
+def test_wandb_offline_passes():
+    (r,) = _only(ctx_for(CPU.replace("kind: none", "kind: wandb"), environ={"WANDB_MODE": "offline"}), "logger")
+    assert r.verdict == "ok"
+
+
+def test_disk_fails_with_what_if_free_space():
+    (r,) = _only(ctx_for(CPU, free_space={"local": 10**6}), "disk")
+    assert r.verdict == "fail" and "runs out of disk" in r.fact and r.hint
+
+
+def test_arch_mismatch_fails_for_gpu_profile_here():
+    """This machine has no NVIDIA GPU: an h200 profile on the local host must fail the arch check."""
+    import os
+
+    (r,) = _only(ctx_for(scaffold.spec_text("h200", "trl-async")), "arch")
+    if os.uname().machine == "x86_64":
+        assert r.verdict == "fail" and "GPU" in r.fact
+    else:
+        assert r.verdict == "fail" and "x86_64" in r.fact
+
+
+def test_a_check_that_raises_is_reported_not_raised(monkeypatch):
+    def boom(ctx):
+        raise RuntimeError("probe exploded")
+
+    monkeypatch.setattr(preflight, "CHECKS", [("boom", "explodes", boom)])
+    (r,) = preflight.run_checks(ctx_for(CPU))
+    assert r.verdict == "fail" and "probe exploded" in r.fact
+
+
+def test_json_shape_and_exit_code(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    rc = main(["preflight", "--json", "--only", "identity", "--only", "logger"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["ok"] is True and out["exit_code"] == 0
+    assert {c["check"] for c in out["checks"]} == {"identity", "logger"}
+    assert set(out["checks"][0]) == {"check", "host", "verdict", "fact", "hint", "data"}
+
+
+def test_exit_1_when_a_check_fails(tmp_path, capsys):
+    f = tmp_path / "s.yaml"
+    f.write_text(CPU.replace("  roles: {}", "  roles: {trainer: {uid: 2000}}"))
+    assert main(["preflight", "-f", str(f), "--only", "identity"]) == 1
+    assert "FAIL" in capsys.readouterr().out

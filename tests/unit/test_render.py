@@ -1,0 +1,107 @@
+"""Golden-file tests of grpo_deploy.render, one case per profile x engine, plus the acceptance facts per profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import yaml
+
+from grpo_deploy import render, resolve, scaffold, spec
+from tests.render.regen import CASES, render_case
+
+CASE_DIRS = sorted(p for p in CASES.iterdir() if (p / "spec.yaml").exists())
+
+
+def test_every_profile_has_a_golden_case():
+    profiles_covered = {p.name.split("-")[0] for p in CASE_DIRS}
+    assert profiles_covered == {"cpu", "gb10", "h200", "a100"}
+
+
+@pytest.mark.parametrize("case", CASE_DIRS, ids=lambda p: p.name)
+def test_render_matches_golden(case: Path):
+    files = render_case(case)
+    expected_dir = case / "expected"
+    expected = {p.relative_to(expected_dir).as_posix(): p.read_text() for p in expected_dir.rglob("*") if p.is_file()}
+    assert sorted(files) == sorted(expected), "file set differs; regenerate with python -m tests.render.regen"
+    for rel, text in files.items():
+        assert text == expected[rel], f"{case.name}/{rel} differs from golden; regenerate and review the diff"
+
+
+def _render(profile: str, engine: str, hosts=None, overrides: str | None = None) -> dict[str, str]:
+    text = scaffold.spec_text(profile, engine, hosts or [])
+    if overrides:
+        text = text.replace("overrides: {}", f"overrides: {overrides}")
+    return render.render_files(resolve.resolve(spec.loads(text)))
+
+
+def _args(files: dict[str, str]) -> list[str]:
+    return [ln for ln in files["config/server.args"].splitlines() if ln and not ln.startswith("#")]
+
+
+def _flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_a100_verl_overrides_carry_seed_fixes():
+    overrides = _render("a100", "verl", ["node1"])["config/verl-overrides.txt"]
+    lines = overrides.splitlines()
+    assert "trainer.max_actor_ckpt_to_keep=3" in lines
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=1" in lines
+    assert "actor_rollout_ref.rollout.gpu_memory_utilization=0.8" in lines
+    assert "trainer.resume_mode=auto" in lines
+    ckpt = next(ln.split("=", 1)[1] for ln in lines if ln.startswith("trainer.default_local_dir="))
+    assert ckpt.startswith("/shared/")
+    assert "save_total_limit" not in overrides
+
+
+@pytest.mark.parametrize("profile,hosts", [("gb10", ["spark1", "spark2"]), ("h200", ["h200a"])])
+def test_trl_server_flags_and_trainer_config(profile, hosts):
+    files = _render(profile, "trl-async", hosts)
+    args = _args(files)
+    for flag in ("--enable-lora", "--logprobs-mode", "--max-lora-rank", "--max-loras", "--max-model-len"):
+        assert flag in args
+    assert "--api-key" not in args
+    assert _flag(args, "--logprobs-mode") == "processed_logprobs"
+    assert int(_flag(args, "--max-lora-rank")) in resolve.VLLM_LORA_RANKS
+    assert int(_flag(args, "--max-loras")) == 4 + 2  # max_staleness 4
+    assert int(_flag(args, "--max-model-len")) >= 1024 + 3000
+    env = files["config/server.env"]
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING=1" in env and "VLLM_SERVER_DEV_MODE=1" in env
+    trainer = yaml.safe_load(files["config/trainer.yaml"])
+    assert trainer["async_grpo"]["token_budget"] > 0, "packing on"
+    assert trainer["async_grpo"]["gradient_checkpointing"] is False
+    assert trainer["async_grpo"]["output_dir"].startswith("/shared/")
+
+
+def test_max_loras_follows_staleness():
+    args = _args(_render("gb10", "trl-async", ["spark1", "spark2"], "{trl: {max_staleness: 7}}"))
+    assert _flag(args, "--max-loras") == "9"
+
+
+def test_gb10_server_memory_fraction_is_0_6():
+    assert _flag(_args(_render("gb10", "trl-async", ["spark1", "spark2"])), "--gpu-memory-utilization") == "0.6"
+
+
+def test_no_secret_values_in_rendered_files(monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "wandb-secret-123456")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_abcdef")
+    text = scaffold.spec_text("h200", "trl-async", ["h200a"]).replace("kind: none", "kind: wandb")
+    files = render.render_files(resolve.resolve(spec.loads(text)))
+    for rel, body in files.items():
+        assert "wandb-secret-123456" not in body and "hf_secret_abcdef" not in body, rel
+
+
+def test_cpu_trainer_config_turns_off_bf16_and_sets_cpu():
+    trainer = yaml.safe_load(_render("cpu", "trl-async")["config/trainer.yaml"])
+    assert trainer["device"] == "cpu"
+    assert trainer["async_grpo"]["use_cpu"] is True and trainer["async_grpo"]["bf16"] is False
+    assert trainer["adapters"]["keep"] == trainer["async_grpo"]["max_staleness"] + 2
+
+
+def test_single_host_gpu_split_gives_each_role_its_own_gpu():
+    gpu = yaml.safe_load(_render("h200", "trl-async", ["h200a"])["hosts/h200a.gpu.yaml"])
+    ids = {role: svc["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+           for role, svc in gpu["services"].items()}
+    assert ids == {"server": ["0"], "trainer": ["1"]}

@@ -1,0 +1,121 @@
+"""Tests of grpo_deploy.spec: schema, file:line errors, cross-field rules, and that bad specs write nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_deploy import resolve, scaffold, spec
+from grpo_deploy.cli import main
+
+PAIR = scaffold.spec_text("gb10", "trl-async", ["spark1", "spark2"])
+
+
+def _problems(text: str) -> list[spec.Problem]:
+    with pytest.raises(spec.SpecError) as info:
+        resolve.resolve(spec.loads(text, source="bad.yaml"))
+    return info.value.problems
+
+
+def _line_of(text: str, needle: str) -> int:
+    return next(i for i, line in enumerate(text.splitlines(), start=1) if needle in line)
+
+
+def test_init_specs_validate_for_every_supported_pair():
+    for profile, engine, hosts in [("cpu", "trl-async", []), ("gb10", "trl-async", ["a", "b"]),
+                                   ("h200", "trl-async", ["h"]), ("a100", "verl", ["n1", "n2"])]:
+        resolve.resolve(spec.loads(scaffold.spec_text(profile, engine, hosts)))
+
+
+def test_unknown_key_names_file_line_and_key():
+    text = PAIR.replace("  seed: 0", "  seed: 0\n  sead: 1")
+    (p,) = _problems(text)
+    assert p.key == "run.sead" and "unknown key" in p.message
+    assert p.where == f"bad.yaml:{_line_of(text, 'sead')}"
+
+
+def test_wrong_type_names_the_key():
+    (p,) = _problems(PAIR.replace("  uid: 1000", "  uid: lots"))
+    assert p.key == "run.uid" and "integer" in p.message
+
+
+def test_max_loras_too_small_for_staleness():
+    (p,) = _problems(PAIR.replace("overrides: {}", "overrides: {vllm: {max_loras: 3}, trl: {max_staleness: 4}}"))
+    assert p.key == "overrides.vllm.max_loras"
+    assert "max_staleness" in p.message and ">= 6" in p.message
+
+
+def test_mount_point_differing_between_hosts():
+    text = PAIR.replace("    profile: gb10\n    roles: [server]", "    profile: gb10\n    roles: [server]\n    mount: /mnt/nfs")
+    (p,) = _problems(text)
+    assert p.key == "hosts[1].mount" and "/mnt/nfs" in p.message and "/shared" in p.message
+
+
+def test_profile_not_matching_engine():
+    text = PAIR.replace("profile: gb10", "profile: a100", 1)
+    problems = _problems(text)
+    assert any(p.key == "hosts[0].profile" and "does not support engine 'trl-async'" in p.message for p in problems)
+
+
+def test_unknown_profile():
+    problems = _problems(PAIR.replace("profile: gb10", "profile: b200", 1))
+    assert any("unknown profile 'b200'" in p.message for p in problems)
+
+
+def test_relative_checkpoint_dir_rejected():
+    (p,) = _problems(PAIR.replace("  dir: null", "  dir: checkpoints/run1"))
+    assert p.key == "checkpoints.dir" and "absolute" in p.message
+
+
+def test_checkpoint_dir_off_the_shared_volume_rejected():
+    (p,) = _problems(PAIR.replace("  dir: null", "  dir: /data/ckpt"))
+    assert p.key == "checkpoints.dir" and "shared volume" in p.message
+
+
+def test_verl_save_total_limit_rejected_with_the_key_to_use():
+    text = scaffold.spec_text("a100", "verl", ["n1"]).replace("overrides: {}", "overrides: {verl: {trainer.save_total_limit: 3}}")
+    (p,) = _problems(text)
+    assert p.key == "overrides.verl.trainer.save_total_limit" and "checkpoints.keep" in p.message
+
+
+def test_unknown_trl_override_rejected():
+    (p,) = _problems(PAIR.replace("overrides: {}", "overrides: {trl: {learnin_rate: 1}}"))
+    assert p.key == "overrides.trl.learnin_rate"
+
+
+def test_several_servers_need_the_proxy():
+    text = PAIR.replace("roles: [trainer]", "roles: [trainer, server]")
+    assert any("proxy" in p.message for p in _problems(text))
+
+
+def test_yaml_syntax_error_names_line():
+    with pytest.raises(spec.SpecError) as info:
+        spec.loads("engine: trl-async\nhosts: [\n", source="broken.yaml")
+    assert "broken.yaml" in str(info.value)
+
+
+@pytest.mark.parametrize("mutation", [
+    ("  seed: 0", "  seed: 0\n  sead: 1"),
+    ("overrides: {}", "overrides: {vllm: {max_loras: 2}}"),
+    ("    profile: gb10\n    roles: [server]", "    profile: gb10\n    roles: [server]\n    mount: /mnt/x"),
+    ("profile: gb10", "profile: a100"),
+    ("  uid: 1000", "  uid: x"),
+])
+def test_cli_render_of_bad_spec_exits_nonzero_and_writes_nothing(tmp_path, capsys, mutation):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(PAIR.replace(*mutation, 1))
+    out = tmp_path / "out"
+    assert main(["render", "-f", str(bad), "-o", str(out)]) == 2
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == [bad]
+    err = capsys.readouterr().err
+    assert "bad.yaml:" in err and "nothing was written" in err
+
+
+def test_cli_preflight_bad_spec_exit_2_json(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(PAIR.replace("  seed: 0", "  seed: 0\n  sead: 1"))
+    assert main(["preflight", "-f", str(bad), "--json"]) == 2
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert out["exit_code"] == 2 and "run.sead" in out["problems"][0]
