@@ -211,6 +211,62 @@ def cmd_profiles(args) -> int:
     return 0
 
 
+def cmd_up(args) -> int:
+    from . import launch
+
+    res = _load(args)
+    if args.hosts:
+        wanted = [h.strip() for h in args.hosts.split(",") if h.strip()]
+        names = [h.name for h in res.spec.hosts]
+        if sorted(wanted) != sorted(names):
+            raise CliError(f"--hosts {args.hosts} does not match the spec's hosts ({', '.join(names)}); "
+                           "write a spec for them with: grpo-deploy init --profile P --engine E --hosts "
+                           + ",".join(wanted))
+    try:
+        return launch.up(res, keep=args.keep, fresh=args.fresh)
+    except launch.LaunchError as exc:
+        raise CliError(str(exc)) from None
+
+
+def cmd_status(args) -> int:
+    from . import launch, status
+
+    res = _load(args)
+    state = launch.RunState(res)
+    summary = launch.summarize(state, live=True)
+    if args.plot:
+        events = state.deploy_events()
+        text = launch.fetch_metrics_safe(res) or (state.metrics_copy.read_text() if state.metrics_copy.exists() else "")
+        status.plot(events + status.parse_jsonl(text), args.plot, title=f"grpo-deploy run {res.spec.run.name}")
+    if args.json:
+        print(json.dumps(summary.to_dict(), indent=2))
+    else:
+        print(status.summary_text(summary))
+        if args.plot:
+            print(f"plot: {args.plot}")
+    return 0 if summary.state != "not-started" else 1
+
+
+def cmd_down(args) -> int:
+    from . import launch
+
+    try:
+        launch.down(_load(args), volumes=args.volumes)
+    except launch.LaunchError as exc:
+        raise CliError(str(exc)) from None
+    print("stopped" + (" and removed the shared volume" if args.volumes else " (the shared volume is kept)"))
+    return 0
+
+
+def cmd_logs(args) -> int:
+    from . import launch
+
+    try:
+        return launch.logs(_load(args), follow=args.follow, tail=args.tail)
+    except launch.LaunchError as exc:
+        raise CliError(str(exc)) from None
+
+
 def cmd_not_built(args) -> int:
     print(f"grpo-deploy {args.verb}: not built yet in this version ({__version__}). "
           "See README.md, 'What works today'.", file=sys.stderr)
@@ -271,9 +327,38 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profiles", help="list the hardware profiles")
     p.set_defaults(fn=cmd_profiles)
 
-    for verb, text in (("up", "start the run (all-or-nothing)"), ("status", "progress of a run"),
-                       ("diagnose", "name the bottleneck and the next knob"), ("logs", "follow the run's logs"),
-                       ("down", "stop the run"), ("checkpoints", "list, verify, quarantine, prune checkpoints")):
+    p = sub.add_parser("up", help="start the run on this host, follow it, summarise (all-or-nothing)",
+                       description="Render, build missing images, run preflight (nothing starts if a check fails), "
+                                   "start the vLLM server, wait until it lists the model, start the trainer, print "
+                                   "progress per step, then a summary and a plot; stop the stack unless --keep. "
+                                   "Without a spec: the embedded cpu rehearsal. Local host only in this version.")
+    _add_spec(p)
+    p.add_argument("--hosts", help="the spec's hosts, as a check (e.g. spark1,spark2); remote hosts are not built yet")
+    p.add_argument("--keep", action="store_true", help="leave the server and trainer containers up at the end")
+    p.add_argument("--fresh", action="store_true", help="delete this run's directory on the shared volume first "
+                                                         "(default: resume from the newest complete checkpoint)")
+    p.set_defaults(fn=cmd_up)
+
+    p = sub.add_parser("status", help="steps, reward, adapter syncs, staleness, start-up times of a run",
+                       description="Summarise a running or finished run started from this directory.")
+    _add_spec(p)
+    _add_json(p)
+    p.add_argument("--plot", metavar="PNG", help="also write reward / length / staleness per step to PNG")
+    p.set_defaults(fn=cmd_status)
+
+    p = sub.add_parser("down", help="stop the run's containers (the shared volume is kept)")
+    _add_spec(p)
+    p.add_argument("--volumes", action="store_true", help="also delete the shared volume (checkpoints, adapters)")
+    p.set_defaults(fn=cmd_down)
+
+    p = sub.add_parser("logs", help="the run's container logs")
+    _add_spec(p)
+    p.add_argument("--follow", action="store_true", help="keep following new lines")
+    p.add_argument("--tail", type=int, default=200)
+    p.set_defaults(fn=cmd_logs)
+
+    for verb, text in (("diagnose", "name the bottleneck and the next knob"),
+                       ("checkpoints", "list, verify, quarantine, prune checkpoints")):
         p = sub.add_parser(verb, help=f"{text} [not built yet]", description=f"{text}. Not built yet.")
         p.set_defaults(fn=cmd_not_built)
     return parser

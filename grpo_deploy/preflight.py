@@ -264,6 +264,66 @@ def check_images(ctx: Context) -> list[Result]:
     return out
 
 
+@check("shared-volume", "The trainer's adapter files, written as the trainer identity, read as the server identity")
+def check_shared_volume(ctx: Context) -> list[Result]:
+    """Writes a real safetensors probe the way the trainer saves adapters, then reads it as the server would."""
+    from . import compose
+
+    res = ctx.res
+    if res.engine != "trl-async":
+        return [Result("shared-volume", "-", SKIP, "verl runs trainer and rollout in one process")]
+    if not all(h.address == "local" for h in res.spec.hosts):
+        return [Result("shared-volume", "-", SKIP, "remote hosts: probed by the multi-host deployer")]
+    client = ctx.docker()
+    if client is None:
+        return [Result("shared-volume", "local", SKIP, "Docker engine unreachable (see the docker check)")]
+    missing = [t for t in (res.images["trainer"], res.images["server"]) if facts.image_labels(client, t) is None]
+    if missing:
+        return [Result("shared-volume", "local", SKIP, f"image {missing[0]} not built yet: probed by `up` after the build")]
+    trainer, server = res.identities["trainer"], res.identities["server"]
+    probe_dir = f"{res.run_dir}/.preflight-probe"
+    volume, mount = res.spec.storage.volume, res.spec.storage.mount
+    code, out, err = compose.run_once(
+        client, res.images["trainer"], ["python", "-m", "grpo_deploy.runtime.probe", "write", "--dir", probe_dir],
+        trainer.user, volume, mount, {"GRPO_UMASK": trainer.umask})
+    if code != 0:
+        return [Result("shared-volume", "local", FAIL,
+                       f"the trainer identity UID {trainer.uid}:{trainer.gid} (umask {trainer.umask}) cannot write "
+                       f"{probe_dir} on volume {volume}: {(err or out).strip().splitlines()[-1:] or ['?']}",
+                       f"make {mount} writable by UID {trainer.uid} (image /shared owner, NFS export owner)")]
+    written = _last_json(out)
+    code, out, err = compose.run_once(
+        client, res.images["server"], ["python", "-m", "grpo_deploy.runtime.probe", "read", "--dir", probe_dir],
+        server.user, volume, mount, {"GRPO_UMASK": server.umask})
+    read = _last_json(out)
+    compose.run_once(client, res.images["trainer"], ["rm", "-rf", probe_dir], trainer.user, volume, mount)
+    path = written.get("path", probe_dir)
+    data = {"written": written, "read": read}
+    if code != 0 or not read.get("ok", False):
+        errors = "; ".join(f"{e.get('path')}: {e.get('error')}" for e in read.get("errors", [])) or (err or out).strip()
+        return [Result(
+            "shared-volume", "local", FAIL,
+            f"the server (UID {server.uid}:{server.gid}) cannot read the adapter probe {path} written by the trainer "
+            f"(UID {trainer.uid}:{trainer.gid}, umask {trainer.umask}, file mode {written.get('file_mode')}, dir mode "
+            f"{written.get('dir_mode')}): {errors}. vLLM would answer 404 and TRL would misreport it as 'does not "
+            "expose /v1/load_lora_adapter'",
+            "run both roles as the same UID/GID (remove run.roles overrides) with umask 0022", data)]
+    return [Result("shared-volume", "local", OK,
+                   f"probe {path} written as {trainer.uid}:{trainer.gid} (file {written.get('file_mode')}) and read "
+                   f"as {server.uid}:{server.gid}", data=data)]
+
+
+def _last_json(text: str) -> dict[str, Any]:
+    for line in reversed(text.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return {}
+
+
 def run_checks(ctx: Context, only: list[str] | None = None) -> list[Result]:
     results: list[Result] = []
     for name, _, fn in CHECKS:

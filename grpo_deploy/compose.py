@@ -1,0 +1,92 @@
+"""Thin wrapper over the Docker Compose v2 CLI and the Docker SDK for one host's run (local engine today)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+KIT_ROOT = Path(__file__).resolve().parents[1]
+COMPOSE_DIR = KIT_ROOT / "compose"
+RUN_LABEL = "org.grpo-deploy.run"
+
+
+class ComposeError(RuntimeError):
+    pass
+
+
+def kit_dir(name: str) -> Path:
+    """A folder of the kit checkout (compose/, images/); clear error when grpo-deploy runs outside one."""
+    path = KIT_ROOT / name
+    if not path.is_dir():
+        raise ComposeError(f"{path} not found: run grpo-deploy from a checkout of the kit (pip install -e .)")
+    return path
+
+
+@dataclass
+class Project:
+    """`docker compose` for one run on one host, driven by the rendered host env file."""
+
+    env_file: Path
+    name: str
+
+    def _cmd(self, *args: str) -> list[str]:
+        return ["docker", "compose", "--project-directory", str(kit_dir("compose")), "--env-file", str(self.env_file),
+                "-p", self.name, *args]
+
+    def run(self, *args: str, capture: bool = False, check: bool = True, timeout: float | None = None):
+        proc = subprocess.run(self._cmd(*args), cwd=kit_dir("compose"), text=True, timeout=timeout,
+                              capture_output=capture)
+        if check and proc.returncode != 0:
+            detail = (proc.stderr or "").strip().splitlines()[-3:] if capture else []
+            raise ComposeError(f"docker compose {' '.join(args)} failed (exit {proc.returncode})"
+                               + (": " + " | ".join(detail) if detail else ""))
+        return proc
+
+    def up(self, *services: str, no_deps: bool = False) -> None:
+        self.run("up", "-d", "--no-build", *(["--no-deps"] if no_deps else []), *services, capture=True)
+
+    def down(self, volumes: bool = False) -> None:
+        self.run("down", "--remove-orphans", *(["--volumes"] if volumes else []), capture=True, check=False)
+
+    def config_ok(self) -> str:
+        return self.run("config", "-q", capture=True).stderr
+
+
+def containers(client, run: str, role: str | None = None, all_: bool = True):
+    labels = [f"{RUN_LABEL}={run}"] + ([f"com.docker.compose.service={role}"] if role else [])
+    return client.containers.list(all=all_, filters={"label": labels})
+
+
+def read_file(container, path: str) -> str | None:
+    """A file's text from a (running or stopped) container, or None when it does not exist."""
+    import docker
+
+    try:
+        stream, _ = container.get_archive(path)
+    except docker.errors.NotFound:
+        return None
+    buf = io.BytesIO(b"".join(stream))
+    with tarfile.open(fileobj=buf) as tar:
+        member = tar.next()
+        if member is None or not member.isfile():
+            return None
+        return tar.extractfile(member).read().decode("utf-8", errors="replace")
+
+
+def run_once(client, image: str, command: list[str], user: str, volume: str, mount: str,
+             environment: dict[str, str] | None = None, timeout: int = 120) -> tuple[int, str, str]:
+    """Run a short-lived container on the shared volume; (exit code, stdout, stderr)."""
+    container = client.containers.run(image, command, user=user, detach=True, environment=environment or {},
+                                      volumes={volume: {"bind": mount, "mode": "rw"}}, network_mode="none",
+                                      labels={"org.grpo-deploy.managed-by": "grpo-deploy"})
+    try:
+        code = container.wait(timeout=timeout).get("StatusCode", 1)
+        out = container.logs(stdout=True, stderr=False).decode(errors="replace")
+        err = container.logs(stdout=False, stderr=True).decode(errors="replace")
+        return code, out, err
+    finally:
+        container.remove(force=True)
+

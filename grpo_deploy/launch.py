@@ -1,0 +1,271 @@
+"""Ordered bring-up of a run on the local host: render, build what is missing, preflight, server, readiness,
+trainer, progress, summary, tear-down. All-or-nothing: a failure after start rolls back what this `up` started.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from . import compose, facts, preflight, status
+from .render import render_files
+from .resolve import Resolved
+from .table import table
+
+STATE_ROOT = Path(".grpo-deploy")
+READY_TIMEOUT_S = 900
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+@dataclass
+class RunState:
+    """The deployer's local folder for one run: the render, its own events, and copies of the run's results."""
+
+    res: Resolved
+    root: Path = STATE_ROOT
+
+    @property
+    def dir(self) -> Path:
+        return (self.root / self.res.spec.run.name).resolve()
+
+    @property
+    def render_dir(self) -> Path:
+        return self.dir / "render"
+
+    @property
+    def deploy_log(self) -> Path:
+        return self.dir / "deploy.jsonl"
+
+    @property
+    def metrics_copy(self) -> Path:
+        return self.dir / "metrics.jsonl"
+
+    def project(self, host: str = "local") -> compose.Project:
+        return compose.Project(self.render_dir / "hosts" / f"{host}.env", f"grpo-{self.res.spec.run.name}")
+
+    def emit(self, event: str, **fields) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with self.deploy_log.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+
+    def deploy_events(self) -> list[dict]:
+        return status.parse_jsonl(self.deploy_log.read_text()) if self.deploy_log.exists() else []
+
+
+def write_render(state: RunState) -> None:
+    files = render_files(state.res, config_dir=str(state.render_dir / "config"))
+    for rel, text in files.items():
+        target = state.render_dir / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+
+
+def _require_local(res: Resolved) -> None:
+    remote = [h.name for h in res.spec.hosts if h.address != "local"]
+    if remote:
+        raise LaunchError(f"hosts {', '.join(remote)} are remote: the multi-host deployer is not built yet; "
+                          "this version starts runs on the local host only (render + compose files work everywhere)")
+
+
+def build_images(res: Resolved, log: Callable[[str], None]) -> None:
+    """Build missing local images through the kit's air-gapped build script (progress streamed)."""
+    client = facts.docker_client()
+    for tag in sorted(set(res.images.values())):
+        if facts.image_labels(client, tag) is not None:
+            continue
+        if not res.spec.images.build:
+            raise LaunchError(f"image {tag} is not on the local engine and images.build is false: load or build it")
+        if res.profiles[res.spec.hosts[0].name].name != "cpu":
+            raise LaunchError(f"image {tag} is missing; GPU images are built with `make images-gpu` on a "
+                              "machine of that architecture (see images/README.md)")
+        ident = res.identities["trainer"]
+        log(f"building {tag} for UID {ident.uid}:{ident.gid} (first build installs ~3.5 GB of wheels; minutes)")
+        cmd = ["bash", str(compose.kit_dir("images") / "build.sh"), "cpu", "--uid", str(ident.uid),
+               "--gid", str(ident.gid), "--tag", tag]
+        if subprocess.run(cmd).returncode != 0:
+            raise LaunchError(f"building {tag} failed (see the output above); retry with: {' '.join(cmd)}")
+
+
+def _print_preflight(results: list[preflight.Result], out) -> None:
+    print(table(["check", "host", "verdict", "fact / fix"],
+                [[r.check, r.host, r.verdict.upper(), r.fact + (f"  -> fix: {r.hint}" if r.hint else "")]
+                 for r in results]), file=out)
+
+
+def wait_ready(client, state: RunState, timeout: float, log: Callable[[str], None]) -> float:
+    """Wait until the server container's healthcheck (served model listed in /v1/models) passes."""
+    start = time.time()
+    last_note = 0.0
+    while True:
+        found = compose.containers(client, state.res.spec.run.name, "server")
+        if not found:
+            raise LaunchError("the server container disappeared")
+        c = found[0]
+        c.reload()
+        health = (c.attrs.get("State", {}).get("Health") or {}).get("Status")
+        if c.status in ("exited", "dead"):
+            tail = c.logs(tail=15).decode(errors="replace")
+            raise LaunchError(f"the vLLM server exited before it was ready (exit {c.attrs['State'].get('ExitCode')}):\n{tail}")
+        if health == "healthy":
+            return time.time() - start
+        elapsed = time.time() - start
+        if elapsed > timeout:
+            raise LaunchError(f"the server was not ready after {timeout:.0f} s (model not listed in /v1/models)")
+        if elapsed - last_note >= 10:
+            last_line = c.logs(tail=1).decode(errors="replace").strip()[-110:]
+            log(f"waiting for the server: {elapsed:4.0f} s  | {last_line}")
+            last_note = elapsed
+        time.sleep(1)
+
+
+def fetch_metrics(client, res: Resolved) -> str | None:
+    path = f"{res.run_dir}/metrics.jsonl"
+    for role in ("server", "trainer"):
+        for c in compose.containers(client, res.spec.run.name, role):
+            text = compose.read_file(c, path)
+            if text is not None:
+                return text
+    return None
+
+
+def fetch_metrics_safe(res: Resolved) -> str | None:
+    try:
+        return fetch_metrics(facts.docker_client(), res)
+    except facts.DockerUnavailable:
+        return None
+
+
+def follow_trainer(client, state: RunState, log: Callable[[str], None], since: float) -> int:
+    """Print a progress line per optimizer step until the trainer exits; return its exit code."""
+    res = state.res
+    max_steps = res.v("trl", "max_steps")
+    seen = 0
+    while True:
+        trainers = compose.containers(client, res.spec.run.name, "trainer")
+        if not trainers:
+            raise LaunchError("the trainer container disappeared")
+        trainer = trainers[0]
+        trainer.reload()
+        text = fetch_metrics(client, res) or ""
+        steps = [e for e in status.parse_jsonl(text) if e["event"] == "step" and e["time"] >= since]
+        for e in steps[seen:]:
+            log(status.progress_line(e, max_steps))
+        seen = len(steps)
+        if trainer.status in ("exited", "dead"):
+            state.metrics_copy.write_text(text)
+            return int(trainer.attrs["State"].get("ExitCode", 1))
+        time.sleep(2)
+
+
+def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout) -> int:
+    """Bring the run up on this host, follow it to the end, summarise, and (unless keep) stop it."""
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=out, flush=True)
+
+    _require_local(res)
+    state = RunState(res)
+    if state.deploy_log.exists():
+        state.deploy_log.unlink()
+    state.emit("up_start", run=res.spec.run.name, engine=res.engine)
+    if res.engine != "trl-async":
+        raise LaunchError("`up` for verl is not built yet: use the rendered config/verl-overrides.txt")
+    write_render(state)
+    log(f"rendered run {res.spec.run.name} into {state.render_dir}")
+    try:
+        client = facts.docker_client()
+    except facts.DockerUnavailable as exc:
+        raise LaunchError(f"no Docker engine answers: {exc}") from None
+    build_images(res, log)
+
+    log("preflight")
+    results = preflight.run_checks(preflight.Context(res))
+    _print_preflight(results, out)
+    if preflight.exit_code(results) != preflight.EXIT_OK:
+        log("preflight failed: nothing was started")
+        state.emit("up_end", status="preflight-failed")
+        return preflight.EXIT_FAILED
+
+    project = state.project()
+    started = False
+    try:
+        if fresh:
+            log(f"--fresh: removing {res.run_dir} on volume {res.spec.storage.volume}")
+            compose.run_once(client, res.images["trainer"], ["rm", "-rf", res.run_dir], res.identities["trainer"].user,
+                             res.spec.storage.volume, res.spec.storage.mount)
+        log("starting the vLLM server")
+        started = True
+        project.up("server")
+        ready_s = wait_ready(client, state, READY_TIMEOUT_S, log)
+        state.emit("server_ready", seconds=round(ready_s, 2))
+        log(f"server ready in {ready_s:.1f} s (served model listed in /v1/models)")
+        trainer_start = time.time()
+        project.up("trainer", no_deps=True)
+        state.emit("trainer_started")
+        log("trainer started; progress per optimizer step:")
+        code = follow_trainer(client, state, log, since=trainer_start - 1)
+    except (LaunchError, compose.ComposeError, KeyboardInterrupt) as exc:
+        if started:
+            log(f"rolling back: stopping what this up started ({type(exc).__name__})")
+            _save_logs(project, state)
+            project.down()
+        state.emit("up_end", status="failed", error=str(exc)[:500])
+        raise
+    _save_logs(project, state)
+    state.emit("up_end", status="ok" if code == 0 else "failed", trainer_exit=code)
+    summary = summarize(state)
+    (state.dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
+    events = state.deploy_events() + status.parse_jsonl(state.metrics_copy.read_text())
+    png = status.plot(events, str(state.dir / f"{res.spec.run.name}.png"), title=f"grpo-deploy run {res.spec.run.name}")
+    print("\n" + status.summary_text(summary), file=out)
+    print(f"\nsummary: {state.dir / 'summary.json'}\nplot:    {png}\nlogs:    {state.dir / 'logs.txt'}", file=out)
+    if keep:
+        log("--keep: the stack stays up (grpo-deploy down stops it)")
+    else:
+        log("stopping the stack (the shared volume and its checkpoints are kept)")
+        project.down()
+    if code != 0:
+        log(f"the trainer exited with code {code}: see {state.dir / 'logs.txt'}")
+        return 1
+    return 0
+
+
+def _save_logs(project: compose.Project, state: RunState) -> None:
+    proc = project.run("logs", "--no-color", "--timestamps", capture=True, check=False)
+    (state.dir / "logs.txt").write_text((proc.stdout or "") + (proc.stderr or ""))
+
+
+def summarize(state: RunState, live: bool = False) -> status.Summary:
+    res = state.res
+    text = fetch_metrics_safe(res) if live else None
+    if text is None and state.metrics_copy.exists():
+        text = state.metrics_copy.read_text()
+    events = state.deploy_events() + status.parse_jsonl(text or "")
+    up_start = [e for e in events if e["event"] == "up_start"]
+    if up_start:  # only this up's trainer events (the metrics file appends across resumes)
+        events = [e for e in events if e["time"] >= up_start[-1]["time"]]
+    return status.summarize(res.spec.run.name, events, max_steps=res.v("trl", "max_steps"))
+
+
+def down(res: Resolved, volumes: bool = False) -> None:
+    _require_local(res)
+    state = RunState(res)
+    if not (state.render_dir / "hosts" / "local.env").exists():
+        write_render(state)
+    state.project().down(volumes=volumes)
+
+
+def logs(res: Resolved, follow: bool = False, tail: int = 200) -> int:
+    _require_local(res)
+    state = RunState(res)
+    if not (state.render_dir / "hosts" / "local.env").exists():
+        raise LaunchError(f"no run {res.spec.run.name} was started from this directory (.grpo-deploy/ is missing)")
+    args = ["logs", "--tail", str(tail)] + (["-f"] if follow else [])
+    return state.project().run(*args, check=False).returncode

@@ -1,0 +1,196 @@
+"""Run status from events (pure): the trainer's metrics.jsonl plus the deployer's own events -> summary and plot.
+
+Event shapes are the runtime's contract (grpo_deploy.runtime.metrics): run_start, trainer_ready, step,
+adapter_load, adapter_prune, run_end; the deployer adds up_start, server_ready, trainer_started, up_end.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+
+def parse_jsonl(text: str) -> list[dict[str, Any]]:
+    """Events from JSONL text; a torn last line (a writer killed mid-line) is ignored."""
+    events = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and "event" in obj:
+            events.append(obj)
+    return events
+
+
+def _mean(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.fmean(values), 4) if values else None
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 4) if values else None
+
+
+@dataclass
+class Summary:
+    run: str
+    state: str  # not-started | starting | running | finished | failed
+    steps: int = 0
+    max_steps: int | None = None
+    reward_first5: float | None = None
+    reward_last5: float | None = None
+    completion_length_first5: float | None = None
+    completion_length_last5: float | None = None
+    staleness_mean: float | None = None
+    importance_ratio_min: float | None = None
+    importance_ratio_max: float | None = None
+    step_time_median_s: float | None = None
+    adapter_loads_ok: int = 0
+    adapter_loads_failed: int = 0
+    median_handoff_s: float | None = None
+    adapter_file_modes: list[str] = field(default_factory=list)
+    server_ready_s: float | None = None
+    up_to_first_step_s: float | None = None
+    wall_s: float | None = None
+    reward_per_hour: float | None = None
+    eta_s: float | None = None
+    run_uid: int | None = None
+    run_gid: int | None = None
+    umask: str | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _reward(step: dict[str, Any]) -> float | None:
+    value = step.get("reward")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None = None) -> Summary:
+    events = sorted(events, key=lambda e: e.get("time", 0))
+    s = Summary(run=run, state="not-started", max_steps=max_steps)
+    if not events:
+        return s
+    by = lambda name: [e for e in events if e.get("event") == name]  # noqa: E731
+    steps = sorted(by("step"), key=lambda e: e.get("step", 0))
+    loads = by("adapter_load")
+    start = by("run_start")
+    up_start = by("up_start")
+    ready = by("server_ready")
+    end = by("run_end")
+    s.state = "starting"
+    if start:
+        s.run_uid, s.run_gid, s.umask = start[-1].get("uid"), start[-1].get("gid"), start[-1].get("umask")
+    if steps:
+        s.state = "running"
+        s.steps = int(steps[-1].get("step", len(steps)))
+        rewards = [_reward(e) for e in steps]
+        s.reward_first5, s.reward_last5 = _mean(rewards[:5]), _mean(rewards[-5:])
+        lengths = [e.get("completions/mean_length") for e in steps]
+        s.completion_length_first5, s.completion_length_last5 = _mean(lengths[:5]), _mean(lengths[-5:])
+        s.staleness_mean = _mean([e.get("sample/staleness_mean") for e in steps])
+        ratios = [e.get("ratio") for e in steps if isinstance(e.get("ratio"), (int, float))]
+        if ratios:
+            s.importance_ratio_min, s.importance_ratio_max = round(min(ratios), 4), round(max(ratios), 4)
+        times = [e["time"] for e in steps]
+        gaps = [b - a for a, b in zip(times, times[1:])]
+        s.step_time_median_s = _median(gaps)
+        origin = up_start[0]["time"] if up_start else (start[0]["time"] if start else None)
+        if origin is not None:
+            s.up_to_first_step_s = round(steps[0]["time"] - origin, 2)
+            s.wall_s = round(steps[-1]["time"] - origin, 2)
+            hours = (steps[-1]["time"] - origin) / 3600
+            if hours > 0 and s.reward_last5 is not None:
+                s.reward_per_hour = round(sum(r for r in rewards if r is not None) / hours, 2)
+        if max_steps and s.step_time_median_s and s.steps < max_steps:
+            s.eta_s = round((max_steps - s.steps) * s.step_time_median_s, 1)
+    s.adapter_loads_ok = sum(1 for e in loads if e.get("ok"))
+    s.adapter_loads_failed = sum(1 for e in loads if not e.get("ok"))
+    s.median_handoff_s = _median([e.get("handoff_s") for e in loads if e.get("ok")])
+    s.adapter_file_modes = sorted({str(m) for e in loads for m in _modes(e)})
+    if ready and up_start:
+        s.server_ready_s = round(ready[-1]["time"] - up_start[-1]["time"], 2)
+    elif ready:
+        s.server_ready_s = ready[-1].get("seconds")
+    if ready and ready[-1].get("seconds") is not None:
+        s.server_ready_s = ready[-1]["seconds"]
+    if end:
+        last = end[-1]
+        s.state = "finished" if last.get("status") == "ok" else "failed"
+        s.error = last.get("error")
+    return s
+
+
+def _modes(event: dict[str, Any]) -> list[str]:
+    mode = event.get("mode") or event.get("file_mode")
+    if isinstance(mode, dict):
+        return list(mode.values())
+    return [mode] if mode else []
+
+
+def progress_line(step: dict[str, Any], max_steps: int | None) -> str:
+    def f(key: str, fmt: str) -> str:
+        value = step.get(key)
+        return format(value, fmt) if isinstance(value, (int, float)) else "-"
+
+    total = f"/{max_steps}" if max_steps else ""
+    return (f"step {step.get('step')}{total}  reward {f('reward', '.3f')}  len {f('completions/mean_length', '.1f')}  "
+            f"staleness {f('sample/staleness_mean', '.2f')}  ratio {f('ratio', '.4f')}  "
+            f"queue {f('sample/rollout_queue_size', '.0f')}")
+
+
+def summary_text(s: Summary) -> str:
+    def n(v, fmt=".3f", unit=""):
+        return "-" if v is None else f"{format(v, fmt)}{unit}"
+
+    lines = [
+        f"run {s.run}: {s.state}, {s.steps}{'/' + str(s.max_steps) if s.max_steps else ''} optimizer steps"
+        + (f" (error: {s.error})" if s.error else ""),
+        f"  reward              first 5 steps {n(s.reward_first5)} -> last 5 steps {n(s.reward_last5)}",
+        f"  completion length   {n(s.completion_length_first5, '.1f')} -> {n(s.completion_length_last5, '.1f')} tokens",
+        f"  adapter syncs       {s.adapter_loads_ok} loaded, {s.adapter_loads_failed} failed, median hand-off "
+        f"{n(s.median_handoff_s, '.3f', ' s')} (save -> loaded)",
+        f"  staleness           mean {n(s.staleness_mean, '.2f')}; importance ratio "
+        f"{n(s.importance_ratio_min, '.4f')}..{n(s.importance_ratio_max, '.4f')}",
+        f"  step time           median {n(s.step_time_median_s, '.2f', ' s')}; reward per wall-clock hour "
+        f"{n(s.reward_per_hour, '.1f')}",
+        f"  start-up            server ready {n(s.server_ready_s, '.1f', ' s')}; up -> first step "
+        f"{n(s.up_to_first_step_s, '.1f', ' s')}",
+        f"  identity            uid {s.run_uid} gid {s.run_gid} umask {s.umask}; adapter file modes "
+        f"{', '.join(s.adapter_file_modes) or '-'}",
+    ]
+    if s.eta_s is not None:
+        lines.append(f"  ETA                 {s.eta_s / 60:.1f} min")
+    return "\n".join(lines)
+
+
+def plot(events: list[dict[str, Any]], path: str, title: str = "") -> str:
+    """Reward, completion length and staleness per step, to a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = sorted((e for e in events if e.get("event") == "step"), key=lambda e: e.get("step", 0))
+    x = [e.get("step") for e in steps]
+    fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
+    for ax, key, label in zip(axes, ("reward", "completions/mean_length", "sample/staleness_mean"),
+                              ("reward", "completion length (tokens)", "staleness (updates)")):
+        ax.plot(x, [e.get(key) for e in steps], marker=".")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("optimizer step")
+    fig.suptitle(title or "grpo-deploy run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
