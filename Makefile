@@ -1,0 +1,42 @@
+# grpo-deploy: `make help` lists the targets.
+PYTHON ?= python3
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help setup demo test test-unit test-static test-integration images images-static bench render-defaults clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
+
+setup: ## install what the kit needs on a fresh machine (Docker engine, Compose plugin, Python packages)
+	bash scripts/setup.sh
+
+demo: setup ## THE MAIN JOB: the CPU rehearsal (real vLLM server + real TRL async trainer) on this machine
+	grpo-deploy up --fresh
+
+test: setup ## run every test this machine can run (unit, static, integration with real containers)
+	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu" -rs $(PYTEST_ARGS)
+
+test-unit: ## unit tests only (no Docker)
+	$(PYTHON) -m pytest tests/unit -m "not gpu" -q
+
+test-static: ## static validation: compose, Dockerfiles, Kubernetes overlays, Ansible, YAML
+	$(PYTHON) -m pytest tests/static -q
+
+test-integration: ## the real rehearsal in containers, the seed-004 preflight refusal
+	$(PYTHON) -m pytest tests/integration -q
+
+images: ## build the cpu image (debootstrap base, host wheelhouse, --no-index install; no registry needed)
+	bash images/build.sh cpu
+
+images-static: ## hadolint every Dockerfile (GPU images cannot be built here)
+	bash images/build.sh all-static
+
+bench: ## print start-up and adapter hand-off figures of the rehearsal (needs a finished `make demo`)
+	$(PYTHON) benchmarks/rehearsal_startup.py
+
+render-defaults: ## regenerate compose/.env and compose/rendered/ from the embedded default spec
+	$(PYTHON) -m grpo_deploy.compose_defaults
+
+clean: ## remove local run state and build outputs (not Docker images or volumes)
+	rm -rf .grpo-deploy build

@@ -1,0 +1,48 @@
+"""Seed 004's failure caught before training: a trainer writing adapters as another UID with umask 077 is refused
+by preflight (real probe through the real shared volume), naming UID, umask and path; nothing is started."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from grpo_deploy import compose as compose_mod
+from grpo_deploy import scaffold
+
+RUN = "probe-split"
+
+
+def _spec(tmp_path, roles: str) -> str:
+    text = scaffold.spec_text("cpu", "trl-async", run_name=RUN).replace("  roles: {}", f"  roles: {roles}")
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def _preflight(tmp_path, spec_path, *args):
+    return subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "preflight", "-f", spec_path, *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+def test_probe_passes_with_one_identity(tmp_path, cpu_image):
+    proc = _preflight(tmp_path, _spec(tmp_path, "{}"), "--only", "shared-volume", "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert '"verdict": "ok"' in proc.stdout
+
+
+def test_root_trainer_with_umask_077_is_refused_by_the_real_probe(tmp_path, cpu_image):
+    spec_path = _spec(tmp_path, "{trainer: {uid: 0, gid: 0, umask: '0077'}}")
+    proc = _preflight(tmp_path, spec_path, "--only", "shared-volume")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "UID 0:0" in out and "umask 0077" in out and f"/shared/runs/{RUN}/" in out
+    assert "does not expose" in out  # names TRL's misleading message as what this prevents
+
+
+def test_up_refuses_and_starts_nothing(tmp_path, cpu_image, docker_client):
+    spec_path = _spec(tmp_path, "{trainer: {uid: 0, gid: 0, umask: '0077'}}")
+    proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "up", "-f", spec_path], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "nothing was started" in proc.stdout
+    assert compose_mod.containers(docker_client, RUN) == []

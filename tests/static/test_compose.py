@@ -1,0 +1,80 @@
+"""Static checks of compose/: the committed defaults equal the renderer; the real Compose v2 binary accepts every
+combination the deployer uses; the resolved services keep the kit's invariants (same user, same mount, readiness)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpo_deploy import compose_defaults, render, resolve, scaffold, spec
+
+COMPOSE = Path(__file__).resolve().parents[2] / "compose"
+
+
+def test_committed_defaults_match_the_renderer():
+    for rel, text in compose_defaults.files().items():
+        path = COMPOSE / rel
+        assert path.exists(), f"compose/{rel} missing: run make render-defaults"
+        assert path.read_text() == text, f"compose/{rel} is stale: run make render-defaults"
+    committed = {p.relative_to(COMPOSE).as_posix() for p in (COMPOSE / "rendered").rglob("*") if p.is_file()}
+    assert committed == {r for r in compose_defaults.files() if r.startswith("rendered/")}
+
+
+def compose_config(env_file: Path | None = None, extra_env: dict[str, str] | None = None) -> dict:
+    cmd = ["docker", "compose", "--project-directory", str(COMPOSE)]
+    if env_file:
+        cmd += ["--env-file", str(env_file)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "COMPOSE_"))}
+    env.update(extra_env or {})
+    proc = subprocess.run(cmd + ["config", "--format", "yaml"], cwd=COMPOSE, capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    return yaml.safe_load(proc.stdout)
+
+
+def _check_invariants(cfg: dict, mount: str = "/shared") -> None:
+    server, trainer = cfg["services"]["server"], cfg["services"]["trainer"]
+    assert server["user"] == trainer["user"] == "1000:1000"
+    for svc in (server, trainer):
+        targets = {v["target"]: v for v in svc["volumes"]}
+        assert targets[mount]["source"] == "shared" and cfg["volumes"]["shared"]["name"].startswith("grpo-deploy")
+        assert targets["/etc/grpo-deploy"]["read_only"] is True
+    assert "grpo_deploy.runtime.health" in " ".join(server["healthcheck"]["test"])
+    assert trainer["depends_on"]["server"]["condition"] == "service_healthy"
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" in server["environment"]
+
+
+def test_default_compose_is_the_cpu_rehearsal():
+    cfg = compose_config()
+    _check_invariants(cfg)
+    assert cfg["services"]["server"]["image"] == "grpo-deploy/cpu:0.1.0"
+    assert cfg["services"]["server"]["ports"][0]["host_ip"] == "127.0.0.1"
+
+
+@pytest.mark.parametrize("profile,hosts", [("cpu", []), ("gb10", ["spark1", "spark2"]), ("h200", ["h200a"])])
+def test_rendered_host_env_files_are_accepted(tmp_path, profile, hosts):
+    res = resolve.resolve(spec.loads(scaffold.spec_text(profile, "trl-async", hosts)))
+    files = render.render_files(res, config_dir=str(tmp_path / "config"))
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    for host in res.spec.hosts:
+        cfg = compose_config(tmp_path / "hosts" / f"{host.name}.env")
+        _check_invariants(cfg)
+        if len(hosts) == 2:
+            assert cfg["volumes"]["shared"]["driver_opts"]["type"] == "nfs"
+        if profile != "cpu":
+            roles = [r for r in host.roles]
+            for role in roles:
+                devices = cfg["services"][role]["deploy"]["resources"]["reservations"]["devices"]
+                assert devices[0]["capabilities"] == ["gpu"]
+
+
+def test_nfs_override_requires_its_variables():
+    cmd = ["docker", "compose", "-f", "compose.yaml", "-f", "compose.nfs.yaml", "config", "-q"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "COMPOSE_"))}
+    proc = subprocess.run(cmd, cwd=COMPOSE, capture_output=True, text=True, env=env)
+    assert proc.returncode != 0 and "GRPO_NFS_ADDR" in proc.stderr
