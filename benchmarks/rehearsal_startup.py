@@ -1,0 +1,85 @@
+"""Benchmark: `grpo-deploy up` -> first optimizer step, against a bare vLLM server start on the same machine,
+and the median adapter hand-off (save -> loaded). Prints its numbers; it is not a test.
+
+Needs a finished rehearsal in this directory (`make demo` writes .grpo-deploy/rehearsal/summary.json).
+The bare start runs the same image with the same rendered server arguments and times until /v1/models lists
+the model, i.e. the same readiness rule `up` waits on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from grpo_deploy import facts, resolve, scaffold
+from grpo_deploy.launch import RunState, write_render
+
+TARGET_RATIO = 2.0
+TARGET_HANDOFF_S = 0.3
+
+
+def bare_server_start(res, timeout: float = 900.0) -> float:
+    client = facts.docker_client()
+    state = RunState(res)
+    write_render(state)
+    port = 18000
+    start = time.time()
+    container = client.containers.run(
+        res.images["server"], ["python", "-m", "grpo_deploy.runtime.serve", "--args-file", "/etc/grpo-deploy/server.args"],
+        detach=True, user=res.identities["server"].user, ports={"8000/tcp": ("127.0.0.1", port)},
+        volumes={str(state.render_dir / "config"): {"bind": "/etc/grpo-deploy", "mode": "ro"}},
+        environment={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"},
+        labels={"org.grpo-deploy.managed-by": "grpo-deploy-bench"})
+    model = res.v("model", "served_name")
+    try:
+        while time.time() - start < timeout:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
+                    if any(m.get("id") == model for m in json.load(r).get("data", [])):
+                        return time.time() - start
+            except OSError:
+                pass
+            container.reload()
+            if container.status == "exited":
+                raise RuntimeError(container.logs(tail=20).decode(errors="replace"))
+            time.sleep(0.5)
+        raise TimeoutError("bare server not ready")
+    finally:
+        container.remove(force=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--summary", default=".grpo-deploy/rehearsal/summary.json")
+    parser.add_argument("--repeat", type=int, default=1, help="bare server starts to time (median is used)")
+    args = parser.parse_args()
+    summary_path = Path(args.summary)
+    if not summary_path.exists():
+        print(f"{summary_path} not found: run `make demo` first", file=sys.stderr)
+        return 2
+    summary = json.loads(summary_path.read_text())
+    res = resolve.resolve(scaffold.embedded_default())
+    bare = sorted(bare_server_start(res) for _ in range(args.repeat))
+    bare_s = bare[len(bare) // 2]
+    up_s = summary["up_to_first_step_s"]
+    ratio = up_s / bare_s
+    handoff = summary["median_handoff_s"]
+    print("rehearsal start-up and hand-off (this machine)")
+    print(f"  bare vLLM server start (ready: model in /v1/models)  {bare_s:7.1f} s   (runs: {', '.join(f'{b:.1f}' for b in bare)})")
+    print(f"  server ready inside `up`                              {summary['server_ready_s']:7.1f} s")
+    print(f"  `up` -> first optimizer step                          {up_s:7.1f} s")
+    print(f"  ratio up->first step / bare server start              {ratio:7.2f}     target <= {TARGET_RATIO}: "
+          f"{'met' if ratio <= TARGET_RATIO else 'MISSED'}")
+    print(f"  median adapter hand-off (save -> loaded)              {handoff:7.3f} s   target <= {TARGET_HANDOFF_S}: "
+          f"{'met' if handoff <= TARGET_HANDOFF_S else 'MISSED'}")
+    print(f"  steps {summary['steps']}, adapter loads {summary['adapter_loads_ok']} ok / "
+          f"{summary['adapter_loads_failed']} failed, reward {summary['reward_first5']} -> {summary['reward_last5']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

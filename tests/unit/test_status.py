@@ -1,0 +1,53 @@
+"""Tests of grpo_deploy.status: summary from events, torn lines, progress text, plot."""
+
+from __future__ import annotations
+
+import json
+
+from grpo_deploy import status
+
+
+def _events():
+    ev = [{"event": "up_start", "time": 100.0}, {"event": "server_ready", "time": 140.0, "seconds": 40.0},
+          {"event": "run_start", "time": 141.0, "uid": 1000, "gid": 1000, "umask": "0022"}]
+    for i in range(1, 11):
+        ev.append({"event": "step", "time": 150.0 + 3 * i, "step": i, "reward": 0.1 * i,
+                   "completions/mean_length": 20 - i, "sample/staleness_mean": 0.5, "ratio": 1.0 + 0.001 * i})
+        ev.append({"event": "adapter_load", "time": 150.0 + 3 * i, "ok": True, "status": 200, "handoff_s": 0.05 * i,
+                   "mode": "0600"})
+    ev.append({"event": "adapter_load", "time": 190.0, "ok": False, "status": 404, "handoff_s": None})
+    ev.append({"event": "run_end", "time": 200.0, "status": "ok", "steps": 10})
+    return ev
+
+
+def test_summary_figures():
+    s = status.summarize("r", _events(), max_steps=10)
+    assert s.state == "finished" and s.steps == 10
+    assert s.reward_first5 == 0.3 and s.reward_last5 == 0.8
+    assert s.adapter_loads_ok == 10 and s.adapter_loads_failed == 1
+    assert s.median_handoff_s == 0.275
+    assert s.server_ready_s == 40.0 and s.up_to_first_step_s == 53.0
+    assert s.step_time_median_s == 3.0 and s.run_uid == 1000
+    assert s.adapter_file_modes == ["0600"]
+
+
+def test_failed_run_and_torn_line():
+    text = "\n".join(json.dumps(e) for e in _events()[:-1])
+    text += '\n{"event": "run_end", "time": 201, "status": "error", "error": "boom"}\n{"event": "st'
+    s = status.summarize("r", status.parse_jsonl(text))
+    assert s.state == "failed" and s.error == "boom"
+
+
+def test_empty_is_not_started():
+    assert status.summarize("r", []).state == "not-started"
+
+
+def test_progress_line_and_text():
+    line = status.progress_line({"step": 3, "reward": 0.25}, 40)
+    assert line.startswith("step 3/40") and "reward 0.250" in line
+    assert "hand-off" in status.summary_text(status.summarize("r", _events()))
+
+
+def test_plot_writes_png(tmp_path):
+    path = status.plot(_events(), str(tmp_path / "p.png"))
+    assert open(path, "rb").read(4) == b"\x89PNG"
