@@ -217,6 +217,8 @@ def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout) -
             _save_logs(project, state)
             project.down()
         state.emit("up_end", status="failed", error=str(exc)[:500])
+        if isinstance(exc, compose.ComposeError):
+            raise LaunchError(f"{exc}\nnothing of this run is left running") from None
         raise
     _save_logs(project, state)
     state.emit("up_end", status="ok" if code == 0 else "failed", trainer_exit=code)

@@ -168,6 +168,30 @@ def check_arch(ctx: Context) -> list[Result]:
     return out
 
 
+@check("port", "The vLLM server's published port is free on this host")
+def check_port(ctx: Context) -> list[Result]:
+    import socket
+
+    res = ctx.res
+    server = res.host_for("server")
+    if server is None or server.address != "local":
+        return [Result("port", "-", SKIP, "no local server host")]
+    port = int(res.v("vllm", "port", 8000))
+    mine = [c for c in (ctx.docker().containers.list() if ctx.docker() else [])
+            if c.labels.get("org.grpo-deploy.run") == res.spec.run.name]
+    if mine:
+        return [Result("port", server.name, FAIL, f"run {res.spec.run.name} already has running containers "
+                       f"({', '.join(c.name for c in mine)})", "grpo-deploy down, or grpo-deploy status")]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            return [Result("port", server.name, FAIL, f"port {port} is already in use on this host ({exc.strerror})",
+                           "stop what listens there, or set overrides: {vllm: {port: 8100}}")]
+    return [Result("port", server.name, OK, f"port {port} is free")]
+
+
 @check("disk", "Checkpoints x (retention + 1) + adapters + margin fit the free space where they are written")
 def check_disk(ctx: Context) -> list[Result]:
     plan = ctx.plan()

@@ -309,6 +309,13 @@ def test_server_probes(overlay):
             assert http["port"] in ports or http["port"] in ports.values(), f"{probe} port {http['port']} not exposed"
     assert server["readinessProbe"].get("exec", {}).get("command") == HEALTH_CMD, \
         "readiness must be `/v1/models lists the served model` (grpo_deploy.runtime.health), not /health"
+    # The health command reads the served model and port from the environment (server.env via envFrom).
+    env: dict[str, str] = {}
+    for src in server.get("envFrom", []):
+        (cm,) = [o for o in objects(overlay, "ConfigMap") if o["metadata"]["name"] == src["configMapRef"]["name"]]
+        env.update(cm["data"])
+    assert env.get("GRPO_SERVED_MODEL") == resolved(overlay).v("model", "served_name")
+    assert env.get("GRPO_SERVER_PORT") == str(ports["http"]), "the readiness check would ask another port"
     startup = server["startupProbe"]
     budget = startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3)
     assert budget >= MIN_SERVER_STARTUP_S, f"startupProbe allows {budget} s, less than a model load ({MIN_SERVER_STARTUP_S} s)"
@@ -490,14 +497,17 @@ def test_verl_launcher_passes_every_override_verbatim(overlay, tmp_path):
     fake = bindir / "python"
     fake.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(tmp_path / 'argv.json')!r}, 'w'))\n")
     fake.chmod(0o755)
-    # Files that a stray glob in the arguments would match: an unquoted ["console"] must not expand.
-    for name in ("c", "o", "n"):
-        (tmp_path / name).write_text("")
+    want = [ln for ln in overrides.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    # Decoy files that an override such as trainer.logger=["console"] would match if the shell globbed it.
+    for arg in want:
+        pre, _, rest = arg.partition("[")
+        inner, _, post = rest.partition("]")
+        if inner and "/" not in pre + inner[0] + post:
+            (tmp_path / (pre + inner[0] + post)).write_text("")
     proc = subprocess.run(["/bin/sh", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=30,
                           env={"PATH": f"{bindir}:/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr
     argv = json.loads((tmp_path / "argv.json").read_text())
-    want = [ln for ln in overrides.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     assert argv[:2] == ["-m", "verl.trainer.main_ppo"]
     assert argv[2:] == want
     overrides.write_text("")
