@@ -1,4 +1,4 @@
-"""FlashAttention-3 stand-in for TRL's packed (tree) attention: varlen attention on SDPA or torch varlen, plus install()."""
+"""FlashAttention-3 stand-in for TRL's packed tree attention (SDPA or torch varlen backends), and its install()."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class Segments:
         return cls(q_bounds, k_bounds)
 
     def __iter__(self):
-        return iter(zip(self.q_bounds[:-1], self.q_bounds[1:], self.k_bounds[:-1], self.k_bounds[1:]))
+        return iter(zip(self.q_bounds[:-1], self.q_bounds[1:], self.k_bounds[:-1], self.k_bounds[1:], strict=True))
 
 
 def _window(causal: bool, window_size: tuple[int, int]) -> tuple[int, int]:
@@ -98,8 +98,8 @@ def _expand_kv(x: torch.Tensor, num_q_heads: int) -> torch.Tensor:
 
 def _positions(bounds_q: list[int], bounds_k: list[int], device) -> tuple[torch.Tensor, ...]:
     """Segment id and bottom-right-aligned position of every packed query and key row."""
-    lens_q = torch.tensor([b - a for a, b in zip(bounds_q[:-1], bounds_q[1:])], device=device)
-    lens_k = torch.tensor([b - a for a, b in zip(bounds_k[:-1], bounds_k[1:])], device=device)
+    lens_q = torch.tensor([b - a for a, b in zip(bounds_q[:-1], bounds_q[1:], strict=True)], device=device)
+    lens_k = torch.tensor([b - a for a, b in zip(bounds_k[:-1], bounds_k[1:], strict=True)], device=device)
     segments = torch.arange(len(lens_q), device=device)
     seg_q = torch.repeat_interleave(segments, lens_q)
     seg_k = torch.repeat_interleave(segments, lens_k)

@@ -9,18 +9,18 @@ from dataclasses import dataclass
 
 DATASETS = ("brevity", "boxed-math", "gsm8k")
 
-_SUBJECTS = [
-    "the sea", "a red fox", "rain", "the moon", "old trees", "a train", "bread", "winter", "a small boat", "music",
-    "the desert", "a clock", "honey", "the wind", "a lighthouse", "paper", "snow", "a garden", "the river", "stars",
-]
+_SUBJECTS = (
+    "the sea|a red fox|rain|the moon|old trees|a train|bread|winter|a small boat|music|"
+    "the desert|a clock|honey|the wind|a lighthouse|paper|snow|a garden|the river|stars"
+).split("|")
 _ASKS = ["Describe {}.", "Tell me about {}.", "What is {}?", "Say something about {}.", "Write a line on {}."]
 
 
 @dataclass(frozen=True)
 class DatasetSpec:
-    name: str
+    name: str = "brevity"
     path: str | None = None
-    num_prompts: int | None = None
+    num_prompts: int | None = 64
 
 
 def user_prompt(text: str) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Process identity shared by every runtime entrypoint: the umask taken from GRPO_UMASK, and uid/gid/umask as recorded."""
+"""Process identity for every runtime entrypoint: the umask from GRPO_UMASK, and uid/gid/umask as events record them."""
 
 from __future__ import annotations
 

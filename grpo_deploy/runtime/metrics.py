@@ -34,9 +34,11 @@ class MetricsSink:
         self._file = open(self.path, "a", encoding="utf-8")
         self._lock = threading.Lock()
 
-    def emit(self, event: str, **fields: Any) -> dict:
+    def emit(self, event: str, /, **fields: Any) -> dict:
         record = {"event": event, "time": time.time()}
-        record.update({key: to_json_value(value) for key, value in fields.items()})
+        for key, value in fields.items():
+            if key not in record:  # a logged `event` or `time` never overrides the envelope
+                record[key] = to_json_value(value)
         line = json.dumps(record, allow_nan=False, separators=(",", ":"))
         with self._lock:
             self._file.write(line + "\n")

@@ -7,8 +7,8 @@ import hashlib
 import os
 import sys
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"]
-CHARACTERS = ["\n", "\t"] + [chr(c) for c in range(32, 127)]
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHARACTERS = ["\n", "\t"] + [chr(c) for c in range(32, 127)]  # one token each; other characters are dropped
 
 CHATML_TEMPLATE = (
     "{%- for message in messages %}"
@@ -34,22 +34,28 @@ ARCHITECTURE = {
 
 
 def build_tokenizer():
-    """Char-level tokenizer: the specials, newline, tab and printable ASCII; anything else maps to <unk>."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
+    """Char-level tokenizer in Qwen2's own byte-level format (what AutoTokenizer rebuilds for a qwen2 model).
 
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + CHARACTERS)}
-    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", fuse_unk=True))
-    core.decoder = decoders.Fuse()
-    core.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
+    The vocabulary is the three ChatML specials plus one byte-level symbol per newline, tab and printable ASCII
+    character, with no merges: every such character is one token.
+    """
+    from tokenizers import AddedToken
+    from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_symbol = bytes_to_unicode()
+    symbols = [byte_symbol[ord(c)] for c in CHARACTERS]
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + symbols)}
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=[],
+        unk_token="<|endoftext|>",
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        unk_token="<unk>",
         model_max_length=ARCHITECTURE["max_position_embeddings"],
         clean_up_tokenization_spaces=False,
     )
+    tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS])
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
 

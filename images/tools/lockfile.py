@@ -14,9 +14,10 @@ Subcommands (all print to stdout, errors to stderr, exit 1 on failure):
       print the lock entries that have no matching wheel in DIR
   select LOCK DIR
       print the wheel file of every lock entry (fails if one is missing)
-  subtract LOCK BASE
+  subtract LOCK BASE [--keep-changed]
       print the entries of LOCK whose project is not named in BASE
-      (BASE: a lock file or a ``pip freeze`` listing)
+      (BASE: a lock file or a ``pip freeze`` listing); with --keep-changed
+      also those BASE carries at another version
   version LOCK NAME
       print the version LOCK pins for NAME
 
@@ -52,6 +53,11 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def public(version: str) -> str:
+    """The version without its local segment (2.11.0+cu130 -> 2.11.0)."""
+    return version.split("+", 1)[0]
+
+
 def norm_version(version: str) -> str:
     if Version is None:
         return version
@@ -73,13 +79,22 @@ class Entry:
         return f"{self.name}=={self.version}"
 
 
-def read_lock(path: Path) -> list[Entry]:
+def read_lock(path: Path, strict: bool = True) -> list[Entry]:
+    """Parse a lock file; with strict=False skip lines that are not pins
+    (``pip freeze`` also prints ``name @ URL`` and ``-e`` lines)."""
     entries = []
     for number, raw in enumerate(path.read_text().splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         match = _LINE.match(line)
+        if not match and not strict:
+            # `pip freeze` writes "name @ URL" for packages installed from a
+            # file: the project is there, its version is not stated.
+            direct = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*@\s*\S+", line)
+            if direct:
+                entries.append(Entry(direct.group(1), "", None, line))
+            continue
         if not match:
             sys.exit(f"{path}:{number}: not a 'name==version' line: {raw!r}")
         digest = _HASH.search(match.group("rest"))
@@ -168,9 +183,11 @@ def cmd_select(args: argparse.Namespace) -> int:
 
 
 def cmd_subtract(args: argparse.Namespace) -> int:
-    base = {entry.key for entry in read_lock(Path(args.base))}
+    base = {entry.key: entry.version for entry in read_lock(Path(args.base), strict=False)}
     for entry in read_lock(Path(args.lock)):
         if entry.key not in base:
+            print(entry.line)
+        elif args.keep_changed and base[entry.key] and public(base[entry.key]) != public(entry.version):
             print(entry.line)
     return 0
 
@@ -203,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     subtract = sub.add_parser("subtract")
     subtract.add_argument("lock")
     subtract.add_argument("base")
+    subtract.add_argument("--keep-changed", action="store_true",
+                          help="also keep pins whose version differs from BASE")
     subtract.set_defaults(func=cmd_subtract)
 
     version = sub.add_parser("version")

@@ -47,8 +47,8 @@ def shared_prompt_row(prompt_len: int, completion_lens: list[int], plain_lens: l
         samples.append(tokens)
         query_rows.append(tokens)
         cursor += length
-    lens_q = [b - a for a, b in zip(offsets_q[:-1], offsets_q[1:])]
-    lens_k = [b - a for a, b in zip(offsets_k[:-1], offsets_k[1:])]
+    lens_q = [b - a for a, b in zip(offsets_q[:-1], offsets_q[1:], strict=True)]
+    lens_k = [b - a for a, b in zip(offsets_k[:-1], offsets_k[1:], strict=True)]
     return Packed(
         samples=samples,
         query_rows=query_rows,
@@ -66,7 +66,7 @@ def dense_reference(q, k, v, packed: Packed, scale=None, window: int | None = No
     heads, kv_heads = q.shape[1], k.shape[1]
     scale = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
     out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    for sample, rows in zip(packed.samples, packed.query_rows):
+    for sample, rows in zip(packed.samples, packed.query_rows, strict=True):
         index = torch.tensor(sample, device=q.device)
         qs, ks, vs = (x.float().index_select(0, index).transpose(0, 1) for x in (q, k, v))
         ks = ks.repeat_interleave(heads // kv_heads, dim=0)
@@ -103,7 +103,7 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def from_segments(kv_index: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor, max_q: int, max_k: int) -> Packed:
-    """Reference layout from any tree packing: a segment's key path is a whole sample, its query rows are the path's tail."""
+    """Reference layout from any tree packing: a segment's key path is a sample, its query rows the path's tail."""
     bounds_q, bounds_k, kv = cu_q.tolist(), cu_k.tolist(), kv_index.tolist()
     samples, rows = [], []
     for s in range(len(bounds_q) - 1):

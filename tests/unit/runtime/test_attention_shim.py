@@ -56,7 +56,7 @@ def test_fp32_matches_reference_exactly(case, heads, dense_limit):
     out, ref, grads, ref_grads = run(VarlenAttention("sdpa", dense_limit), packed, torch.float32, *heads)
     assert out.shape == (packed.total, heads[0], 64) and out.dtype == torch.float32
     torch.testing.assert_close(out, ref)
-    for grad, expected in zip(grads, ref_grads):
+    for grad, expected in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(grad, expected)
 
 
@@ -67,12 +67,12 @@ def test_bf16_within_rounding(heads, dense_limit):
     out, ref, grads, ref_grads = run(VarlenAttention("sdpa", dense_limit), packed, torch.bfloat16, *heads)
     assert out.dtype == torch.bfloat16
     assert relative_error(out, ref) <= BF16_TOLERANCE
-    for grad, expected in zip(grads, ref_grads):
+    for grad, expected in zip(grads, ref_grads, strict=True):
         assert relative_error(grad, expected) <= BF16_TOLERANCE
 
 
 def test_completion_rows_see_the_shared_prompt():
-    """A completion's first token attends to the whole prompt (bottom-right alignment), not to the prompt's first token."""
+    """A completion's first token attends to the whole prompt (bottom-right alignment), not just its first token."""
     packed = shared_prompt_row(16, [4], [])
     q, k, v = random_qkv(packed.total, 2, 1, 64, torch.float32)
     out = VarlenAttention("sdpa").flash_attn_varlen_func(
@@ -89,7 +89,7 @@ def test_sliding_window_and_softcap(dense_limit):
     shim = VarlenAttention("sdpa", dense_limit)
     out, ref, grads, ref_grads = run(shim, packed, torch.float32, 4, 2, window=8, softcap=30.0)
     torch.testing.assert_close(out, ref)
-    for grad, expected in zip(grads, ref_grads):
+    for grad, expected in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(grad, expected)
 
 
@@ -207,7 +207,7 @@ def test_cuda_varlen_bf16_within_rounding(case, heads):
     packed = shared_prompt_row(*case)
     out, ref, grads, ref_grads = run(VarlenAttention("varlen"), packed, torch.bfloat16, *heads, device="cuda")
     assert relative_error(out, ref) <= BF16_TOLERANCE
-    for grad, expected in zip(grads, ref_grads):
+    for grad, expected in zip(grads, ref_grads, strict=True):
         assert relative_error(grad, expected) <= BF16_TOLERANCE
 
 
@@ -217,7 +217,7 @@ def test_cuda_sdpa_fallback_fp32_exact():
     packed = shared_prompt_row(*CASES[0])
     out, ref, grads, ref_grads = run(VarlenAttention(), packed, torch.float32, 4, 2, device="cuda")
     torch.testing.assert_close(out, ref)
-    for grad, expected in zip(grads, ref_grads):
+    for grad, expected in zip(grads, ref_grads, strict=True):
         torch.testing.assert_close(grad, expected)
 
 

@@ -1,0 +1,105 @@
+"""Container health (`python -m grpo_deploy.runtime.health`, a HEALTHCHECK) and the trainer heartbeat; stdlib only."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+DEFAULT_HEARTBEAT = "/tmp/grpo-deploy-trainer.heartbeat"
+HEARTBEAT_ENV = "GRPO_HEARTBEAT_FILE"
+
+
+def heartbeat_path(explicit: str | None = None) -> str:
+    return explicit or os.environ.get(HEARTBEAT_ENV) or DEFAULT_HEARTBEAT
+
+
+class Heartbeat:
+    """Touches a file every `interval` seconds from a daemon thread while the trainer process lives."""
+
+    def __init__(self, path: str, interval: float = 10.0):
+        self.path = path
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="grpo-heartbeat", daemon=True)
+
+    def beat(self) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        with open(self.path, "w", encoding="utf-8") as handle:
+            handle.write(f"{os.getpid()} {time.time():.3f}\n")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.beat()
+            except OSError:
+                pass
+
+    def start(self) -> Heartbeat:
+        self.beat()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def server_healthy(port: int, model: str, timeout: float = 3.0) -> tuple[bool, str]:
+    """Whether `GET /v1/models` on 127.0.0.1:port lists `model` (readiness, not just a live socket)."""
+    url = f"http://127.0.0.1:{port}/v1/models"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            payload = json.load(response)
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        return False, f"{url}: {error}"
+    served = [entry.get("id") for entry in payload.get("data", [])]
+    if model in served:
+        return True, f"{model} is served"
+    return False, f"{model} not in {served}"
+
+
+def trainer_healthy(path: str, max_age: float) -> tuple[bool, str]:
+    """Whether the trainer's heartbeat file was touched within `max_age` seconds."""
+    try:
+        age = time.time() - os.stat(path).st_mtime
+    except FileNotFoundError:
+        return False, f"no heartbeat at {path}"
+    if age > max_age:
+        return False, f"heartbeat {path} is {age:.0f}s old (limit {max_age:.0f}s)"
+    return True, f"heartbeat {age:.0f}s old"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo_deploy.runtime.health", description=__doc__)
+    parser.add_argument("--role", choices=("server", "trainer"), default=os.environ.get("GRPO_ROLE"))
+    parser.add_argument("--model", default=os.environ.get("GRPO_SERVED_MODEL"), help="served model name (server)")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("GRPO_SERVER_PORT") or 8000))
+    parser.add_argument("--heartbeat", default=None, help=f"trainer heartbeat file (default ${HEARTBEAT_ENV})")
+    parser.add_argument("--max-age", type=float, default=120.0, help="trainer heartbeat staleness limit, seconds")
+    parser.add_argument("--timeout", type=float, default=3.0)
+    args = parser.parse_args(argv)
+    if args.role == "server":
+        if not args.model:
+            print("server health needs --model or GRPO_SERVED_MODEL", file=sys.stderr)
+            return 2
+        ok, why = server_healthy(args.port, args.model, args.timeout)
+    elif args.role == "trainer":
+        ok, why = trainer_healthy(heartbeat_path(args.heartbeat), args.max_age)
+    else:
+        print("set --role or GRPO_ROLE to server or trainer", file=sys.stderr)
+        return 2
+    print(("healthy: " if ok else "unhealthy: ") + why)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""Trainer entrypoint: `python -m grpo_deploy.runtime.train --config PATH` runs TRL's AsyncGRPOTrainer with a LoRA.
+
+Only light modules are imported at the top: TRL's rollout worker is a spawned process that re-imports this module as
+`__mp_main__`, and nothing below the `__main__` guard may run there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+
+from . import checkpoints
+from .adapters import AdapterPublisher, resume_server, safe_keep, unload_stale
+from .config import ConfigError, RunConfig, build_grpo_kwargs, build_lora_config, load_config, response_template
+from .data import build_dataset
+from .health import Heartbeat, heartbeat_path
+from .identity import apply_umask, identity
+from .metrics import MetricsSink
+from .rewards import build_reward_funcs
+
+log = logging.getLogger("grpo_deploy.runtime.train")
+
+
+class Terminated(SystemExit):
+    """Raised from the SIGTERM handler so that cleanup and the run_end event happen on `docker stop`."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated(f"terminated by signal {signum}")
+
+
+def load_tokenizer(config: RunConfig):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(config.model)
+    template = response_template(config.response_template)
+    if template is not None:
+        tokenizer.response_template = template
+    return tokenizer
+
+
+def build_trainer(config: RunConfig, sink: MetricsSink):
+    """Construct the trainer with every runtime adaptation in place; returns (trainer, publisher, shim message)."""
+    import torch
+    from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
+
+    from . import attention_shim, trl_hooks
+    from .callbacks import MetricsCallback
+
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"{config.source}: device: cuda, but this process sees no CUDA device")
+    shim = attention_shim.install(config.attention_shim)
+    log.info(shim)
+    if config.device == "cpu":
+        trl_hooks.neutralise_peak_flops()
+    try:
+        args = AsyncGRPOConfig(**build_grpo_kwargs(config))
+    except TypeError as error:
+        raise ConfigError(f"{config.source}: async_grpo: {error}") from None
+    trainer = AsyncGRPOTrainer(
+        model=config.model,
+        reward_funcs=build_reward_funcs(config.rewards, config.max_completion_length),
+        args=args,
+        train_dataset=build_dataset(config.dataset, config.seed),
+        processing_class=load_tokenizer(config),
+        peft_config=build_lora_config(config),
+        callbacks=[MetricsCallback(sink)],
+    )
+    publisher = AdapterPublisher(sink.emit, lora_dir="", keep=safe_keep(config.adapters.keep, config.max_staleness))
+    trl_hooks.instrument_adapter_sync(trainer, publisher, config.adapter_root)
+    return trainer, shim
+
+
+def run(config: RunConfig, sink: MetricsSink) -> int:
+    """One training run, bracketed by run_start and run_end events; returns the exit code."""
+    trainer, status, error, resumed_from = None, "ok", None, None
+    try:
+        try:
+            resumed_from, quarantined = checkpoints.resolve_resume(config.output_dir, config.resume)
+        finally:
+            sink.emit("run_start", run_name=config.run_name, **identity(), pid=os.getpid(), resumed_from=resumed_from)
+        for item in quarantined:
+            log.warning(f"quarantined half-written checkpoint {item.path} -> {item.moved_to}: {item.reason}")
+            sink.emit("checkpoint_quarantine", path=item.path, moved_to=item.moved_to, reason=item.reason)
+        trainer, shim = build_trainer(config, sink)
+        if config.unload_stale_adapters:
+            unloaded = unload_stale(config.server_url)
+            if unloaded:
+                log.info(f"unloaded stale adapters from the server: {unloaded}")
+            sink.emit("adapter_unload_stale", names=unloaded)
+        sink.emit("trainer_ready", attention_shim=shim, resumed_from=resumed_from)
+        trainer.train(resume_from_checkpoint=resumed_from)
+    except BaseException as exc:
+        status = "error"
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        failure = getattr(getattr(trainer, "vllm_client", None), "last_failure", None)
+        if failure:
+            error = f"{error} [server said: {failure}]"
+        log.error(f"run failed: {error}")
+        if trainer is not None and resume_server(config.server_url):
+            log.info("sent POST /resume so that the server is not left paused")
+        if not isinstance(exc, Exception | Terminated | KeyboardInterrupt):
+            raise
+    finally:
+        steps = trainer.state.global_step if trainer is not None else 0
+        sink.emit("run_end", status=status, error=error, steps=steps)
+    return 0 if status == "ok" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo_deploy.runtime.train", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True, help="trainer config YAML")
+    args = parser.parse_args(argv)
+    apply_umask()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("trl").setLevel(os.environ.get("GRPO_TRL_LOG_LEVEL", "WARNING"))
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    heartbeat = Heartbeat(heartbeat_path(config.heartbeat_path)).start()
+    try:
+        with MetricsSink(config.metrics_path) as sink:
+            return run(config, sink)
+    finally:
+        heartbeat.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

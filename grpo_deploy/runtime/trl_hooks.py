@@ -1,0 +1,84 @@
+"""Every runtime rebinding of a TRL 1.16 async-GRPO name (TRL's files are never edited), in one place for upgrades."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
+from trl.experimental.async_grpo import vllm_client as client_module
+
+from .adapters import LORA_SUBDIR, AdapterPublisher
+
+
+def _no_peak_flops(accelerator, dtype) -> None:
+    """MFU is undefined on CPU; TRL's lookup asks CUDA for the device name and asserts without it."""
+    return None
+
+
+def neutralise_peak_flops() -> None:
+    """Rebind the name the trainer module imported, so `AsyncGRPOTrainer.__init__` gets None (MFU metrics off)."""
+    trainer_module.get_peak_flops_per_device = _no_peak_flops
+
+
+class _ResponseRecorder:
+    """Stands in for the `requests` module inside TRL's client for one call, keeping the last response it saw."""
+
+    def __init__(self, requests_module):
+        self.requests = requests_module
+        self.last = None
+
+    def post(self, *args, **kwargs):
+        self.last = self.requests.post(*args, **kwargs)
+        return self.last
+
+    def __getattr__(self, name):
+        return getattr(self.requests, name)
+
+
+class InstrumentedVLLMClient(client_module.VLLMClient):
+    """TRL's HTTP client whose adapter loads are timed and recorded with the server's real status and body.
+
+    TRL's `load_lora_adapter` runs unchanged; only the `requests` name it resolves is swapped for the duration of
+    the call, so that a 404 "No adapter found for <path>" (a path the server cannot see) is recorded verbatim instead
+    of only as TRL's "does not expose /v1/load_lora_adapter".
+    """
+
+    def __init__(self, server_url: str, server_timeout: float, publisher: AdapterPublisher):
+        super().__init__(server_url, server_timeout)
+        self.publisher = publisher
+        self.last_failure: str | None = None
+
+    def __reduce__(self):  # pickles as a plain TRL client; the publisher holds an open metrics file
+        return client_module.VLLMClient, (self.server_url, self.server_timeout)
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str, timeout: int = 1800) -> None:
+        recorder = _ResponseRecorder(client_module.requests)
+        client_module.requests = recorder
+        started = time.time()
+        raised = None
+        try:
+            super().load_lora_adapter(lora_name, lora_path, timeout=timeout)
+        except BaseException as error:
+            raised = error
+            raise
+        finally:
+            client_module.requests = recorder.requests
+            response = recorder.last
+            status = response.status_code if response is not None else None
+            detail = None
+            if status != 200:
+                detail = response.text[:1000] if response is not None else f"{type(raised).__name__}: {raised}"
+                self.last_failure = f"POST /v1/load_lora_adapter {lora_name} -> {status}: {detail}"
+            self.publisher.record_load(lora_name, lora_path, status, started, time.time(), error=detail)
+
+
+def instrument_adapter_sync(trainer, publisher: AdapterPublisher, adapter_root: str) -> None:
+    """Publish adapters under `adapter_root/.vllm_lora`, fsync them before each load, and record every load."""
+    trainer_module.save_lora_adapter = publisher.wrap_save(trainer_module.save_lora_adapter)
+    trainer._lora_dir = os.path.join(os.path.abspath(adapter_root), LORA_SUBDIR)
+    publisher.lora_dir = trainer._lora_dir
+    if trainer.vllm_client is not None:
+        trainer.vllm_client = InstrumentedVLLMClient(
+            trainer.vllm_client.server_url, trainer.vllm_client.server_timeout, publisher
+        )

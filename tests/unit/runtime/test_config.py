@@ -1,0 +1,112 @@
+"""Trainer config: validation messages, device handling and the builders, including the shipped example."""
+
+import copy
+import os
+
+import pytest
+import yaml
+
+from grpo_deploy import runtime as runtime_package
+from grpo_deploy.runtime.config import (
+    CHATML_RESPONSE_TEMPLATE,
+    ConfigError,
+    build_grpo_kwargs,
+    build_lora_config,
+    load_config,
+    parse_config,
+    response_template,
+)
+
+EXAMPLE = os.path.join(os.path.dirname(runtime_package.__file__), "examples", "cpu-rehearsal.yaml")
+
+MINIMAL = {
+    "run_name": "r",
+    "model": "/models/tiny",
+    "metrics_path": "/runs/r/metrics.jsonl",
+    "async_grpo": {"output_dir": "/runs/r/output", "max_staleness": 2, "max_completion_length": 24},
+}
+
+
+def with_changes(**changes):
+    raw = copy.deepcopy(MINIMAL)
+    raw.update(changes)
+    return raw
+
+
+def test_defaults_for_a_minimal_config():
+    config = parse_config(MINIMAL)
+    assert config.dataset.name == "brevity" and config.dataset.num_prompts == 64
+    assert config.rewards == ("brevity",) and config.device == "cpu" and config.resume == "auto"
+    assert config.adapter_root == "/runs/r/output" and config.max_staleness == 2
+    assert config.server_url == "http://localhost:8000"
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"colour": "red"}, "colour: unknown key"),
+        ({"model": None}, "model: is required"),
+        ({"async_grpo": {"learning_rate": 1}}, "async_grpo.output_dir: is required"),
+        ({"dataset": {"name": "imagenet"}}, "dataset.name: 'imagenet' is not one of"),
+        ({"dataset": {"name": "gsm8k"}}, "dataset.path: is required for dataset gsm8k"),
+        ({"dataset": {"name": "brevity", "size": 3}}, "dataset.size: unknown key"),
+        ({"rewards": ["brevity", "speed"]}, "rewards: 'speed' is not registered"),
+        ({"attention_shim": "sometimes"}, "attention_shim: 'sometimes' is not one of auto, on, off"),
+        ({"device": "tpu"}, "device: 'tpu' is not one of cpu, cuda"),
+        ({"resume": "checkpoint-3"}, "resume: must be auto, never or an absolute checkpoint path"),
+        ({"lora": {"rank": 8}}, "lora.rank: unknown key"),
+        ({"seed": "zero"}, "seed: must be int"),
+    ],
+)
+def test_errors_name_the_key(changes, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_config(with_changes(**changes), source="spec.yaml")
+
+
+def test_yaml_on_off_read_as_shim_modes():
+    assert parse_config(with_changes(attention_shim=True)).attention_shim == "on"
+    assert parse_config(with_changes(attention_shim=False)).attention_shim == "off"
+
+
+def test_cpu_forces_fp32_and_use_cpu():
+    kwargs = build_grpo_kwargs(parse_config(MINIMAL))
+    assert kwargs["use_cpu"] is True and kwargs["bf16"] is False and kwargs["fp16"] is False
+    assert kwargs["run_name"] == "r" and kwargs["seed"] == 0 and kwargs["output_dir"] == "/runs/r/output"
+    grpo = dict(MINIMAL["async_grpo"], bf16=True)
+    with pytest.raises(ConfigError, match="async_grpo.bf16"):
+        build_grpo_kwargs(parse_config(with_changes(async_grpo=grpo)))
+
+
+def test_cuda_leaves_precision_to_the_config():
+    kwargs = build_grpo_kwargs(parse_config(with_changes(device="cuda")))
+    assert "use_cpu" not in kwargs and "bf16" not in kwargs
+
+
+def test_lora_and_response_template():
+    lora = build_lora_config(parse_config(with_changes(lora={"r": 4, "alpha": 8, "target_modules": ["q_proj"]})))
+    assert (lora.r, lora.lora_alpha, set(lora.target_modules)) == (4, 8, {"q_proj"})
+    assert response_template("chatml") is CHATML_RESPONSE_TEMPLATE and response_template(None) is None
+
+
+def test_load_config_reports_missing_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(str(tmp_path / "absent.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("run_name: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(str(bad))
+
+
+def test_example_config_builds_a_real_async_grpo_config():
+    trl = pytest.importorskip("trl.experimental.async_grpo")
+    config = load_config(EXAMPLE)
+    assert config.adapters.keep == config.max_staleness + 2
+    args = trl.AsyncGRPOConfig(**build_grpo_kwargs(config))
+    assert args.use_cpu and not args.bf16 and args.max_staleness == 2
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 16
+
+
+def test_example_matches_the_documented_contract():
+    with open(EXAMPLE) as handle:
+        raw = yaml.safe_load(handle)
+    assert set(raw) >= {"run_name", "model", "dataset", "rewards", "lora", "metrics_path", "adapters", "async_grpo"}

@@ -1,0 +1,77 @@
+"""Runtime rebinding of TRL names: the instrumented adapter-load client and the CPU peak-FLOPs lookup."""
+
+import pickle
+
+import pytest
+
+pytest.importorskip("trl.experimental.async_grpo")
+
+from trl.experimental.async_grpo import async_grpo_trainer as trainer_module  # noqa: E402
+from trl.experimental.async_grpo import vllm_client as client_module  # noqa: E402
+
+from grpo_deploy.runtime import trl_hooks  # noqa: E402
+from grpo_deploy.runtime.adapters import AdapterPublisher  # noqa: E402
+
+from .stub_server import StubServer  # noqa: E402
+
+
+def publisher(tmp_path, events):
+    return AdapterPublisher(lambda event, **f: events.append((event, f)) or f, str(tmp_path), keep=4)
+
+
+def test_successful_load_is_recorded(tmp_path):
+    events = []
+    with StubServer({("POST", "/v1/load_lora_adapter"): (200, "Success")}) as server:
+        client = trl_hooks.InstrumentedVLLMClient(server.url, 5, publisher(tmp_path, events))
+        client.load_lora_adapter("trl-policy-v1", "/x/trl-policy-v1")
+    expected = {"lora_name": "trl-policy-v1", "lora_path": "/x/trl-policy-v1", "load_inplace": False}
+    assert server.requests[0][2] == expected
+    ((event, fields),) = events
+    assert event == "adapter_load" and fields["status"] == 200 and fields["ok"] and fields["error"] is None
+    assert client_module.requests.__name__ == "requests"  # the swap is undone
+
+
+def test_404_keeps_trl_error_and_records_the_servers_reason(tmp_path):
+    events = []
+    body = {"error": {"message": "Loading lora trl-policy-v2 failed: No adapter found for /x", "code": 404}}
+    with StubServer({("POST", "/v1/load_lora_adapter"): (404, body)}) as server:
+        client = trl_hooks.InstrumentedVLLMClient(server.url, 5, publisher(tmp_path, events))
+        with pytest.raises(RuntimeError, match="does not expose"):  # TRL's own exception, unchanged
+            client.load_lora_adapter("trl-policy-v2", "/x")
+    fields = events[0][1]
+    assert fields["status"] == 404 and not fields["ok"] and "No adapter found" in fields["error"]
+    assert "No adapter found" in client.last_failure
+    assert client_module.requests.__name__ == "requests"
+
+
+def test_unreachable_server_is_recorded_without_status(tmp_path):
+    events = []
+    client = trl_hooks.InstrumentedVLLMClient("http://127.0.0.1:9", 5, publisher(tmp_path, events))
+    with pytest.raises(OSError):  # requests.ConnectionError
+        client.load_lora_adapter("trl-policy-v1", "/x", timeout=2)
+    assert events[0][1]["status"] is None and "Error" in events[0][1]["error"]
+
+
+def test_client_pickles_as_plain_trl_client(tmp_path):
+    client = trl_hooks.InstrumentedVLLMClient("http://h:1", 7, publisher(tmp_path, []))
+    restored = pickle.loads(pickle.dumps(client))
+    assert type(restored) is client_module.VLLMClient and restored.server_url == "http://h:1"
+
+
+def test_neutralise_peak_flops(monkeypatch):
+    monkeypatch.setattr(trainer_module, "get_peak_flops_per_device", trainer_module.get_peak_flops_per_device)
+    trl_hooks.neutralise_peak_flops()
+    assert trainer_module.get_peak_flops_per_device(None, "float32") is None
+
+
+def test_instrument_adapter_sync_rebinds_save_and_client(tmp_path, monkeypatch):
+    monkeypatch.setattr(trainer_module, "save_lora_adapter", trainer_module.save_lora_adapter)
+    original = trainer_module.save_lora_adapter
+    trainer = type("T", (), {})()
+    trainer.vllm_client = client_module.VLLMClient("http://h:1", 3)
+    trainer._lora_dir = "/elsewhere"
+    pub = publisher(tmp_path, [])
+    trl_hooks.instrument_adapter_sync(trainer, pub, str(tmp_path / "out"))
+    assert trainer_module.save_lora_adapter.__wrapped__ is original
+    assert isinstance(trainer.vllm_client, trl_hooks.InstrumentedVLLMClient)
+    assert trainer._lora_dir == pub.lora_dir == str(tmp_path / "out" / ".vllm_lora")
