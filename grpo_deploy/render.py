@@ -88,7 +88,7 @@ def trainer_config(res: Resolved) -> dict[str, Any]:
         },
         "rewards": list(res.v("data", "rewards") or []),
         "lora": {k: lora[k].value for k in ("r", "alpha", "dropout", "target_modules") if k in lora},
-        "attention_shim": str(res.v("runtime", "attention_shim", "auto")).lower(),
+        "attention_shim": res.v("runtime", "attention_shim", "auto"),
         "response_template": res.v("runtime", "response_template"),
         "device": device,
         "metrics_path": f"{run_dir}/metrics.jsonl",
@@ -249,6 +249,9 @@ def _k8s_params(res: Resolved) -> str:
     ]
     for role, image in sorted(res.images.items()):
         lines.append(f"image_{role}={image}")
+    nfs = res.spec.storage.nfs
+    if nfs is not None:
+        lines += [f"nfs_server={nfs.server}", f"nfs_export={nfs.export}", f"nfs_options={nfs.options}"]
     if res.engine == "trl-async":
         lines.append(f"served_model={res.v('model', 'served_name')}")
         lines.append(f"server_port={res.v('vllm', 'port')}")

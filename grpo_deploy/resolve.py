@@ -205,6 +205,12 @@ def resolve(loaded: LoadedSpec) -> Resolved:
                 continue
             res.sections.setdefault(section, {})[key] = Value(value, "override", f"overrides.{section}.{key} in the spec")
 
+    for key, allowed in (("attention_shim", ("auto", "on", "off")), ("device", ("cpu", "cuda"))):
+        value = res.v("runtime", key)
+        if value is not None and value not in allowed:
+            problem(("overrides", "runtime", key), f"{value!r} is not one of {', '.join(allowed)} "
+                    "(quote on/off in YAML: unquoted they read as booleans)")
+
     # Identities: one UID/GID for every role unless the spec deliberately splits them.
     run = spec.run
     for role in ("server", "trainer", "head", "worker"):

@@ -105,3 +105,15 @@ def test_single_host_gpu_split_gives_each_role_its_own_gpu():
     ids = {role: svc["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
            for role, svc in gpu["services"].items()}
     assert ids == {"server": ["0"], "trainer": ["1"]}
+
+
+def test_gb10_installs_the_attention_shim():
+    trainer = yaml.safe_load(_render("gb10", "trl-async", ["spark1", "spark2"])["config/trainer.yaml"])
+    assert trainer["attention_shim"] == "on"
+
+
+def test_unquoted_on_in_yaml_is_caught():
+    text = scaffold.spec_text("cpu", "trl-async").replace("overrides: {}", "overrides: {runtime: {attention_shim: on}}")
+    with pytest.raises(spec.SpecError) as info:
+        resolve.resolve(spec.loads(text))
+    assert "overrides.runtime.attention_shim" in str(info.value) and "quote" in str(info.value)
