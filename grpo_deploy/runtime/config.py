@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from . import rewards as rewards_module
+from .adapters import LORA_SUBDIR
 from .data import DATASETS, DatasetSpec
 
 ATTENTION_SHIM_MODES = ("auto", "on", "off")
@@ -77,9 +78,9 @@ class RunConfig:
         return str(self.async_grpo.get("vllm_server_base_url", "http://localhost:8000")).rstrip("/")
 
     @property
-    def adapter_root(self) -> str:
-        """Directory that TRL's `.vllm_lora` version folders live in."""
-        return os.path.abspath(self.adapters.dir or self.async_grpo["output_dir"])
+    def lora_dir(self) -> str:
+        """Where adapter versions are published: `<adapters.dir>/.vllm_lora/trl-policy-vN`, TRL's own layout."""
+        return os.path.join(os.path.abspath(self.adapters.dir or self.async_grpo["output_dir"]), LORA_SUBDIR)
 
 
 _REQUIRED = ("run_name", "model", "metrics_path", "async_grpo")

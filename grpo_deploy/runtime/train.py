@@ -43,7 +43,7 @@ def load_tokenizer(config: RunConfig):
 
 
 def build_trainer(config: RunConfig, sink: MetricsSink):
-    """Construct the trainer with every runtime adaptation in place; returns (trainer, publisher, shim message)."""
+    """Construct the trainer with every runtime adaptation in place; returns it and what the attention shim did."""
     import torch
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
@@ -69,8 +69,8 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
         peft_config=build_lora_config(config),
         callbacks=[MetricsCallback(sink)],
     )
-    publisher = AdapterPublisher(sink.emit, lora_dir="", keep=safe_keep(config.adapters.keep, config.max_staleness))
-    trl_hooks.instrument_adapter_sync(trainer, publisher, config.adapter_root)
+    publisher = AdapterPublisher(sink.emit, config.lora_dir, safe_keep(config.adapters.keep, config.max_staleness))
+    trl_hooks.instrument_adapter_sync(trainer, publisher)
     return trainer, shim
 
 

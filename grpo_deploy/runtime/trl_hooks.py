@@ -8,7 +8,7 @@ import time
 from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
 from trl.experimental.async_grpo import vllm_client as client_module
 
-from .adapters import LORA_SUBDIR, AdapterPublisher
+from .adapters import AdapterPublisher
 
 
 def _no_peak_flops(accelerator, dtype) -> None:
@@ -73,11 +73,10 @@ class InstrumentedVLLMClient(client_module.VLLMClient):
             self.publisher.record_load(lora_name, lora_path, status, started, time.time(), error=detail)
 
 
-def instrument_adapter_sync(trainer, publisher: AdapterPublisher, adapter_root: str) -> None:
-    """Publish adapters under `adapter_root/.vllm_lora`, fsync them before each load, and record every load."""
+def instrument_adapter_sync(trainer, publisher: AdapterPublisher) -> None:
+    """Publish adapters in `publisher.lora_dir`, fsync them before each load, and record every load."""
     trainer_module.save_lora_adapter = publisher.wrap_save(trainer_module.save_lora_adapter)
-    trainer._lora_dir = os.path.join(os.path.abspath(adapter_root), LORA_SUBDIR)
-    publisher.lora_dir = trainer._lora_dir
+    trainer._lora_dir = os.path.abspath(publisher.lora_dir)
     if trainer.vllm_client is not None:
         trainer.vllm_client = InstrumentedVLLMClient(
             trainer.vllm_client.server_url, trainer.vllm_client.server_timeout, publisher

@@ -100,3 +100,13 @@ def test_cli_plan_measures_the_real_filesystem(tmp_path, capsys):
 
     assert out["disk"]["filesystem"] == str(shared)
     assert abs(out["disk"]["free_bytes"] - shutil.disk_usage(shared).free) < 64 * 1024**2
+
+
+def test_tiny_model_entry_matches_the_model_the_image_bakes():
+    from grpo_deploy.runtime import tiny_model
+
+    entry = resolve.known_models()["/opt/grpo-deploy/models/tiny-qwen2"]
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "tie_word_embeddings"):
+        assert entry[key] == tiny_model.ARCHITECTURE[key], key
+    assert entry["vocab_size"] == len(tiny_model.SPECIAL_TOKENS) + len(tiny_model.CHARACTERS)

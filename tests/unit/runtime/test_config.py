@@ -37,7 +37,7 @@ def test_defaults_for_a_minimal_config():
     config = parse_config(MINIMAL)
     assert config.dataset.name == "brevity" and config.dataset.num_prompts == 64
     assert config.rewards == ("brevity",) and config.device == "cpu" and config.resume == "auto"
-    assert config.adapter_root == "/runs/r/output" and config.max_staleness == 2
+    assert config.lora_dir == "/runs/r/output/.vllm_lora" and config.max_staleness == 2
     assert config.server_url == "http://localhost:8000"
 
 

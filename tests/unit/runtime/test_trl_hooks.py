@@ -70,8 +70,8 @@ def test_instrument_adapter_sync_rebinds_save_and_client(tmp_path, monkeypatch):
     trainer = type("T", (), {})()
     trainer.vllm_client = client_module.VLLMClient("http://h:1", 3)
     trainer._lora_dir = "/elsewhere"
-    pub = publisher(tmp_path, [])
-    trl_hooks.instrument_adapter_sync(trainer, pub, str(tmp_path / "out"))
+    pub = publisher(tmp_path / "out" / ".vllm_lora", [])
+    trl_hooks.instrument_adapter_sync(trainer, pub)
     assert trainer_module.save_lora_adapter.__wrapped__ is original
     assert isinstance(trainer.vllm_client, trl_hooks.InstrumentedVLLMClient)
     assert trainer._lora_dir == pub.lora_dir == str(tmp_path / "out" / ".vllm_lora")
