@@ -35,8 +35,8 @@ images-static: ## hadolint every Dockerfile (GPU images cannot be built here)
 bench: ## print start-up and adapter hand-off figures of the rehearsal (needs a finished `make demo`)
 	$(PYTHON) benchmarks/rehearsal_startup.py
 
-render-defaults: ## regenerate compose/.env and compose/rendered/ from the embedded default spec
-	$(PYTHON) -m grpo_deploy.compose_defaults
+render-defaults: ## rewrite the committed renders: compose/.env, compose/rendered/, k8s/*/generated/
+	$(PYTHON) -m grpo_deploy.committed
 
 clean: ## remove local run state and build outputs (not Docker images or volumes)
 	rm -rf .grpo-deploy build

@@ -10,18 +10,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import compose_defaults, render, resolve, scaffold, spec
+from grpo_deploy import committed, render, resolve, scaffold, spec
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose"
 
 
 def test_committed_defaults_match_the_renderer():
-    for rel, text in compose_defaults.files().items():
+    for rel, text in committed.compose_files().items():
         path = COMPOSE / rel
         assert path.exists(), f"compose/{rel} missing: run make render-defaults"
         assert path.read_text() == text, f"compose/{rel} is stale: run make render-defaults"
-    committed = {p.relative_to(COMPOSE).as_posix() for p in (COMPOSE / "rendered").rglob("*") if p.is_file()}
-    assert committed == {r for r in compose_defaults.files() if r.startswith("rendered/")}
+    on_disk = {p.relative_to(COMPOSE).as_posix() for p in (COMPOSE / "rendered").rglob("*") if p.is_file()}
+    assert on_disk == {r for r in committed.compose_files() if r.startswith("rendered/")}
 
 
 def compose_config(env_file: Path | None = None, extra_env: dict[str, str] | None = None) -> dict:

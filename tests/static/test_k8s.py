@@ -30,7 +30,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from grpo_deploy import render, resolve, spec
+from grpo_deploy import committed, render, resolve, spec
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -73,9 +73,7 @@ def resolved(overlay: str) -> resolve.Resolved:
 @cache
 def expected_generated(overlay: str) -> dict[str, str]:
     """What `grpo-deploy render -f k8s/<overlay>/spec.yaml` puts in config/ plus k8s/params.env, by file name."""
-    files = render.render_files(resolved(overlay))
-    return {path.rsplit("/", 1)[-1]: text for path, text in files.items()
-            if path.startswith("config/") or path == "k8s/params.env"}
+    return committed.k8s_generated(K8S / overlay)
 
 
 @cache

@@ -1,0 +1,51 @@
+"""Tests of grpo_deploy.cli: help texts, init, render --check, not-built verbs, errors without tracebacks."""
+
+import pytest
+
+from grpo_deploy.cli import build_parser, main
+
+
+def test_every_verb_has_help(capsys):
+    for verb in ("init", "render", "plan", "preflight", "up", "status", "down", "logs", "profiles", "diagnose"):
+        with pytest.raises(SystemExit) as exc:
+            main([verb, "--help"])
+        assert exc.value.code == 0
+    assert "usage: grpo-deploy" in capsys.readouterr().out
+
+
+def test_init_then_render_then_check(tmp_path, capsys):
+    spec_path, out = tmp_path / "s.yaml", tmp_path / "out"
+    assert main(["init", "--profile", "gb10", "--engine", "trl-async", "--hosts", "spark1,spark2", "-o", str(spec_path)]) == 0
+    assert main(["init", "--profile", "gb10", "--engine", "trl-async", "-o", str(spec_path)]) == 2  # exists
+    assert main(["render", "-f", str(spec_path), "-o", str(out)]) == 0
+    assert (out / "config" / "server.args").exists() and (out / "hosts" / "spark2.env").exists()
+    assert main(["render", "-f", str(spec_path), "-o", str(out), "--check"]) == 0
+    (out / "config" / "server.args").write_text("tampered\n")
+    assert main(["render", "-f", str(spec_path), "-o", str(out), "--check"]) == 1
+    assert "differs  config/server.args" in capsys.readouterr().out
+
+
+def test_render_refuses_a_foreign_directory(tmp_path, capsys):
+    (tmp_path / "mine.txt").write_text("keep me")
+    assert main(["render", "-o", str(tmp_path)]) == 2
+    assert (tmp_path / "mine.txt").read_text() == "keep me"
+
+
+def test_not_built_verbs_say_so(capsys):
+    assert main(["diagnose"]) == 2 and "not built yet" in capsys.readouterr().err
+
+
+def test_up_with_remote_hosts_is_refused_clearly(tmp_path, capsys):
+    spec_path = tmp_path / "s.yaml"
+    main(["init", "--profile", "gb10", "--engine", "trl-async", "--hosts", "spark1,spark2", "-o", str(spec_path)])
+    assert main(["up", "-f", str(spec_path), "--hosts", "spark1,spark9"]) == 2
+    assert "does not match" in capsys.readouterr().err
+
+
+def test_bad_free_space_is_a_clear_error(capsys):
+    assert main(["plan", "--free-space", "local=lots"]) == 2
+    assert "cannot read size" in capsys.readouterr().err
+
+
+def test_parser_has_no_conflicts():
+    build_parser()

@@ -1,0 +1,57 @@
+"""Tests of grpo_deploy.resolve: precedence, provenance, derived vLLM settings, GPU split, cross-field rules."""
+
+import pytest
+
+from grpo_deploy import resolve, scaffold, spec
+
+
+def _res(profile="gb10", engine="trl-async", hosts=("a", "b"), overrides=None, replace=()):
+    text = scaffold.spec_text(profile, engine, list(hosts))
+    if overrides:
+        text = text.replace("overrides: {}", f"overrides: {overrides}")
+    for old, new in replace:
+        text = text.replace(old, new)
+    return resolve.resolve(spec.loads(text))
+
+
+def test_precedence_profile_then_spec_then_override():
+    res = _res(overrides="{trl: {learning_rate: 1.0e-5}}",
+               replace=[("  save_every: null ", "  save_every: 10   ")])
+    lr = res.sections["trl"]["learning_rate"]
+    assert (lr.value, lr.source) == (1e-5, "override")
+    assert res.sections["trl"]["max_staleness"].source == "profile:gb10"
+    assert res.v("checkpoints", "save_every") == 10 and res.v("trl", "save_steps") == 10
+
+
+def test_derived_vllm_settings():
+    res = _res(overrides="{lora: {r: 24}}")
+    assert res.v("vllm", "max_lora_rank") == 32  # the smallest vLLM slot >= 24
+    assert res.v("vllm", "max_loras") == 6 and res.sections["vllm"]["max_loras"].source == "derived"
+    assert res.v("vllm", "max_model_len") == 1024 + 3000
+
+
+def test_lora_rank_above_slot_rejected():
+    with pytest.raises(spec.SpecError, match="max_lora_rank=8 is below"):
+        _res(overrides="{lora: {r: 16}, vllm: {max_lora_rank: 8}}")
+
+
+def test_gpu_split_and_shared_gpu_rejected():
+    res = _res("h200", hosts=("h",))
+    assert resolve.gpu_split(res, res.spec.hosts[0]) == {"server": [0], "trainer": [1]}
+    with pytest.raises(spec.SpecError, match="share a GPU"):
+        _res("h200", hosts=("h",), replace=[("roles: [server, trainer]", "roles: [server, trainer]\n    gpus: {server: [0], trainer: [0]}")])
+
+
+def test_verl_divisibility():
+    with pytest.raises(spec.SpecError, match="not divisible"):
+        _res("a100", "verl", ("n",), overrides="{verl: {data.train_batch_size: 1023}}")
+
+
+def test_server_url_same_host_uses_service_name_else_host():
+    assert _res("h200", hosts=("h",)).server_url == "http://server:8000"
+    assert _res().server_url == "http://b:8000"
+
+
+def test_identity_defaults_to_run_uid():
+    res = _res()
+    assert res.identities["server"] == res.identities["trainer"] == resolve.Identity(1000, 1000, "0022")

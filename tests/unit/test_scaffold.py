@@ -1,0 +1,42 @@
+"""Tests of grpo_deploy.scaffold: init specs per profile/engine and host list; the embedded default."""
+
+import pytest
+
+from grpo_deploy import scaffold, spec
+
+
+def test_pair_puts_trainer_first_and_server_second_with_nfs():
+    s = spec.loads(scaffold.spec_text("gb10", "trl-async", ["spark1", "spark2"])).spec
+    assert [(h.name, h.roles) for h in s.hosts] == [("spark1", ["trainer"]), ("spark2", ["server"])]
+    assert s.storage.nfs.server == "spark1"
+
+
+def test_verl_hosts_head_then_workers():
+    s = spec.loads(scaffold.spec_text("a100", "verl", ["n1", "n2", "n3"])).spec
+    assert [h.roles for h in s.hosts] == [["head"], ["worker"], ["worker"]]
+
+
+def test_embedded_default_is_the_local_cpu_rehearsal():
+    s = scaffold.embedded_default().spec
+    assert s.engine == "trl-async" and s.run.name == "rehearsal"
+    assert [(h.address, h.profile, h.roles) for h in s.hosts] == [("local", "cpu", ["server", "trainer"])]
+
+
+@pytest.mark.parametrize("profile,engine,hosts,match", [
+    ("a100", "trl-async", [], "does not support engine"),
+    ("cpu", "sglang", [], "unknown engine"),
+    ("gb10", "trl-async", ["a", "b", "c"], "proxy"),
+    ("nope", "verl", [], "unknown profile"),
+])
+def test_init_errors(profile, engine, hosts, match):
+    with pytest.raises(scaffold.InitError, match=match):
+        scaffold.spec_text(profile, engine, hosts)
+
+
+def test_every_key_is_commented():
+    text = scaffold.spec_text("cpu", "trl-async")
+    keys = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith(("#", "-")) and ":" in ln
+            and not ln.rstrip().endswith(":")]
+    uncommented = [ln for ln in keys if "#" not in ln and not ln.startswith(("version", "engine"))
+                   and "profile:" not in ln and "name:" not in ln and "address" not in ln]
+    assert len(uncommented) < len(keys) / 3
