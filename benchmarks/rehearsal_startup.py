@@ -22,6 +22,11 @@ TARGET_RATIO = 2.0
 TARGET_HANDOFF_S = 0.3
 
 
+def _env_file(path: Path) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line and not line.startswith("#"))
+    return {k: v for k, v in pairs}
+
+
 def bare_server_start(res, timeout: float = 900.0) -> float:
     client = facts.docker_client()
     state = RunState(res)
@@ -32,7 +37,7 @@ def bare_server_start(res, timeout: float = 900.0) -> float:
         res.images["server"], ["python", "-m", "grpo_deploy.runtime.serve", "--args-file", "/etc/grpo-deploy/server.args"],
         detach=True, user=res.identities["server"].user, ports={"8000/tcp": ("127.0.0.1", port)},
         volumes={str(state.render_dir / "config"): {"bind": "/etc/grpo-deploy", "mode": "ro"}},
-        environment={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"},
+        environment=_env_file(state.render_dir / "config" / "server.env"), shm_size="1g", init=True,
         labels={"org.grpo-deploy.managed-by": "grpo-deploy-bench"})
     model = res.v("model", "served_name")
     try:

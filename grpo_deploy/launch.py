@@ -100,9 +100,10 @@ def _print_preflight(results: list[preflight.Result], out) -> None:
                  for r in results]), file=out)
 
 
-def wait_ready(client, state: RunState, timeout: float, log: Callable[[str], None]) -> float:
-    """Wait until the server container's healthcheck (served model listed in /v1/models) passes."""
-    start = time.time()
+def wait_ready(client, state: RunState, timeout: float, log: Callable[[str], None], since: float | None = None) -> float:
+    """Wait until the server container's healthcheck (served model listed in /v1/models) passes; a trainer that
+    dies meanwhile (bad config, import error) fails the wait at once instead of after the server is up."""
+    start = since or time.time()
     last_note = 0.0
     while True:
         found = compose.containers(client, state.res.spec.run.name, "server")
@@ -116,6 +117,11 @@ def wait_ready(client, state: RunState, timeout: float, log: Callable[[str], Non
             raise LaunchError(f"the vLLM server exited before it was ready (exit {c.attrs['State'].get('ExitCode')}):\n{tail}")
         if health == "healthy":
             return time.time() - start
+        for trainer in compose.containers(client, state.res.spec.run.name, "trainer"):
+            trainer.reload()
+            if trainer.status in ("exited", "dead") and trainer.attrs["State"].get("ExitCode", 0) != 0:
+                tail = trainer.logs(tail=15).decode(errors="replace")
+                raise LaunchError(f"the trainer exited while the server was loading:\n{tail}")
         elapsed = time.time() - start
         if elapsed > timeout:
             raise LaunchError(f"the server was not ready after {timeout:.0f} s (model not listed in /v1/models)")
@@ -200,16 +206,16 @@ def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout) -
             log(f"--fresh: removing {res.run_dir} on volume {res.spec.storage.volume}")
             compose.run_once(client, res.images["trainer"], ["rm", "-rf", res.run_dir], res.identities["trainer"].user,
                              res.spec.storage.volume, res.spec.storage.mount)
-        log("starting the vLLM server")
+        log("starting the vLLM server and the trainer (the trainer imports and builds its model while the "
+            "server loads; TRL waits for the server before its first request)")
         started = True
-        project.up("server")
-        ready_s = wait_ready(client, state, READY_TIMEOUT_S, log)
-        state.emit("server_ready", seconds=round(ready_s, 2))
-        log(f"server ready in {ready_s:.1f} s (served model listed in /v1/models)")
         trainer_start = time.time()
+        project.up("server")
         project.up("trainer", no_deps=True)
         state.emit("trainer_started")
-        log("trainer started; progress per optimizer step:")
+        ready_s = wait_ready(client, state, READY_TIMEOUT_S, log, since=trainer_start)
+        state.emit("server_ready", seconds=round(ready_s, 2))
+        log(f"server ready in {ready_s:.1f} s (served model listed in /v1/models); progress per optimizer step:")
         code = follow_trainer(client, state, log, since=trainer_start - 1)
     except (LaunchError, compose.ComposeError, KeyboardInterrupt) as exc:
         if started:
