@@ -37,7 +37,7 @@ def bare_server_start(res, timeout: float = 900.0) -> float:
         res.images["server"], ["python", "-m", "grpo_deploy.runtime.serve", "--args-file", "/etc/grpo-deploy/server.args"],
         detach=True, user=res.identities["server"].user, ports={"8000/tcp": ("127.0.0.1", port)},
         volumes={str(state.render_dir / "config"): {"bind": "/etc/grpo-deploy", "mode": "ro"}},
-        environment=_env_file(state.render_dir / "config" / "server.env"), shm_size="1g", init=True,
+        environment=_env_file(state.render_dir / "config" / "server.env"), shm_size="1g",
         labels={"org.grpo-deploy.managed-by": "grpo-deploy-bench"})
     model = res.v("model", "served_name")
     try:
