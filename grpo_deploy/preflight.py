@@ -316,11 +316,15 @@ def check_shared_volume(ctx: Context) -> list[Result]:
                        f"{probe_dir} on volume {volume}: {(err or out).strip().splitlines()[-1:] or ['?']}",
                        f"make {mount} writable by UID {trainer.uid} (image /shared owner, NFS export owner)")]
     written = _last_json(out)
+    # The reader also removes the probe when it can (same identity: the usual case), saving a container start;
+    # otherwise the writer's identity cleans up.
     code, out, err = compose.run_once(
-        client, res.images["server"], ["python", "-m", "grpo_deploy.runtime.probe", "read", "--dir", probe_dir],
-        server.user, volume, mount, {"GRPO_UMASK": server.umask})
+        client, res.images["server"],
+        ["sh", "-c", 'python -m grpo_deploy.runtime.probe read --dir "$0"; rc=$?; rm -rf "$0" 2>/dev/null; exit $rc',
+         probe_dir], server.user, volume, mount, {"GRPO_UMASK": server.umask})
     read = _last_json(out)
-    compose.run_once(client, res.images["trainer"], ["rm", "-rf", probe_dir], trainer.user, volume, mount)
+    if (trainer.uid, trainer.gid) != (server.uid, server.gid):
+        compose.run_once(client, res.images["trainer"], ["rm", "-rf", probe_dir], trainer.user, volume, mount)
     path = written.get("path", probe_dir)
     data = {"written": written, "read": read}
     if code != 0 or not read.get("ok", False):

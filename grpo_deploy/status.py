@@ -117,12 +117,10 @@ def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None 
     s.adapter_loads_failed = sum(1 for e in loads if not e.get("ok"))
     s.median_handoff_s = _median([e.get("handoff_s") for e in loads if e.get("ok")])
     s.adapter_file_modes = sorted({str(m) for e in loads for m in _modes(e)})
-    if ready and up_start:
-        s.server_ready_s = round(ready[-1]["time"] - up_start[-1]["time"], 2)
-    elif ready:
+    if ready:  # the deployer records how long the server took from its start; else count from `up`
         s.server_ready_s = ready[-1].get("seconds")
-    if ready and ready[-1].get("seconds") is not None:
-        s.server_ready_s = ready[-1]["seconds"]
+        if s.server_ready_s is None and up_start:
+            s.server_ready_s = round(ready[-1]["time"] - up_start[-1]["time"], 2)
     if end:
         last = end[-1]
         s.state = "finished" if last.get("status") == "ok" else "failed"

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
 
 from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
 from trl.experimental.async_grpo import vllm_client as client_module
 
 from .adapters import AdapterPublisher
+
+log = logging.getLogger(__name__)
 
 
 def _no_peak_flops(accelerator, dtype) -> None:
@@ -48,6 +52,7 @@ class InstrumentedVLLMClient(client_module.VLLMClient):
         super().__init__(server_url, server_timeout)
         self.publisher = publisher
         self.last_failure: str | None = None
+        self.warmed = False
 
     def __reduce__(self):  # pickles as a plain TRL client; the publisher holds an open metrics file
         return client_module.VLLMClient, (self.server_url, self.server_timeout)
@@ -71,6 +76,22 @@ class InstrumentedVLLMClient(client_module.VLLMClient):
                 detail = response.text[:1000] if response is not None else f"{type(raised).__name__}: {raised}"
                 self.last_failure = f"POST /v1/load_lora_adapter {lora_name} -> {status}: {detail}"
             self.publisher.record_load(lora_name, lora_path, status, started, time.time(), error=detail)
+        if not self.warmed:
+            self.warmed = True
+            threading.Thread(target=self._warm_up, args=(lora_name,), name="lora-warm-up", daemon=True).start()
+
+    def _warm_up(self, lora_name: str) -> None:
+        """One 1-token completion with the first adapter, in the background: a cold server's first LoRA generation
+        took ~18 s on CPU, which otherwise lands on the first training step instead of overlapping the rollout
+        worker's start-up. Best effort: failures only log."""
+        started = time.time()
+        try:
+            response = client_module.requests.post(
+                f"{self.server_url}/v1/completions", json={"model": lora_name, "prompt": "ok", "max_tokens": 1},
+                timeout=600)
+            log.info(f"LoRA warm-up with {lora_name}: HTTP {response.status_code} in {time.time() - started:.1f} s")
+        except Exception as error:  # noqa: BLE001 - a warm-up must never break training
+            log.warning(f"LoRA warm-up with {lora_name} failed: {error}")
 
 
 def instrument_adapter_sync(trainer, publisher: AdapterPublisher) -> None:

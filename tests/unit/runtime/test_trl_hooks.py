@@ -75,3 +75,20 @@ def test_instrument_adapter_sync_rebinds_save_and_client(tmp_path, monkeypatch):
     assert trainer_module.save_lora_adapter.__wrapped__ is original
     assert isinstance(trainer.vllm_client, trl_hooks.InstrumentedVLLMClient)
     assert trainer._lora_dir == pub.lora_dir == str(tmp_path / "out" / ".vllm_lora")
+
+
+def test_first_successful_load_warms_the_lora_path_once(tmp_path):
+    import time
+
+    routes = {("POST", "/v1/load_lora_adapter"): (200, "Success"), ("POST", "/v1/completions"): (200, {"choices": []})}
+    with StubServer(routes) as server:
+        client = trl_hooks.InstrumentedVLLMClient(server.url, 5, publisher(tmp_path, []))
+        client.load_lora_adapter("trl-policy-v1", "/x/trl-policy-v1")
+        client.load_lora_adapter("trl-policy-v2", "/x/trl-policy-v2")
+        deadline = time.time() + 10
+        while time.time() < deadline and not any(r[1] == "/v1/completions" for r in server.requests):
+            time.sleep(0.05)
+        time.sleep(0.2)
+    warm = [r for r in server.requests if r[1] == "/v1/completions"]
+    assert len(warm) == 1
+    assert warm[0][2]["model"] == "trl-policy-v1" and warm[0][2]["max_tokens"] == 1
