@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import sys
@@ -12,7 +11,6 @@ import tempfile
 from pathlib import Path
 
 from . import __version__, preflight, profiles, scaffold
-from .plan import make_plan
 from .render import render_files
 from .resolve import Resolved, resolve
 from .spec import ENGINES, SpecError, load
@@ -194,9 +192,7 @@ def cmd_preflight(args) -> int:
     if args.json:
         print(preflight.to_json(results))
     else:
-        print(table(["check", "host", "verdict", "fact / fix"],
-                    [[r.check, r.host, r.verdict.upper(), r.fact + (f"  -> fix: {r.hint}" if r.hint else "")]
-                     for r in results]))
+        print(preflight.table_text(results))
         failed = sum(r.verdict == preflight.FAIL for r in results)
         print(f"\npreflight: {'FAILED, ' + str(failed) + ' check(s)' if failed else 'all checks passed'}")
     return preflight.exit_code(results)
@@ -233,11 +229,10 @@ def cmd_status(args) -> int:
 
     res = _load(args)
     state = launch.RunState(res)
-    summary = launch.summarize(state, live=True)
+    events = launch.run_events(state, live=True)
+    summary = launch.summarize(state, events)
     if args.plot:
-        events = state.deploy_events()
-        text = launch.fetch_metrics_safe(res) or (state.metrics_copy.read_text() if state.metrics_copy.exists() else "")
-        status.plot(events + status.parse_jsonl(text), args.plot, title=f"grpo-deploy run {res.spec.run.name}")
+        status.plot(events, args.plot, title=f"grpo-deploy run {res.spec.run.name}")
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2))
     else:

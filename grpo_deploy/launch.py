@@ -17,7 +17,7 @@ from typing import Callable
 from . import compose, facts, preflight, status
 from .render import render_files
 from .resolve import Resolved
-from .table import table
+from .runtime.metrics import parse_events
 
 STATE_ROOT = Path(".grpo-deploy")
 READY_TIMEOUT_S = 900
@@ -59,7 +59,7 @@ class RunState:
             f.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
 
     def deploy_events(self) -> list[dict]:
-        return status.parse_jsonl(self.deploy_log.read_text()) if self.deploy_log.exists() else []
+        return parse_events(self.deploy_log.read_text()) if self.deploy_log.exists() else []
 
 
 def write_render(state: RunState) -> None:
@@ -94,12 +94,6 @@ def build_images(res: Resolved, log: Callable[[str], None]) -> None:
                "--gid", str(ident.gid), "--tag", tag]
         if subprocess.run(cmd).returncode != 0:
             raise LaunchError(f"building {tag} failed (see the output above); retry with: {' '.join(cmd)}")
-
-
-def _print_preflight(results: list[preflight.Result], out) -> None:
-    print(table(["check", "host", "verdict", "fact / fix"],
-                [[r.check, r.host, r.verdict.upper(), r.fact + (f"  -> fix: {r.hint}" if r.hint else "")]
-                 for r in results]), file=out)
 
 
 def wait_ready(client, state: RunState, timeout: float, log: Callable[[str], None], since: float | None = None) -> float:
@@ -187,7 +181,7 @@ def follow_trainer(client, state: RunState, log: Callable[[str], None], since: f
         trainer = trainers[0]
         trainer.reload()
         text = fetch_metrics(client, res) or ""
-        steps = [e for e in status.parse_jsonl(text) if e["event"] == "step" and e["time"] >= since]
+        steps = [e for e in parse_events(text) if e["event"] == "step" and e["time"] >= since]
         for e in steps[seen:]:
             log(status.progress_line(e, max_steps))
         seen = len(steps)
@@ -219,7 +213,7 @@ def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout) -
 
     log("preflight")
     results = preflight.run_checks(preflight.Context(res))
-    _print_preflight(results, out)
+    print(preflight.table_text(results), file=out)
     if preflight.exit_code(results) != preflight.EXIT_OK:
         log("preflight failed: nothing was started")
         state.emit("up_end", status="preflight-failed")
@@ -257,9 +251,9 @@ def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout) -
         raise
     _save_logs(project, state)
     state.emit("up_end", status="ok" if code == 0 else "failed", trainer_exit=code)
-    summary = summarize(state)
+    events = run_events(state)
+    summary = summarize(state, events)
     (state.dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
-    events = state.deploy_events() + status.parse_jsonl(state.metrics_copy.read_text())
     png = status.plot(events, str(state.dir / f"{res.spec.run.name}.png"), title=f"grpo-deploy run {res.spec.run.name}")
     print("\n" + status.summary_text(summary), file=out)
     print(f"\nsummary: {state.dir / 'summary.json'}\nplot:    {png}\nlogs:    {state.dir / 'logs.txt'}", file=out)
@@ -279,15 +273,22 @@ def _save_logs(project: compose.Project, state: RunState) -> None:
     (state.dir / "logs.txt").write_text((proc.stdout or "") + (proc.stderr or ""))
 
 
-def summarize(state: RunState, live: bool = False) -> status.Summary:
-    res = state.res
-    text = fetch_metrics_safe(res) if live else None
+def run_events(state: RunState, live: bool = False) -> list[dict]:
+    """The deployer's events plus the trainer's (from the running containers when *live*, else the copy saved at
+    the end), limited to the latest `up`: the metrics file appends across resumes."""
+    text = fetch_metrics_safe(state.res) if live else None
     if text is None and state.metrics_copy.exists():
         text = state.metrics_copy.read_text()
-    events = state.deploy_events() + status.parse_jsonl(text or "")
+    events = state.deploy_events() + parse_events(text or "")
     up_start = [e for e in events if e["event"] == "up_start"]
-    if up_start:  # only this up's trainer events (the metrics file appends across resumes)
+    if up_start:
         events = [e for e in events if e["time"] >= up_start[-1]["time"]]
+    return events
+
+
+def summarize(state: RunState, events: list[dict] | None = None) -> status.Summary:
+    res = state.res
+    events = run_events(state) if events is None else events
     return status.summarize(res.spec.run.name, events, max_steps=res.v("trl", "max_steps"))
 
 

@@ -15,6 +15,7 @@ from typing import Any, Callable
 from . import facts
 from .plan import Plan, make_plan
 from .resolve import Resolved
+from .table import table
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 EXIT_OK, EXIT_FAILED, EXIT_COULD_NOT_RUN = 0, 1, 2
@@ -362,6 +363,12 @@ def run_checks(ctx: Context, only: list[str] | None = None) -> list[Result]:
         except Exception as exc:  # a check that cannot run is reported, never a traceback
             results.append(Result(name, "-", FAIL, f"check could not run: {type(exc).__name__}: {exc}"))
     return results
+
+
+def table_text(results: list[Result]) -> str:
+    return table(["check", "host", "verdict", "fact / fix"],
+                 [[r.check, r.host, r.verdict.upper(), r.fact + (f"  -> fix: {r.hint}" if r.hint else "")]
+                  for r in results])
 
 
 def exit_code(results: list[Result]) -> int:

@@ -191,7 +191,7 @@ def resolve(loaded: LoadedSpec) -> Resolved:
         for key, value in entries.items():
             path = ("overrides", section, key)
             if section == "trl" and key not in trl_fields():
-                problem(path, f"not an AsyncGRPOConfig field of trl 1.16.0 (see grpo_deploy/trl_config_fields.txt)")
+                problem(path, "not an AsyncGRPOConfig field of trl 1.16.0 (see grpo_deploy/trl_config_fields.txt)")
                 continue
             if section == "verl":
                 if key in VERL_REJECTED:
@@ -264,7 +264,7 @@ def gpu_split(res: Resolved, host) -> dict[str, list[int]]:
 
 
 def _derive_trl(res: Resolved, problem) -> None:
-    trl, vllm, lora = res.sections["trl"], res.sections["vllm"], res.sections["lora"]
+    trl, vllm = res.sections["trl"], res.sections["vllm"]
     for i, host in enumerate(res.spec.hosts):
         split = gpu_split(res, host)
         if split and any(not ids for ids in split.values()):

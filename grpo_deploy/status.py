@@ -6,26 +6,9 @@ adapter_load, adapter_prune, run_end; the deployer adds up_start, server_ready, 
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
-
-
-def parse_jsonl(text: str) -> list[dict[str, Any]]:
-    """Events from JSONL text; a torn last line (a writer killed mid-line) is ignored."""
-    events = []
-    for line in text.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and "event" in obj:
-            events.append(obj)
-    return events
 
 
 def _mean(values: list[float]) -> float | None:

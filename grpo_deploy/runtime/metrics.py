@@ -58,13 +58,20 @@ class MetricsSink:
         self.close()
 
 
-def read_events(path: str) -> list[dict]:
-    """Every event in a metrics file, skipping a torn last line (the writer may have died mid-line)."""
+def parse_events(text: str) -> list[dict]:
+    """Events from JSONL text, skipping a torn last line (the writer may have died mid-line) and non-events."""
     events = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "event" in record:
+            events.append(record)
     return events
+
+
+def read_events(path: str) -> list[dict]:
+    """Every event in a metrics file."""
+    with open(path, encoding="utf-8") as handle:
+        return parse_events(handle.read())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from grpo_deploy import status
+from grpo_deploy.runtime.metrics import parse_events
 
 
 def _events():
@@ -34,7 +35,7 @@ def test_summary_figures():
 def test_failed_run_and_torn_line():
     text = "\n".join(json.dumps(e) for e in _events()[:-1])
     text += '\n{"event": "run_end", "time": 201, "status": "error", "error": "boom"}\n{"event": "st'
-    s = status.summarize("r", status.parse_jsonl(text))
+    s = status.summarize("r", parse_events(text))
     assert s.state == "failed" and s.error == "boom"
 
 
