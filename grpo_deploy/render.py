@@ -49,7 +49,14 @@ def _vllm_context(res: Resolved) -> dict[str, Any]:
             "max_num_seqs", "enforce_eager", "enable_prefix_caching", "max_num_batched_tokens", "load_format")
     ctx = {k: res.v("vllm", k) for k in keys}
     ctx["extra_args"] = list(res.v("vllm", "extra_args") or [])
+    ctx["env"] = {name: _env_value(value) for name, value in sorted((res.v("vllm", "env") or {}).items())}
     return ctx
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, bool):  # YAML's true/false: the env convention is 1/0
+        return "1" if value else "0"
+    return str(value)
 
 
 def server_args(res: Resolved) -> list[str]:

@@ -9,6 +9,7 @@ the spec key to change.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -23,8 +24,11 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 VLLM_KEYS = {
     "gpu_memory_utilization", "max_num_seqs", "dtype", "extra_args", "max_loras", "max_lora_rank", "max_cpu_loras",
     "max_model_len", "enforce_eager", "port", "enable_prefix_caching", "max_num_batched_tokens", "kv_cache_dtype",
-    "swap_space", "load_format",
+    "swap_space", "load_format", "env",
 }
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+# Rendered env files are plain files on disk: names that look like credentials are refused (pass those at start).
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY", "CREDENTIAL")
 MODEL_KEYS = {"path", "served_name", "max_prompt_length"}
 LORA_KEYS = {"r", "alpha", "dropout", "target_modules"}
 DATA_KEYS = {"dataset", "rewards", "num_prompts", "path"}
@@ -211,6 +215,8 @@ def resolve(loaded: LoadedSpec) -> Resolved:
             problem(("overrides", "runtime", key), f"{value!r} is not one of {', '.join(allowed)} "
                     "(quote on/off in YAML: unquoted they read as booleans)")
 
+    _check_server_env(res, problem)
+
     # Identities: one UID/GID for every role unless the spec deliberately splits them.
     run = spec.run
     for role in ("server", "trainer", "head", "worker"):
@@ -239,6 +245,25 @@ def resolve(loaded: LoadedSpec) -> Resolved:
     if problems:
         raise SpecError(problems)
     return res
+
+
+def _check_server_env(res: Resolved, problem) -> None:
+    """vllm.env: extra environment for the server role (name -> scalar), never a credential."""
+    env = res.v("vllm", "env")
+    if env is None:
+        return
+    path = ("overrides", "vllm", "env")
+    if not isinstance(env, dict):
+        problem(path, f"expected a mapping of environment variable names to values, got {type(env).__name__}")
+        return
+    for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            problem(path + (name,), "not an environment variable name (upper case letters, digits and _)")
+        elif any(word in name for word in SECRET_WORDS):
+            problem(path + (name,), "looks like a credential: rendered files must not hold secrets; export it in "
+                    "the environment of `grpo-deploy up` (HF_TOKEN and WANDB_API_KEY are passed through) instead")
+        elif isinstance(value, (dict, list)) or value is None:
+            problem(path + (name,), "expected a string or number")
 
 
 def _override_path(res: Resolved, section: str, key: str) -> tuple[Any, ...]:

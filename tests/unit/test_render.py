@@ -117,3 +117,10 @@ def test_unquoted_on_in_yaml_is_caught():
     with pytest.raises(spec.SpecError) as info:
         resolve.resolve(spec.loads(text))
     assert "overrides.runtime.attention_shim" in str(info.value) and "quote" in str(info.value)
+
+
+def test_server_env_carries_vllm_env_and_nothing_else_does():
+    files = _render("gb10", "trl-async", overrides="{vllm: {env: {VLLM_LOGGING_LEVEL: DEBUG, FLAG: true}}}")
+    env_lines = files["config/server.env"].splitlines()
+    assert "VLLM_LOGGING_LEVEL=DEBUG" in env_lines and "FLAG=1" in env_lines
+    assert "VLLM_LOGGING_LEVEL" not in files["config/trainer.env"]

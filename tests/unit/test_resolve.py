@@ -55,3 +55,19 @@ def test_server_url_same_host_uses_service_name_else_host():
 def test_identity_defaults_to_run_uid():
     res = _res()
     assert res.identities["server"] == res.identities["trainer"] == resolve.Identity(1000, 1000, "0022")
+
+
+def test_server_env_refuses_credentials_and_bad_names():
+    with pytest.raises(spec.SpecError) as err:
+        _res(overrides='{vllm: {env: {HF_TOKEN: abc, "lower-case": "1", NESTED: [1]}}}')
+    text = str(err.value)
+    assert "overrides.vllm.env.HF_TOKEN" in text and "credential" in text
+    assert "not an environment variable name" in text and "expected a string or number" in text
+    with pytest.raises(spec.SpecError, match="expected a mapping"):
+        _res(overrides="{vllm: {env: [A]}}")
+
+
+def test_server_env_override_replaces_profile_env():
+    assert _res("cpu", hosts=("local",)).v("vllm", "env") == {"TORCHDYNAMO_DISABLE": "1"}
+    res = _res("cpu", hosts=("local",), overrides="{vllm: {env: {OMP_NUM_THREADS: 2}}}")
+    assert res.v("vllm", "env") == {"OMP_NUM_THREADS": 2} and res.sections["vllm"]["env"].source == "override"
