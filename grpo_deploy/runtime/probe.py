@@ -15,14 +15,18 @@ CONFIG_FILE = "adapter_config.json"
 
 
 def write_probe(directory: str) -> dict:
-    """Write `<dir>/probe-<uid>/` the way the trainer writes an adapter: safetensors weights and a JSON config."""
-    import torch
-    from safetensors.torch import save_file
+    """Write `<dir>/probe-<uid>/` the way the trainer writes an adapter: safetensors weights and a JSON config.
+
+    The numpy front end of safetensors calls the same writer (`serialize_file`) as `safetensors.torch.save_file`,
+    which PEFT uses, so the file mode is the trainer's (0600 in safetensors 0.8.0) without a 2.5 s torch import.
+    """
+    import numpy
+    from safetensors.numpy import save_file
 
     target = os.path.join(directory, f"{PROBE_PREFIX}{os.getuid()}")
     os.makedirs(target, exist_ok=True)
     weights = os.path.join(target, WEIGHTS_FILE)
-    save_file({"base_model.model.probe.lora_A.weight": torch.zeros(1, 4)}, weights)
+    save_file({"base_model.model.probe.lora_A.weight": numpy.zeros((1, 4), dtype=numpy.float32)}, weights)
     with open(os.path.join(target, CONFIG_FILE), "w", encoding="utf-8") as handle:
         json.dump({"peft_type": "LORA", "r": 1, "lora_alpha": 1, "target_modules": ["probe"]}, handle)
     fsync_tree(target)

@@ -33,6 +33,17 @@ def test_write_then_read(tmp_path, capsys, monkeypatch):
     assert code == 0 and read["ok"] and read["files"] == 2 and read["errors"] == []
 
 
+def test_probe_weights_get_the_mode_of_a_torch_save(tmp_path, capsys):
+    """The probe writes through safetensors' numpy front end; PEFT saves through the torch one. Same mode."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import save_file
+
+    _, written = run(capsys, "write", "--dir", str(tmp_path))
+    adapter = tmp_path / "adapter_model.safetensors"
+    save_file({"w": torch.zeros(1, 4)}, str(adapter))
+    assert written["file_mode"] == format(stat.S_IMODE(os.stat(adapter).st_mode), "04o")
+
+
 def test_read_reports_damaged_and_missing_probes(tmp_path, capsys):
     code, read = run(capsys, "read", "--dir", str(tmp_path))
     assert code == 1 and "no probe files" in read["errors"][0]["error"]
