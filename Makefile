@@ -32,8 +32,8 @@ images: ## build the cpu image (debootstrap base, host wheelhouse, --no-index in
 images-static: ## hadolint every Dockerfile (GPU images cannot be built here)
 	bash images/build.sh all-static
 
-bench: ## print start-up and adapter hand-off figures of the rehearsal (needs a finished `make demo`)
-	$(PYTHON) benchmarks/rehearsal_startup.py
+bench: ## start-up ratio (median of 3 bare server starts) and adapter hand-off of the rehearsal (needs `make demo`)
+	$(PYTHON) benchmarks/rehearsal_startup.py --repeat 3
 
 render-defaults: ## rewrite the committed renders: compose/.env, compose/rendered/, k8s/*/generated/
 	$(PYTHON) -m grpo_deploy.committed
