@@ -207,7 +207,14 @@ def resolve(loaded: LoadedSpec) -> Resolved:
             if section in ALLOWED_KEYS and key not in ALLOWED_KEYS[section]:
                 problem(path, f"unknown {section} setting; allowed: {', '.join(sorted(ALLOWED_KEYS[section]))}")
                 continue
-            res.sections.setdefault(section, {})[key] = Value(value, "override", f"overrides.{section}.{key} in the spec")
+            why = f"overrides.{section}.{key} in the spec"
+            earlier = res.sections.get(section, {}).get(key)
+            merge = (section, key) == ("vllm", "env") and isinstance(value, dict)
+            if merge and earlier is not None and isinstance(earlier.value, dict):
+                # Environment adds to the profile's rather than replacing it: a user who adds a logging variable keeps
+                # the profile's tuned ones (an empty value blanks one).
+                value, why = {**earlier.value, **value}, f"{why}, merged over {earlier.source}"
+            res.sections.setdefault(section, {})[key] = Value(value, "override", why)
 
     for key, allowed in (("attention_shim", ("auto", "on", "off")), ("device", ("cpu", "cuda"))):
         value = res.v("runtime", key)

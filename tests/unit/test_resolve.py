@@ -67,7 +67,9 @@ def test_server_env_refuses_credentials_and_bad_names():
         _res(overrides="{vllm: {env: [A]}}")
 
 
-def test_server_env_override_replaces_profile_env():
+def test_server_env_override_merges_over_profile_env():
     assert _res("cpu", hosts=("local",)).v("vllm", "env") == {"TORCHDYNAMO_DISABLE": "1"}
-    res = _res("cpu", hosts=("local",), overrides="{vllm: {env: {OMP_NUM_THREADS: 2}}}")
-    assert res.v("vllm", "env") == {"OMP_NUM_THREADS": 2} and res.sections["vllm"]["env"].source == "override"
+    res = _res("cpu", hosts=("local",), overrides='{vllm: {env: {OMP_NUM_THREADS: 2, TORCHDYNAMO_DISABLE: ""}}}')
+    assert res.v("vllm", "env") == {"TORCHDYNAMO_DISABLE": "", "OMP_NUM_THREADS": 2}
+    env = res.sections["vllm"]["env"]
+    assert env.source == "override" and "merged over profile:cpu" in env.why
