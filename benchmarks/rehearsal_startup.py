@@ -34,7 +34,8 @@ def bare_server_start(res, timeout: float = 900.0) -> float:
     port = 18000
     start = time.time()
     container = client.containers.run(
-        res.images["server"], ["python", "-m", "grpo_deploy.runtime.serve", "--args-file", "/etc/grpo-deploy/server.args"],
+        res.images["server"],
+        ["python", "-m", "grpo_deploy.runtime.serve", "--args-file", "/etc/grpo-deploy/server.args"],
         detach=True, user=res.identities["server"].user, ports={"8000/tcp": ("127.0.0.1", port)},
         volumes={str(state.render_dir / "config"): {"bind": "/etc/grpo-deploy", "mode": "ro"}},
         environment=_env_file(state.render_dir / "config" / "server.env"), shm_size="1g",
@@ -74,7 +75,8 @@ def main() -> int:
     ratio = up_s / bare_s
     handoff = summary["median_handoff_s"]
     print("rehearsal start-up and hand-off (this machine)")
-    print(f"  bare vLLM server start (ready: model in /v1/models)  {bare_s:7.1f} s   (runs: {', '.join(f'{b:.1f}' for b in bare)})")
+    print(f"  bare vLLM server start (ready: model in /v1/models)  {bare_s:7.1f} s   "
+          f"(runs: {', '.join(f'{b:.1f}' for b in bare)})")
     print(f"  server ready inside `up`                              {summary['server_ready_s']:7.1f} s")
     print(f"  `up` -> first optimizer step                          {up_s:7.1f} s")
     print(f"  ratio up->first step / bare server start              {ratio:7.2f}     target <= {TARGET_RATIO}: "

@@ -293,7 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("render", help="write every artifact (vLLM args, trainer config, compose env, verl overrides)",
                        description="Render every artifact of the run into a directory; nothing else is touched. "
-                                   "With --check, compare the directory with a fresh render and exit 1 on any difference.")
+                                   "With --check, compare the directory with a fresh render and exit 1 on any "
+                                   "difference.")
     _add_spec(p)
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
     p.add_argument("--check", action="store_true", help="diff DIR against a fresh render instead of writing")

@@ -35,7 +35,8 @@ def docker_client(base_url: str | None = None, timeout: int = 10):
     import docker  # imported lazily: plan/render must work without an engine
 
     try:
-        client = docker.DockerClient(base_url=base_url, timeout=timeout) if base_url else docker.from_env(timeout=timeout)
+        client = (docker.DockerClient(base_url=base_url, timeout=timeout) if base_url
+                  else docker.from_env(timeout=timeout))
         client.ping()
         return client
     except Exception as exc:  # the SDK raises several types for "no engine"

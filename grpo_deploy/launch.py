@@ -10,9 +10,9 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from . import compose, facts, preflight, status
 from .render import render_files
@@ -96,7 +96,8 @@ def build_images(res: Resolved, log: Callable[[str], None]) -> None:
             raise LaunchError(f"building {tag} failed (see the output above); retry with: {' '.join(cmd)}")
 
 
-def wait_ready(client, state: RunState, timeout: float, log: Callable[[str], None], since: float | None = None) -> float:
+def wait_ready(client, state: RunState, timeout: float, log: Callable[[str], None],
+               since: float | None = None) -> float:
     """Wait until the server container's healthcheck (served model listed in /v1/models) passes; a trainer that
     dies meanwhile (bad config, import error) fails the wait at once instead of after the server is up."""
     start = since or time.time()
@@ -110,7 +111,8 @@ def wait_ready(client, state: RunState, timeout: float, log: Callable[[str], Non
         health = (c.attrs.get("State", {}).get("Health") or {}).get("Status")
         if c.status in ("exited", "dead"):
             tail = c.logs(tail=15).decode(errors="replace")
-            raise LaunchError(f"the vLLM server exited before it was ready (exit {c.attrs['State'].get('ExitCode')}):\n{tail}")
+            raise LaunchError(f"the vLLM server exited before it was ready (exit {c.attrs['State'].get('ExitCode')}):"
+                              f"\n{tail}")
         if health == "healthy":
             return time.time() - start
         for trainer in compose.containers(client, state.res.spec.run.name, "trainer"):

@@ -30,7 +30,7 @@ class Architecture:
     head_dim: int | None = None
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Architecture":
+    def from_dict(cls, d: dict[str, Any]) -> Architecture:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
     @property
@@ -221,7 +221,8 @@ def _memory(res: Resolved, arch: Architecture | None, host) -> list[dict[str, An
                         "why": f"gpu_memory_utilization {gmu} x {cap / GB:.0f} GB"})
         elif role == "trainer":
             budget = int(res.v("trl", "token_budget", 0) or 0)
-            tokens = budget or (int(res.v("model", "max_prompt_length", 512)) + int(res.v("trl", "max_completion_length", 256))) \
+            tokens = budget or (int(res.v("model", "max_prompt_length", 512))
+                                + int(res.v("trl", "max_completion_length", 256))) \
                 * int(res.v("trl", "per_device_train_batch_size", 1))
             ckpt = bool(res.v("trl", "gradient_checkpointing", False))
             per_tok = arch.num_hidden_layers * arch.hidden_size * (2 if ckpt else 34) + arch.hidden_size * 34
@@ -250,7 +251,8 @@ def _memory(res: Resolved, arch: Architecture | None, host) -> list[dict[str, An
     return out
 
 
-def make_plan(res: Resolved, free_bytes: int | None = None, filesystem: str = "?", free_source: str = "unknown") -> Plan:
+def make_plan(res: Resolved, free_bytes: int | None = None, filesystem: str = "?",
+              free_source: str = "unknown") -> Plan:
     arch = Architecture.from_dict(res.architecture) if res.architecture else None
     warnings = []
     hosts = []
@@ -270,5 +272,6 @@ def make_plan(res: Resolved, free_bytes: int | None = None, filesystem: str = "?
                for section, values in res.sections.items()}
     return Plan(run=res.spec.run.name, engine=res.engine, model=str(res.v("model", "path")),
                 params=arch.params() if arch else None,
-                lora_params=arch.lora_params(int(res.v("lora", "r", 8)), res.v("lora", "target_modules")) if arch else None,
+                lora_params=(arch.lora_params(int(res.v("lora", "r", 8)), res.v("lora", "target_modules"))
+                             if arch else None),
                 hosts=hosts, disk=disk, settings=explain, warnings=warnings, ok=ok)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from . import facts
 from .plan import Plan, make_plan
@@ -92,7 +93,8 @@ def checkpoint_free_space(ctx: Context) -> tuple[int | None, str, str]:
         d = facts.disk_free(os.path.join(host.shared_dir, rel))
         return d.free_bytes, d.path, "statvfs of the shared directory on this host"
     if res.spec.storage.nfs is not None:
-        return None, f"nfs {res.spec.storage.nfs.server}:{res.spec.storage.nfs.export}", "NFS export: measured on its server"
+        return (None, f"nfs {res.spec.storage.nfs.server}:{res.spec.storage.nfs.export}",
+                "NFS export: measured on its server")
     client = ctx.docker()
     if client is None:
         return None, f"docker volume {res.spec.storage.volume}", f"Docker engine unreachable ({ctx.docker_error})"
@@ -262,24 +264,26 @@ def check_images(ctx: Context) -> list[Result]:
         versions[role] = labels.get("org.grpo-deploy.vllm-version", "?")
         if uid is not None and (int(uid), int(gid or -1)) != (ident.uid, ident.gid):
             out.append(Result("images", role, FAIL,
-                              f"{tag} was built for UID {uid}:{gid}, the run uses {ident.uid}:{ident.gid}: the container "
-                              "user would have no passwd entry or HOME (PyTorch's getpass crashes)",
-                              f"rebuild with --uid {ident.uid} --gid {ident.gid} or set run.uid/run.gid to the image's"))
+                              f"{tag} was built for UID {uid}:{gid}, the run uses {ident.uid}:{ident.gid}: the "
+                              "container user would have no passwd entry or HOME (PyTorch's getpass crashes)",
+                              f"rebuild with --uid {ident.uid} --gid {ident.gid} or set run.uid/run.gid to the "
+                              "image's"))
         else:
             out.append(Result("images", role, OK, f"{tag}: user {uid}:{gid}, vLLM {versions[role]}"))
     if res.engine == "trl-async" and len(versions) == 2:
         server_v, trainer_v = versions["server"], versions["trainer"]
         if server_v != trainer_v:
             out.append(Result("images", "vllm-version", FAIL,
-                              f"trainer image has vLLM {trainer_v}, server {server_v}: TRL picks its weight-sync API by "
-                              "the local vLLM version (seed 004)", "build the trainer FROM the server image"))
+                              f"trainer image has vLLM {trainer_v}, server {server_v}: TRL picks its weight-sync API "
+                              "by the local vLLM version (seed 004)", "build the trainer FROM the server image"))
         else:
             low, high = TRL_VLLM_GATE
             v = _version_tuple(server_v)
             if not v or (v < low):
                 out.append(Result("images", "vllm-version", FAIL,
-                                  f"vLLM {server_v!r} reads as older than TRL 1.16's minimum 0.22.0 (a dev version string "
-                                  "breaks TRL's API pick, seed 004)", "use a release build, e.g. vllm/vllm-openai:v0.31.0"))
+                                  f"vLLM {server_v!r} reads as older than TRL 1.16's minimum 0.22.0 (a dev version "
+                                  "string breaks TRL's API pick, seed 004)",
+                                  "use a release build, e.g. vllm/vllm-openai:v0.31.0"))
             elif v > high:
                 out.append(Result("images", "vllm-version", WARN,
                                   f"vLLM {server_v} is newer than TRL 1.16's tested range (<= 0.31.0); the >= 0.28 API "
@@ -304,7 +308,8 @@ def check_shared_volume(ctx: Context) -> list[Result]:
         return [Result("shared-volume", "local", SKIP, "Docker engine unreachable (see the docker check)")]
     missing = [t for t in (res.images["trainer"], res.images["server"]) if facts.image_labels(client, t) is None]
     if missing:
-        return [Result("shared-volume", "local", SKIP, f"image {missing[0]} not built yet: probed by `up` after the build")]
+        return [Result("shared-volume", "local", SKIP,
+                       f"image {missing[0]} not built yet: probed by `up` after the build")]
     trainer, server = res.identities["trainer"], res.identities["server"]
     probe_dir = f"{res.run_dir}/.preflight-probe"
     volume, mount = res.spec.storage.volume, res.spec.storage.mount

@@ -162,7 +162,8 @@ def resolve(loaded: LoadedSpec) -> Resolved:
     server_profile = _role_profile(loaded, "server")[1] if spec.engine == "trl-async" else main_profile
 
     def from_profile(section: str, profile: profiles.Profile) -> dict[str, Value]:
-        return {k: Value(s.value, f"profile:{profile.name}", s.why) for k, s in profile.settings.get(section, {}).items()}
+        return {k: Value(s.value, f"profile:{profile.name}", s.why)
+                for k, s in profile.settings.get(section, {}).items()}
 
     for section in ("model", "lora", "data", "trl", "verl", "runtime", "checkpoints"):
         res.sections[section] = from_profile(section, main_profile)
@@ -339,7 +340,8 @@ def _derive_trl(res: Resolved, problem) -> None:
                 f"max_lora_rank={rank} is below the adapter's rank lora.r={r}: the server would refuse the adapter")
     if int(res.v("vllm", "max_model_len")) < need_len:
         problem(_override_path(res, "vllm", "max_model_len"),
-                f"max_model_len={res.v('vllm', 'max_model_len')} < max_prompt_length + max_completion_length = {need_len}")
+                f"max_model_len={res.v('vllm', 'max_model_len')} < "
+                f"max_prompt_length + max_completion_length = {need_len}")
     gmu = float(res.v("vllm", "gpu_memory_utilization", 0.9))
     if not 0 < gmu <= 1:
         problem(_override_path(res, "vllm", "gpu_memory_utilization"), "must be in (0, 1]")

@@ -1,4 +1,4 @@
-"""New deployment specs: `grpo-deploy init` text from a profile, and the embedded default (cpu rehearsal, local host)."""
+"""New deployment specs: `grpo-deploy init` text from a profile, and the embedded default (local cpu rehearsal)."""
 
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def spec_text(profile_name: str = DEFAULT_PROFILE, engine: str = DEFAULT_ENGINE,
         run_name=run_name or ("rehearsal" if profile_name == "cpu" else f"{profile_name}-{engine}"),
         mount=DEFAULT_MOUNT, role_help=role_help,
         profile_model=profile.value("model", "path"), profile_dataset=profile.value("data", "dataset"),
-        profile_keep=profile.value("checkpoints", "keep"), profile_save_every=profile.value("checkpoints", "save_every"),
+        profile_keep=profile.value("checkpoints", "keep"),
+        profile_save_every=profile.value("checkpoints", "save_every"),
     )
     loads(text, source=f"<init {profile_name}/{engine}>")  # never hand out a spec that does not validate
     return text

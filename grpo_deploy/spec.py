@@ -50,12 +50,15 @@ class RunSpec(_Strict):
 
 class HostSpec(_Strict):
     name: str = Field(pattern=NAME_RE)
-    address: str = Field("local", description="'local' for this machine, else an SSH target (alias or user@host[:port])")
+    address: str = Field("local", description="'local' for this machine, else an SSH target "
+                                              "(alias or user@host[:port])")
     profile: str
     roles: list[Literal["server", "trainer", "head", "worker"]] = Field(min_length=1)
     gpus: dict[Literal["server", "trainer", "head", "worker"], list[int]] | None = None
-    mount: str | None = Field(None, description="Container mount point of the shared volume on this host (must equal storage.mount)")
-    shared_dir: str | None = Field(None, description="Host directory where the NFS share is mounted (bind-mounted at storage.mount)")
+    mount: str | None = Field(None, description="Container mount point of the shared volume on this host "
+                                                "(must equal storage.mount)")
+    shared_dir: str | None = Field(None, description="Host directory where the NFS share is mounted "
+                                                     "(bind-mounted at storage.mount)")
 
 
 class ModelSpec(_Strict):
@@ -67,7 +70,8 @@ class ModelSpec(_Strict):
 class DatasetSpec(_Strict):
     name: Literal["brevity", "boxed-math", "gsm8k"] | None = None
     path: str | None = None
-    size: int | None = Field(None, ge=1, description="Number of training prompts (for plan); known datasets have a default")
+    size: int | None = Field(None, ge=1, description="Number of training prompts (for plan); known datasets "
+                                                     "have a default")
 
 
 class NfsSpec(_Strict):
@@ -250,7 +254,8 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
             )
         for j, role in enumerate(host.roles):
             if role not in allowed_roles:
-                add(("hosts", i, "roles", j), f"role {role!r} is not a {spec.engine} role; allowed: {', '.join(allowed_roles)}")
+                add(("hosts", i, "roles", j),
+                    f"role {role!r} is not a {spec.engine} role; allowed: {', '.join(allowed_roles)}")
         if host.mount is not None and host.mount.rstrip("/") != spec.storage.mount:
             add(
                 ("hosts", i, "mount"),

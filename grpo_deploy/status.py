@@ -7,8 +7,9 @@ adapter_load, adapter_prune, run_end; the deployer adds up_start, server_ready, 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 
 def _mean(values: list[float]) -> float | None:
@@ -85,7 +86,7 @@ def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None 
         if ratios:
             s.importance_ratio_min, s.importance_ratio_max = round(min(ratios), 4), round(max(ratios), 4)
         times = [e["time"] for e in steps]
-        gaps = [b - a for a, b in zip(times, times[1:])]
+        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
         s.step_time_median_s = _median(gaps)
         origin = up_start[0]["time"] if up_start else (start[0]["time"] if start else None)
         if origin is not None:
@@ -165,7 +166,7 @@ def plot(events: list[dict[str, Any]], path: str, title: str = "") -> str:
     x = [e.get("step") for e in steps]
     fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
     for ax, key, label in zip(axes, ("reward", "completions/mean_length", "sample/staleness_mean"),
-                              ("reward", "completion length (tokens)", "staleness (updates)")):
+                              ("reward", "completion length (tokens)", "staleness (updates)"), strict=True):
         ax.plot(x, [e.get(key) for e in steps], marker=".")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

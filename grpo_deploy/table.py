@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], max_width: int | None = None) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -65,7 +64,8 @@ def test_adapters_on_the_volume_are_readable_by_the_server_uid(rehearsal, docker
               "    except OSError as e: bad.append(p)\n"
               "print(n, len(bad)); sys.exit(1 if bad or n == 0 else 0)")
     code, out, err = compose_mod.run_once(docker_client, res.images["server"], ["python", "-c", script],
-                                          res.identities["server"].user, res.spec.storage.volume, res.spec.storage.mount)
+                                          res.identities["server"].user, res.spec.storage.volume,
+                                          res.spec.storage.mount)
     assert code == 0, out + err
 
 

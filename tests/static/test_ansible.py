@@ -159,7 +159,8 @@ def test_roles_converge_locally_and_are_idempotent(tmp_path, test_identity):
     # verify reads the host: a directory with the wrong mode must fail it, and it says what it found.
     shared.chmod(0o700)
     verify_play = write_play("verify.yml", ["verify"])
-    broken = run([tool("ansible-playbook"), "-i", "localhost,", "-c", "local", str(verify_play), "-e", json.dumps(extra)],
+    broken = run([tool("ansible-playbook"), "-i", "localhost,", "-c", "local", str(verify_play),
+                  "-e", json.dumps(extra)],
                  env=env)
     assert broken.returncode != 0, broken.stdout
     assert "expected a directory 4242:4242 mode 0775" in broken.stdout, broken.stdout

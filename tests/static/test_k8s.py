@@ -121,7 +121,8 @@ def quantity(text: str | int | float) -> float:
 
 
 def shared_claim_volume(pod: dict) -> str:
-    names = [v["name"] for v in pod.get("volumes", []) if v.get("persistentVolumeClaim", {}).get("claimName") == "shared"]
+    names = [v["name"] for v in pod.get("volumes", [])
+             if v.get("persistentVolumeClaim", {}).get("claimName") == "shared"]
     assert len(names) == 1, f"expected one volume on the claim 'shared', found {names}"
     return names[0]
 
@@ -316,7 +317,8 @@ def test_server_probes(overlay):
     assert env.get("GRPO_SERVER_PORT") == str(ports["http"]), "the readiness check would ask another port"
     startup = server["startupProbe"]
     budget = startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3)
-    assert budget >= MIN_SERVER_STARTUP_S, f"startupProbe allows {budget} s, less than a model load ({MIN_SERVER_STARTUP_S} s)"
+    assert budget >= MIN_SERVER_STARTUP_S, (f"startupProbe allows {budget} s, less than a model load "
+                                            f"({MIN_SERVER_STARTUP_S} s)")
 
 
 @pytest.mark.parametrize("overlay", TRL_OVERLAYS)
@@ -328,7 +330,8 @@ def test_trainer_reaches_the_server_service(overlay):
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert svc["spec"]["selector"].items() <= labels.items(), "the Service does not select the server pods"
     (server,) = [c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == "server"]
-    (port,) = [p for p in server["ports"] if p["name"] == svc_port["targetPort"] or p["containerPort"] == svc_port["targetPort"]]
+    (port,) = [p for p in server["ports"]
+               if p["name"] == svc_port["targetPort"] or p["containerPort"] == svc_port["targetPort"]]
     args = server_args(overlay)
     assert port["containerPort"] == int(args[args.index("--port") + 1]), "containerPort != vLLM --port"
     (init,) = [c for c in one(overlay, "Job", "trainer")["spec"]["template"]["spec"]["initContainers"]
@@ -350,7 +353,8 @@ def test_secrets_only_by_reference(overlay):
             elif any(word in e["name"].upper() for word in SECRET_LIKE):
                 problems.append(f"{where}: env {e['name']} looks like a secret but is not a secretKeyRef")
         for src in c.get("envFrom", []):
-            if "secretRef" in src and (src["secretRef"].get("name") != SECRET_NAME or not src["secretRef"].get("optional")):
+            if "secretRef" in src and (src["secretRef"].get("name") != SECRET_NAME
+                                       or not src["secretRef"].get("optional")):
                 problems.append(f"{where}: envFrom {src}")
     # Nothing secret-looking in the ConfigMaps either: neither as a key nor as a NAME=value line of a file.
     for cm in objects(overlay, "ConfigMap"):
@@ -493,7 +497,8 @@ def test_verl_launcher_passes_every_override_verbatim(overlay, tmp_path):
     bindir = tmp_path / "bin"
     bindir.mkdir()
     fake = bindir / "python"
-    fake.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(tmp_path / 'argv.json')!r}, 'w'))\n")
+    fake.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                    f"json.dump(sys.argv[1:], open({str(tmp_path / 'argv.json')!r}, 'w'))\n")
     fake.chmod(0o755)
     want = [ln for ln in overrides.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     # Decoy files that an override such as trainer.logger=["console"] would match if the shell globbed it.

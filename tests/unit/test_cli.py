@@ -15,7 +15,8 @@ def test_every_verb_has_help(capsys):
 
 def test_init_then_render_then_check(tmp_path, capsys):
     spec_path, out = tmp_path / "s.yaml", tmp_path / "out"
-    assert main(["init", "--profile", "gb10", "--engine", "trl-async", "--hosts", "spark1,spark2", "-o", str(spec_path)]) == 0
+    assert main(["init", "--profile", "gb10", "--engine", "trl-async", "--hosts", "spark1,spark2",
+                 "-o", str(spec_path)]) == 0
     assert main(["init", "--profile", "gb10", "--engine", "trl-async", "-o", str(spec_path)]) == 2  # exists
     assert main(["render", "-f", str(spec_path), "-o", str(out)]) == 0
     assert (out / "config" / "server.args").exists() and (out / "hosts" / "spark2.env").exists()

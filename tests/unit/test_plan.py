@@ -13,7 +13,8 @@ from grpo_deploy.cli import main
 def seed000_text(keep: str = "all") -> str:
     """Seed 000: Qwen2.5-3B, LoRA r64, 15 epochs of GSM8K at batch 1024 = 105 steps, save every 20."""
     text = scaffold.spec_text("a100", "verl", ["node1"])
-    text = text.replace("  keep: null ", f"  keep: {keep} ").replace("overrides: {}", "overrides: {verl: {trainer.total_epochs: 15}}")
+    text = text.replace("  keep: null ", f"  keep: {keep} ").replace("overrides: {}",
+                                                                     "overrides: {verl: {trainer.total_epochs: 15}}")
     return text
 
 
@@ -71,7 +72,8 @@ def test_trl_checkpoint_counts_adapters_kept_on_the_volume():
 
 def test_unknown_model_warns_instead_of_guessing():
     text = scaffold.spec_text("gb10", "trl-async", ["a", "b"]).replace(
-        "  path: null                        # null = the profile's", "  path: org/unknown-model # null = the profile's", 1)
+        "  path: null                        # null = the profile's",
+        "  path: org/unknown-model # null = the profile's", 1)
     p = plan.make_plan(_resolved(text))
     assert p.disk is None and "model.architecture" in p.warnings[0]
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from grpo_deploy import preflight, resolve, scaffold, spec
 from grpo_deploy.cli import main
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 import yaml
 
 from grpo_deploy import render, resolve, scaffold, spec

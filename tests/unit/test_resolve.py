@@ -39,7 +39,8 @@ def test_gpu_split_and_shared_gpu_rejected():
     res = _res("h200", hosts=("h",))
     assert resolve.gpu_split(res, res.spec.hosts[0]) == {"server": [0], "trainer": [1]}
     with pytest.raises(spec.SpecError, match="share a GPU"):
-        _res("h200", hosts=("h",), replace=[("roles: [server, trainer]", "roles: [server, trainer]\n    gpus: {server: [0], trainer: [0]}")])
+        _res("h200", hosts=("h",), replace=[("roles: [server, trainer]",
+                                             "roles: [server, trainer]\n    gpus: {server: [0], trainer: [0]}")])
 
 
 def test_verl_divisibility():

@@ -45,7 +45,8 @@ def test_max_loras_too_small_for_staleness():
 
 
 def test_mount_point_differing_between_hosts():
-    text = PAIR.replace("    profile: gb10\n    roles: [server]", "    profile: gb10\n    roles: [server]\n    mount: /mnt/nfs")
+    text = PAIR.replace("    profile: gb10\n    roles: [server]",
+                        "    profile: gb10\n    roles: [server]\n    mount: /mnt/nfs")
     (p,) = _problems(text)
     assert p.key == "hosts[1].mount" and "/mnt/nfs" in p.message and "/shared" in p.message
 
@@ -72,7 +73,8 @@ def test_checkpoint_dir_off_the_shared_volume_rejected():
 
 
 def test_verl_save_total_limit_rejected_with_the_key_to_use():
-    text = scaffold.spec_text("a100", "verl", ["n1"]).replace("overrides: {}", "overrides: {verl: {trainer.save_total_limit: 3}}")
+    text = scaffold.spec_text("a100", "verl", ["n1"]).replace("overrides: {}",
+                                                              "overrides: {verl: {trainer.save_total_limit: 3}}")
     (p,) = _problems(text)
     assert p.key == "overrides.verl.trainer.save_total_limit" and "checkpoints.keep" in p.message
 
