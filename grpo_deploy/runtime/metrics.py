@@ -25,6 +25,19 @@ def to_json_value(value: Any) -> Any:
     return str(value)
 
 
+def event_record(event: str, /, **fields: Any) -> dict:
+    """One event: `{"event", "time"}` envelope first (a field named like them never overrides it), values as JSON."""
+    record = {"event": event, "time": time.time()}
+    for key, value in fields.items():
+        if key not in record:
+            record[key] = to_json_value(value)
+    return record
+
+
+def event_line(record: dict) -> str:
+    return json.dumps(record, allow_nan=False, separators=(",", ":"))
+
+
 class MetricsSink:
     """Writes `{"event": ..., "time": <unix float>, ...}` lines to `path`, appending across runs and resumes."""
 
@@ -35,13 +48,9 @@ class MetricsSink:
         self._lock = threading.Lock()
 
     def emit(self, event: str, /, **fields: Any) -> dict:
-        record = {"event": event, "time": time.time()}
-        for key, value in fields.items():
-            if key not in record:  # a logged `event` or `time` never overrides the envelope
-                record[key] = to_json_value(value)
-        line = json.dumps(record, allow_nan=False, separators=(",", ":"))
+        record = event_record(event, **fields)
         with self._lock:
-            self._file.write(line + "\n")
+            self._file.write(event_line(record) + "\n")
             self._file.flush()
         return record
 
