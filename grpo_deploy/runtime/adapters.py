@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import shutil
-import stat
 import time
 import urllib.error
 import urllib.request
@@ -51,7 +50,7 @@ def file_modes(path: str) -> dict[str, str]:
     for root, _dirs, files in os.walk(path):
         for name in sorted(files):
             full = os.path.join(root, name)
-            modes[os.path.relpath(full, path)] = format_mode(os.stat(full).st_mode)
+            modes[os.path.relpath(full, path)] = mode_of(full)
     return modes
 
 
@@ -175,7 +174,7 @@ class AdapterPublisher:
                 save_s=saved - started,
                 fsync_s=time.time() - saved,
                 modes=file_modes(dest_dir),
-                dir_mode=format_mode(os.stat(dest_dir).st_mode),
+                dir_mode=mode_of(dest_dir),
             )
 
         save_and_sync.__wrapped__ = original
@@ -210,4 +209,4 @@ class AdapterPublisher:
 
 def mode_of(path: str) -> str:
     """Permission bits of one path as `0644`."""
-    return format_mode(stat.S_IMODE(os.stat(path).st_mode))
+    return format_mode(os.stat(path).st_mode)

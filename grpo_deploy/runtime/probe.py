@@ -67,7 +67,7 @@ def read_probes(directory: str) -> dict:
             if path.endswith(".safetensors"):
                 from safetensors import safe_open
 
-                with safe_open(path, framework="pt") as reader:
+                with safe_open(path, framework="numpy") as reader:  # same reader as "pt", no torch import
                     for key in reader.keys():
                         reader.get_tensor(key)
             else:

@@ -7,6 +7,8 @@ import hashlib
 import os
 import sys
 
+from .identity import current_umask
+
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHARACTERS = ["\n", "\t"] + [chr(c) for c in range(32, 127)]  # one token each; other characters are dropped
 
@@ -96,8 +98,7 @@ def build(out_dir: str, seed: int = 0) -> dict[str, str]:
 def _apply_umask_modes(out_dir: str) -> None:
     """Give every file the mode the umask implies: safetensors writes weights 0600 whatever the umask, and an image
     that builds the model as one user and serves it as another would otherwise fail to read it."""
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = current_umask()
     for name in os.listdir(out_dir):
         path = os.path.join(out_dir, name)
         if os.path.isfile(path):

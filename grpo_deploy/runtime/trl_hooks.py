@@ -81,9 +81,10 @@ class InstrumentedVLLMClient(client_module.VLLMClient):
             threading.Thread(target=self._warm_up, args=(lora_name,), name="lora-warm-up", daemon=True).start()
 
     def _warm_up(self, lora_name: str) -> None:
-        """One 1-token completion with the first adapter, in the background: a cold server's first LoRA generation
-        took ~18 s on CPU, which otherwise lands on the first training step instead of overlapping the rollout
-        worker's start-up. Best effort: failures only log."""
+        """One 1-token completion with the first adapter, in the background, so that a server's first LoRA generation
+        overlaps the rollout worker's start-up instead of landing on the first training step. On the CPU rehearsal it
+        answers in 0.0-0.1 s (the 18 s once blamed on a cold LoRA path was vLLM compiling its logprobs helper, which
+        the cpu profile now turns off; docs/MEASUREMENTS.md). Best effort: failures only log."""
         started = time.time()
         try:
             response = client_module.requests.post(
