@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .resolve import DATASET_SIZES, Resolved, gpu_split
+from .resolve import DATASET_SIZES, Resolved, as_dict, gpu_split
 
 GB = 1e9
-GIB = 1024**3
 CKPT_EXTRA_BYTES = 8 * 1024**2  # trainer state, RNG, scheduler, dataloader state: a few MB
 
 
@@ -56,8 +55,9 @@ class Architecture:
             shapes = {k: v for k, v in shapes.items() if k in names}
         return r * sum(a + b for a, b in shapes.values()) * self.num_hidden_layers
 
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.hd * dtype_bytes
+    def kv_bytes_per_token(self) -> int:
+        """K and V of every layer, in 2-byte (bf16/fp16) elements."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.hd * 2
 
 
 @dataclass
@@ -111,12 +111,11 @@ class Plan:
 def total_steps(res: Resolved) -> int:
     if res.engine == "trl-async":
         return int(res.v("trl", "max_steps", 0) or 0)
-    verl = res.sections["verl"]
-    if "trainer.total_training_steps" in verl and verl["trainer.total_training_steps"].value:
-        return int(verl["trainer.total_training_steps"].value)
+    if res.v("verl", "trainer.total_training_steps"):
+        return int(res.v("verl", "trainer.total_training_steps"))
     size = res.spec.dataset.size or DATASET_SIZES.get(res.v("data", "dataset"), 0)
-    batch = int(verl["data.train_batch_size"].value) if "data.train_batch_size" in verl else 1024
-    epochs = int(verl["trainer.total_epochs"].value) if "trainer.total_epochs" in verl else 1
+    batch = int(res.v("verl", "data.train_batch_size", 1024))
+    epochs = int(res.v("verl", "trainer.total_epochs", 1))
     return (size // batch) * epochs
 
 
@@ -137,11 +136,10 @@ def checkpoint_bytes(res: Resolved, arch: Architecture) -> tuple[int, int, list[
     adapter = lora * 4  # PEFT saves the fp32 LoRA weights
     optim = lora * 8  # Adam: two fp32 moments per trainable parameter
     if res.engine == "verl":
-        verl = res.sections["verl"]
-        dtype = verl.get("actor_rollout_ref.actor.fsdp_config.model_dtype")
-        base_bytes = 2 if dtype is not None and dtype.value in ("bf16", "bfloat16") else 4
-        lora_only = verl.get("+actor_rollout_ref.actor.checkpoint.save_lora_only")
-        base = 0 if lora_only is not None and lora_only.value else arch.params() * base_bytes
+        dtype = res.v("verl", "actor_rollout_ref.actor.fsdp_config.model_dtype")
+        base_bytes = 2 if dtype in ("bf16", "bfloat16") else 4
+        lora_only = res.v("verl", "+actor_rollout_ref.actor.checkpoint.save_lora_only")
+        base = 0 if lora_only else arch.params() * base_bytes
         total = base + adapter + optim + CKPT_EXTRA_BYTES
         why = [f"verl FSDP checkpoint = frozen base in {'bf16' if base_bytes == 2 else 'fp32 (model_dtype default)'} "
                f"{base / GB:.2f} GB + LoRA {adapter / GB:.3f} GB + Adam state {optim / GB:.3f} GB"]
@@ -156,7 +154,7 @@ def plan_disk(res: Resolved, arch: Architecture, free_bytes: int | None, filesys
     steps = total_steps(res)
     saves = save_steps(res, steps)
     keep = res.keep
-    adapters_kept = (int(res.v("trl", "max_staleness", 4)) + 2) if res.engine == "trl-async" else 0
+    adapters_kept = res.adapter_slots if res.engine == "trl-async" else 0
     margin = int(float(res.v("checkpoints", "disk_margin_gb", 2.0)) * GB)
     fixed = adapter * adapters_kept + margin
 
@@ -237,12 +235,9 @@ def _memory(res: Resolved, arch: Architecture | None, host) -> list[dict[str, An
                         "why": f"rough: weights {weights / GB:.1f} GB + LoRA/optimizer + activations for {tokens} "
                                f"tokens per microbatch ({'with' if ckpt else 'without'} gradient checkpointing)"})
         elif role in ("head", "worker"):
-            verl = res.sections["verl"]
-            n = int(verl["trainer.n_gpus_per_node"].value) if "trainer.n_gpus_per_node" in verl else 1
-            gmu = float(verl["actor_rollout_ref.rollout.gpu_memory_utilization"].value) \
-                if "actor_rollout_ref.rollout.gpu_memory_utilization" in verl else 0.5
-            tp = int(verl["actor_rollout_ref.rollout.tensor_model_parallel_size"].value) \
-                if "actor_rollout_ref.rollout.tensor_model_parallel_size" in verl else 1
+            n = int(res.v("verl", "trainer.n_gpus_per_node", 1))
+            gmu = float(res.v("verl", "actor_rollout_ref.rollout.gpu_memory_utilization", 0.5))
+            tp = int(res.v("verl", "actor_rollout_ref.rollout.tensor_model_parallel_size", 1))
             shard = arch.params() * 4 / max(n * len(res.hosts_with("head") + res.hosts_with("worker")), 1)
             out.append({"role": role, "rollout_pool_gb_per_gpu": round(gmu * cap / GB, 1),
                         "rollout_weights_gb_per_gpu": round(weights / tp / GB, 2),
@@ -268,10 +263,8 @@ def make_plan(res: Resolved, free_bytes: int | None = None, filesystem: str = "?
     else:
         disk = plan_disk(res, arch, free_bytes, filesystem, free_source)
     ok = all(m.get("fits", True) for h in hosts for m in h.memory) and (disk is None or disk.fits is not False)
-    explain = {section: {k: {"value": v.value, "source": v.source, "why": v.why} for k, v in values.items()}
-               for section, values in res.sections.items()}
     return Plan(run=res.spec.run.name, engine=res.engine, model=str(res.v("model", "path")),
                 params=arch.params() if arch else None,
                 lora_params=(arch.lora_params(int(res.v("lora", "r", 8)), res.v("lora", "target_modules"))
                              if arch else None),
-                hosts=hosts, disk=disk, settings=explain, warnings=warnings, ok=ok)
+                hosts=hosts, disk=disk, settings=as_dict(res), warnings=warnings, ok=ok)

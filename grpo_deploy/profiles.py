@@ -31,9 +31,6 @@ class Profile:
         setting = self.settings.get(section, {}).get(key)
         return default if setting is None else setting.value
 
-    def values(self, section: str) -> dict[str, Any]:
-        return {k: s.value for k, s in self.settings.get(section, {}).items()}
-
     @property
     def accelerator(self) -> str:
         return self.hardware.get("accelerator", "none")
@@ -46,6 +43,15 @@ class ProfileError(ValueError):
 def names() -> list[str]:
     folder = resources.files("grpo_deploy") / "profiles"
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def engine_mismatch(profile: Profile, engine: str) -> str | None:
+    """Why *profile* cannot run *engine*, naming the profiles that can; None when it can."""
+    if engine in profile.engines:
+        return None
+    fitting = [n for n in names() if engine in load(n).engines]
+    return (f"profile {profile.name!r} does not support engine {engine!r} (it supports "
+            f"{', '.join(profile.engines)}); profiles for {engine}: {', '.join(fitting)}")
 
 
 def _parse(name: str, raw: dict[str, Any]) -> Profile:

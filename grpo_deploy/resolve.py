@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from . import profiles
+from .runtime.config import ATTENTION_SHIM_MODES, DEVICES
 from .spec import LoadedSpec, Problem, SpecError, key_str
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -101,11 +102,6 @@ class Resolved:
     def run_dir(self) -> str:
         return f"{self.spec.storage.mount}/runs/{self.spec.run.name}"
 
-    @property
-    def config_dir(self) -> str:
-        """Where the rendered run config is mounted inside every container."""
-        return "/etc/grpo-deploy"
-
     def v(self, section: str, key: str, default: Any = None) -> Any:
         value = self.sections.get(section, {}).get(key)
         return default if value is None else value.value
@@ -137,15 +133,20 @@ class Resolved:
         """Checkpoints kept; None = keep all."""
         return self.v("checkpoints", "keep")
 
+    @property
+    def adapter_slots(self) -> int:
+        """Adapter versions TRL keeps loaded on the server at once: trl.max_staleness + 2."""
+        return int(self.v("trl", "max_staleness", 4)) + 2
+
 
 def _host_part(address: str) -> str:
     host = address.split("@", 1)[-1]
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 
-def _role_profile(loaded: LoadedSpec, role: str) -> tuple[Any, profiles.Profile]:
+def _role_profile(loaded: LoadedSpec, role: str) -> profiles.Profile:
     host = next(h for h in loaded.spec.hosts if role in h.roles)
-    return host, profiles.load(host.profile)
+    return profiles.load(host.profile)
 
 
 def resolve(loaded: LoadedSpec) -> Resolved:
@@ -158,8 +159,8 @@ def resolve(loaded: LoadedSpec) -> Resolved:
         problems.append(Problem(loaded.doc.where(path), key_str(path), message))
 
     main_role = "trainer" if spec.engine == "trl-async" else "head"
-    _, main_profile = _role_profile(loaded, main_role)
-    server_profile = _role_profile(loaded, "server")[1] if spec.engine == "trl-async" else main_profile
+    main_profile = _role_profile(loaded, main_role)
+    server_profile = _role_profile(loaded, "server") if spec.engine == "trl-async" else main_profile
 
     def from_profile(section: str, profile: profiles.Profile) -> dict[str, Value]:
         return {k: Value(s.value, f"profile:{profile.name}", s.why)
@@ -181,10 +182,10 @@ def resolve(loaded: LoadedSpec) -> Resolved:
     put("data", "path", spec.dataset.path, "set in the spec (dataset.path)")
     ck = spec.checkpoints
     put("checkpoints", "save_every", ck.save_every, "set in the spec (checkpoints.save_every)")
-    if ck.keep is not None:
-        put("checkpoints", "keep", None if ck.keep == "all" else ck.keep, "set in the spec (checkpoints.keep)")
-        if ck.keep == "all":
-            res.sections["checkpoints"]["keep"] = Value(None, "spec", "keep every checkpoint (checkpoints.keep: all)")
+    if ck.keep == "all":
+        res.sections["checkpoints"]["keep"] = Value(None, "spec", "keep every checkpoint (checkpoints.keep: all)")
+    else:
+        put("checkpoints", "keep", ck.keep, "set in the spec (checkpoints.keep)")
     put("checkpoints", "dir", ck.dir or f"{res.run_dir}/checkpoints",
         "checkpoints.dir" if ck.dir else "default: on the shared volume, so a resume finds it from any host",
         "spec" if ck.dir else "derived")
@@ -217,7 +218,7 @@ def resolve(loaded: LoadedSpec) -> Resolved:
                 value, why = {**earlier.value, **value}, f"{why}, merged over {earlier.source}"
             res.sections.setdefault(section, {})[key] = Value(value, "override", why)
 
-    for key, allowed in (("attention_shim", ("auto", "on", "off")), ("device", ("cpu", "cuda"))):
+    for key, allowed in (("attention_shim", ATTENTION_SHIM_MODES), ("device", DEVICES)):
         value = res.v("runtime", key)
         if value is not None and value not in allowed:
             problem(("overrides", "runtime", key), f"{value!r} is not one of {', '.join(allowed)} "
@@ -232,7 +233,7 @@ def resolve(loaded: LoadedSpec) -> Resolved:
         res.identities[role] = Identity(
             uid=ident.uid if ident and ident.uid is not None else run.uid,
             gid=ident.gid if ident and ident.gid is not None else run.gid,
-            umask=(ident.umask.zfill(4) if ident and ident.umask else run.umask),
+            umask=(ident.umask if ident and ident.umask else run.umask),
         )
 
     # Images.
@@ -274,7 +275,7 @@ def _check_server_env(res: Resolved, problem) -> None:
             problem(path + (name,), "expected a string or number")
 
 
-def _override_path(res: Resolved, section: str, key: str) -> tuple[Any, ...]:
+def _override_path(section: str, key: str) -> tuple[Any, ...]:
     """The spec key a user changes to fix a broken rule (an override, whether or not it is written yet)."""
     return ("overrides", section, key)
 
@@ -287,7 +288,7 @@ def gpu_split(res: Resolved, host) -> dict[str, list[int]]:
         return {}
     n = int(profile.hardware.get("gpus_per_host", 1))
     given = dict(host.gpus or {})
-    roles = [r for r in host.roles if r in ("server", "trainer", "head", "worker")]
+    roles = host.roles
     if len(roles) == 2 and not profile.hardware.get("unified_memory", False):
         given.setdefault("server", [0])
         given.setdefault("trainer", list(range(1, n)))
@@ -308,14 +309,15 @@ def _derive_trl(res: Resolved, problem) -> None:
                 and not res.profiles[host.name].hardware.get("unified_memory", False):
             problem(("hosts", i, "gpus"), "server and trainer share a GPU: vLLM reserves gpu_memory_utilization of it "
                     "and the trainer runs out of memory; give them separate GPUs")
-    staleness = int(res.v("trl", "max_staleness", 4))
+    slots = res.adapter_slots
+    staleness = slots - 2
     r = int(res.v("lora", "r", 8))
 
     def derive(key: str, value: Any, why: str) -> None:
         if key not in vllm:
             vllm[key] = Value(value, "derived", why)
 
-    derive("max_loras", staleness + 2, f"max_staleness ({staleness}) + 2: TRL keeps that many adapter versions loaded")
+    derive("max_loras", slots, f"max_staleness ({staleness}) + 2: TRL keeps that many adapter versions loaded")
     derive("max_cpu_loras", int(res.v("vllm", "max_loras")), "same as max_loras")
     fitting = [x for x in VLLM_LORA_RANKS if x >= r]
     derive("max_lora_rank", fitting[0] if fitting else r, f"smallest vLLM LoRA rank slot >= lora.r ({r})")
@@ -324,30 +326,30 @@ def _derive_trl(res: Resolved, problem) -> None:
     derive("port", SERVER_PORT, "vLLM's default port")
 
     max_loras = res.v("vllm", "max_loras")
-    if int(max_loras) < staleness + 2:
+    if int(max_loras) < slots:
         problem(
-            _override_path(res, "vllm", "max_loras"),
+            _override_path("vllm", "max_loras"),
             f"vllm max_loras={max_loras} is too small for trl max_staleness={staleness}: TRL keeps up to "
-            f"max_staleness + 2 = {staleness + 2} adapter versions loaded, and a load beyond the slots evicts one "
-            f"still in use. Set it to >= {staleness + 2} or lower trl.max_staleness",
+            f"max_staleness + 2 = {slots} adapter versions loaded, and a load beyond the slots evicts one "
+            f"still in use. Set it to >= {slots} or lower trl.max_staleness",
         )
     rank = res.v("vllm", "max_lora_rank")
     if rank not in VLLM_LORA_RANKS:
-        problem(_override_path(res, "vllm", "max_lora_rank"),
+        problem(_override_path("vllm", "max_lora_rank"),
                 f"max_lora_rank={rank} is not one vLLM accepts; allowed: {', '.join(map(str, VLLM_LORA_RANKS))}")
     elif int(rank) < r:
-        problem(_override_path(res, "vllm", "max_lora_rank"),
+        problem(_override_path("vllm", "max_lora_rank"),
                 f"max_lora_rank={rank} is below the adapter's rank lora.r={r}: the server would refuse the adapter")
     if int(res.v("vllm", "max_model_len")) < need_len:
-        problem(_override_path(res, "vllm", "max_model_len"),
+        problem(_override_path("vllm", "max_model_len"),
                 f"max_model_len={res.v('vllm', 'max_model_len')} < "
                 f"max_prompt_length + max_completion_length = {need_len}")
     gmu = float(res.v("vllm", "gpu_memory_utilization", 0.9))
     if not 0 < gmu <= 1:
-        problem(_override_path(res, "vllm", "gpu_memory_utilization"), "must be in (0, 1]")
+        problem(_override_path("vllm", "gpu_memory_utilization"), "must be in (0, 1]")
     if res.v("trl", "max_inflight_tasks") and res.v("vllm", "max_num_seqs") and \
             int(res.v("trl", "max_inflight_tasks")) > int(res.v("vllm", "max_num_seqs")) * 4:
-        problem(_override_path(res, "trl", "max_inflight_tasks"),
+        problem(_override_path("trl", "max_inflight_tasks"),
                 "max_inflight_tasks is more than 4x the server's max_num_seqs: requests would only queue")
     if res.v("checkpoints", "save_every"):
         trl.setdefault("save_strategy", Value("steps", "derived", "checkpoints.save_every"))
@@ -363,23 +365,22 @@ def _derive_verl(res: Resolved, problem) -> None:
     verl = res.sections["verl"]
     nnodes = len(res.hosts_with("head")) + len(res.hosts_with("worker"))
     verl["trainer.nnodes"] = Value(nnodes, "derived", "one Ray node per host with role head or worker")
-    g = lambda k, d=None: verl[k].value if k in verl else d  # noqa: E731
-    n_gpus = int(g("trainer.n_gpus_per_node", 1))
-    tp = int(g("actor_rollout_ref.rollout.tensor_model_parallel_size", 1))
+    n_gpus = int(res.v("verl", "trainer.n_gpus_per_node", 1))
+    tp = int(res.v("verl", "actor_rollout_ref.rollout.tensor_model_parallel_size", 1))
     world = n_gpus * nnodes
-    tbs, n = int(g("data.train_batch_size", 1024)), int(g("actor_rollout_ref.rollout.n", 1))
-    mini = int(g("actor_rollout_ref.actor.ppo_mini_batch_size", tbs))
+    tbs, n = int(res.v("verl", "data.train_batch_size", 1024)), int(res.v("verl", "actor_rollout_ref.rollout.n", 1))
+    mini = int(res.v("verl", "actor_rollout_ref.actor.ppo_mini_batch_size", tbs))
     if world % tp:
-        problem(_override_path(res, "verl", "actor_rollout_ref.rollout.tensor_model_parallel_size"),
+        problem(_override_path("verl", "actor_rollout_ref.rollout.tensor_model_parallel_size"),
                 f"rollout TP={tp} does not divide the {world} GPUs (n_gpus_per_node x nnodes)")
     if (tbs * n) % world:
-        problem(_override_path(res, "verl", "data.train_batch_size"),
+        problem(_override_path("verl", "data.train_batch_size"),
                 f"data.train_batch_size x rollout.n = {tbs * n} is not divisible by the {world} GPUs")
     if tbs < mini:
-        problem(_override_path(res, "verl", "actor_rollout_ref.actor.ppo_mini_batch_size"),
+        problem(_override_path("verl", "actor_rollout_ref.actor.ppo_mini_batch_size"),
                 f"ppo_mini_batch_size {mini} > data.train_batch_size {tbs}")
     if int(res.v("lora", "r", 0)) > 512:
-        problem(_override_path(res, "lora", "r"), "verl's vLLM rollout accepts LoRA ranks up to 512")
+        problem(_override_path("lora", "r"), "verl's vLLM rollout accepts LoRA ranks up to 512")
 
 
 def as_dict(res: Resolved) -> dict[str, Any]:

@@ -43,7 +43,7 @@ def _host_only(address: str) -> str:
 
 
 def _name(address: str) -> str:
-    host = address.split("@", 1)[-1].split(":", 1)[0].lower()
+    host = _host_only(address).lower()
     return "".join(c if c.isalnum() else "-" for c in host).strip("-")[:40] or "host"
 
 
@@ -56,10 +56,9 @@ def spec_text(profile_name: str = DEFAULT_PROFILE, engine: str = DEFAULT_ENGINE,
         profile = profiles.load(profile_name)
     except profiles.ProfileError as exc:
         raise InitError(str(exc)) from None
-    if engine not in profile.engines:
-        fitting = [n for n in profiles.names() if engine in profiles.load(n).engines]
-        raise InitError(f"profile {profile_name!r} does not support engine {engine!r} (it supports "
-                        f"{', '.join(profile.engines)}); profiles for {engine}: {', '.join(fitting)}")
+    mismatch = profiles.engine_mismatch(profile, engine)
+    if mismatch:
+        raise InitError(mismatch)
     role_help = ("roles: server (vLLM) and/or trainer" if engine == "trl-async"
                  else "roles: head (runs the job, Ray head) or worker (Ray worker)")
     host_list = _hosts(engine, hosts or [])

@@ -10,18 +10,25 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from . import profiles
+from .runtime.data import DATASETS
 from .yamlpos import Located, YamlSyntaxError, load_file, load_text
 
 ENGINES = ("trl-async", "verl")
 ROLES_BY_ENGINE = {"trl-async": ("server", "trainer"), "verl": ("head", "worker")}
-DATASETS = ("brevity", "boxed-math", "gsm8k")
-LOGGERS = ("none", "jsonl", "wandb", "tensorboard", "mlflow")
-OVERRIDE_SECTIONS = ("model", "lora", "data", "trl", "vllm", "verl", "runtime")
 NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$"
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _octal_umask(v: str | None) -> str | None:
+    """A umask such as '022' or '0022', zero-padded to four digits (None stays None: not set)."""
+    if v is None:
+        return None
+    if not re.fullmatch(r"0?[0-7]{3}", str(v)):
+        raise ValueError("umask must be an octal string such as '0022'")
+    return str(v).zfill(4)
 
 
 class RoleIdentity(_Strict):
@@ -30,6 +37,11 @@ class RoleIdentity(_Strict):
     uid: int | None = Field(None, ge=0)
     gid: int | None = Field(None, ge=0)
     umask: str | None = None
+
+    @field_validator("umask")
+    @classmethod
+    def _octal(cls, v: str | None) -> str | None:
+        return _octal_umask(v)
 
 
 class RunSpec(_Strict):
@@ -43,9 +55,7 @@ class RunSpec(_Strict):
     @field_validator("umask")
     @classmethod
     def _octal(cls, v: str) -> str:
-        if not re.fullmatch(r"0?[0-7]{3}", str(v)):
-            raise ValueError("umask must be an octal string such as '0022'")
-        return str(v).zfill(4)
+        return _octal_umask(v)
 
 
 class HostSpec(_Strict):
@@ -68,7 +78,7 @@ class ModelSpec(_Strict):
 
 
 class DatasetSpec(_Strict):
-    name: Literal["brevity", "boxed-math", "gsm8k"] | None = None
+    name: Literal[DATASETS] | None = None
     path: str | None = None
     size: int | None = Field(None, ge=1, description="Number of training prompts (for plan); known datasets "
                                                      "have a default")
@@ -245,13 +255,9 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
         except profiles.ProfileError as exc:
             add(("hosts", i, "profile"), str(exc))
             continue
-        if spec.engine not in profile.engines:
-            fitting = [n for n in profiles.names() if spec.engine in profiles.load(n).engines]
-            add(
-                ("hosts", i, "profile"),
-                f"profile {host.profile!r} does not support engine {spec.engine!r} (it supports "
-                f"{', '.join(profile.engines)}); profiles for {spec.engine}: {', '.join(fitting)}",
-            )
+        mismatch = profiles.engine_mismatch(profile, spec.engine)
+        if mismatch:
+            add(("hosts", i, "profile"), mismatch)
         for j, role in enumerate(host.roles):
             if role not in allowed_roles:
                 add(("hosts", i, "roles", j),
@@ -307,7 +313,4 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
                 "hosts on different machines need a shared volume: set storage.nfs (server, export) "
                 "or hosts[].shared_dir (where the share is already mounted on each host)",
             )
-    for role, ident in spec.run.roles.items():
-        if ident.umask is not None and not re.fullmatch(r"0?[0-7]{3}", ident.umask):
-            add(("run", "roles", role, "umask"), "umask must be an octal string such as '0022'")
     return problems

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-log = logging.getLogger(__name__)
+from .config import ATTENTION_SHIM_MODES as MODES
 
-MODES = ("auto", "on", "off")
+log = logging.getLogger(__name__)
 
 # Above this many (query x key) score entries per head, the SDPA backend stops building one block-diagonal mask over
 # the whole packed row and loops over segments instead (memory O(Tq x Tk) versus O(sum of per-segment products)).

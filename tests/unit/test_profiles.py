@@ -37,3 +37,10 @@ def test_unknown_profile_error_lists_known():
 def test_malformed_setting_rejected():
     with pytest.raises(profiles.ProfileError, match="must be"):
         profiles._parse("x", {"name": "x", "settings": {"trl": {"learning_rate": 0.1}}})
+
+
+def test_engine_mismatch_names_the_profiles_that_fit():
+    assert profiles.engine_mismatch(profiles.load("gb10"), "trl-async") is None
+    msg = profiles.engine_mismatch(profiles.load("a100"), "trl-async")
+    assert msg == ("profile 'a100' does not support engine 'trl-async' (it supports verl); "
+                   "profiles for trl-async: cpu, gb10, h200")

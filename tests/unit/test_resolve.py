@@ -74,3 +74,15 @@ def test_server_env_override_merges_over_profile_env():
     assert res.v("vllm", "env") == {"TORCHDYNAMO_DISABLE": "", "OMP_NUM_THREADS": 2}
     env = res.sections["vllm"]["env"]
     assert env.source == "override" and "merged over profile:cpu" in env.why
+
+
+def test_adapter_slots_are_max_staleness_plus_two():
+    assert _res().adapter_slots == 6  # gb10 profile: max_staleness 4
+    res = _res(overrides="{trl: {max_staleness: 1}}")
+    assert res.adapter_slots == 3 and res.v("vllm", "max_loras") == 3
+
+
+def test_keep_all_means_none_with_its_reason():
+    res = _res(replace=[("  keep: null ", "  keep: all  ")])
+    assert res.keep is None and res.sections["checkpoints"]["keep"].source == "spec"
+    assert _res(replace=[("  keep: null ", "  keep: 5    ")]).keep == 5

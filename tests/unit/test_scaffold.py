@@ -40,3 +40,9 @@ def test_every_key_is_commented():
     uncommented = [ln for ln in keys if "#" not in ln and not ln.startswith(("version", "engine"))
                    and "profile:" not in ln and "name:" not in ln and "address" not in ln]
     assert len(uncommented) < len(keys) / 3
+
+
+def test_host_names_come_from_the_address_host_part():
+    assert scaffold._host_only("user@Node-1.example:2222") == "Node-1.example"
+    assert scaffold._name("user@Node-1.example:2222") == "node-1-example"
+    assert scaffold._name("@") == "host"

@@ -121,3 +121,25 @@ def test_cli_preflight_bad_spec_exit_2_json(tmp_path, capsys):
 
     out = json.loads(capsys.readouterr().out)
     assert out["exit_code"] == 2 and "run.sead" in out["problems"][0]
+
+
+def test_bad_role_umask_names_the_role_key():
+    (p,) = _problems(PAIR.replace("  roles: {}", "  roles: {trainer: {umask: '0088'}}"))
+    assert p.key == "run.roles.trainer.umask" and "umask must be an octal string such as '0022'" in p.message
+    assert p.where == f"bad.yaml:{_line_of(PAIR, '  roles: {}')}"
+
+
+def test_run_and_role_umasks_are_padded_to_four_digits():
+    text = PAIR.replace('  umask: "0022"', '  umask: "027"')
+    text = text.replace("  roles: {}", "  roles: {trainer: {umask: '077'}}")
+    res = resolve.resolve(spec.loads(text))
+    assert res.identities["server"].umask == "0027" and res.identities["trainer"].umask == "0077"
+
+
+def test_dataset_names_are_the_runtime_ones():
+    from grpo_deploy.runtime.data import DATASETS
+
+    for name in DATASETS:
+        spec.loads(PAIR.replace("  name: null                        # null = the profile's", f"  name: {name} #"))
+    (p,) = _problems(PAIR.replace("  name: null                        # null = the profile's", "  name: foo #"))
+    assert p.key == "dataset.name" and all(repr(name) in p.message for name in DATASETS)
