@@ -12,19 +12,15 @@ import argparse
 import json
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 from grpo_deploy import facts, resolve, scaffold
 from grpo_deploy.launch import RunState, write_render
+from grpo_deploy.rendered import parse_env
+from grpo_deploy.runtime.health import server_healthy
 
 TARGET_RATIO = 2.0
 TARGET_HANDOFF_S = 0.3
-
-
-def _env_file(path: Path) -> dict[str, str]:
-    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line and not line.startswith("#"))
-    return {k: v for k, v in pairs}
 
 
 def bare_server_start(res, timeout: float = 900.0) -> float:
@@ -38,17 +34,13 @@ def bare_server_start(res, timeout: float = 900.0) -> float:
         ["python", "-m", "grpo_deploy.runtime.serve", "--args-file", "/etc/grpo-deploy/server.args"],
         detach=True, user=res.identities["server"].user, ports={"8000/tcp": ("127.0.0.1", port)},
         volumes={str(state.render_dir / "config"): {"bind": "/etc/grpo-deploy", "mode": "ro"}},
-        environment=_env_file(state.render_dir / "config" / "server.env"), shm_size="1g",
+        environment=parse_env((state.render_dir / "config" / "server.env").read_text()), shm_size="1g",
         labels={"org.grpo-deploy.managed-by": "grpo-deploy-bench"})
     model = res.v("model", "served_name")
     try:
         while time.time() - start < timeout:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
-                    if any(m.get("id") == model for m in json.load(r).get("data", [])):
-                        return time.time() - start
-            except OSError:
-                pass
+            if server_healthy(port, model, timeout=2)[0]:  # the server's own healthcheck rule, which `up` waits on
+                return time.time() - start
             container.reload()
             if container.status == "exited":
                 raise RuntimeError(container.logs(tail=20).decode(errors="replace"))

@@ -5,13 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from . import __version__, preflight, profiles, scaffold
 from .render import render_files
+from .rendered import NotARenderError, diff_tree, write_tree
 from .resolve import Resolved, resolve
 from .spec import ENGINES, SpecError, load
 from .table import human_bytes, table
@@ -58,6 +57,11 @@ def _free_space(values: list[str] | None, res: Resolved) -> dict[str, int]:
     return out
 
 
+def _host_list(text: str | None) -> list[str]:
+    """--hosts a,b -> [a, b] (blanks dropped); none given -> []."""
+    return [h.strip() for h in text.split(",") if h.strip()] if text else []
+
+
 def _add_spec(p: argparse.ArgumentParser) -> None:
     p.add_argument("-f", "--file", metavar="SPEC",
                    help=f"deployment spec (default: ./{DEFAULT_SPEC}, else the embedded cpu rehearsal)")
@@ -75,9 +79,8 @@ def _add_free_space(p: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------- verbs
 
 def cmd_init(args) -> int:
-    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()] if args.hosts else []
     try:
-        text = scaffold.spec_text(args.profile, args.engine, hosts, args.name)
+        text = scaffold.spec_text(args.profile, args.engine, _host_list(args.hosts), args.name)
     except scaffold.InitError as exc:
         raise CliError(str(exc)) from None
     out = Path(args.output)
@@ -94,21 +97,10 @@ def cmd_render(args) -> int:
     files = render_files(res, config_dir=str(out / "config"))
     if args.check:
         return _render_check(out, files)
-    if out.exists() and any(out.iterdir()) and not (out / "MANIFEST").exists():
-        raise CliError(f"{out} exists and is not an earlier render (no MANIFEST); choose an empty or new directory")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        for rel, text in files.items():
-            target = tmp / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text, encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        write_tree(files, out, replace=True)
+    except NotARenderError as exc:
+        raise CliError(str(exc)) from None
     print(f"rendered {len(files)} files for run {res.spec.run.name} ({res.engine}) into {out}")
     for rel in sorted(files):
         print(f"  {rel}")
@@ -116,18 +108,7 @@ def cmd_render(args) -> int:
 
 
 def _render_check(out: Path, files: dict[str, str]) -> int:
-    problems = []
-    for rel, text in sorted(files.items()):
-        target = out / rel
-        if not target.exists():
-            problems.append(f"missing  {rel}")
-        elif target.read_text(encoding="utf-8") != text:
-            problems.append(f"differs  {rel}")
-    if out.exists():
-        for path in sorted(out.rglob("*")):
-            rel = path.relative_to(out).as_posix()
-            if path.is_file() and rel not in files:
-                problems.append(f"extra    {rel}")
+    problems = diff_tree(files, out)
     if problems:
         print(f"{out} is out of date with the spec and renderer:")
         print("\n".join(f"  {p}" for p in problems))
@@ -212,7 +193,7 @@ def cmd_up(args) -> int:
 
     res = _load(args)
     if args.hosts:
-        wanted = [h.strip() for h in args.hosts.split(",") if h.strip()]
+        wanted = _host_list(args.hosts)
         names = [h.name for h in res.spec.hosts]
         if sorted(wanted) != sorted(names):
             raise CliError(f"--hosts {args.hosts} does not match the spec's hosts ({', '.join(names)}); "
@@ -232,7 +213,7 @@ def cmd_status(args) -> int:
     events = launch.run_events(state, live=True)
     summary = launch.summarize(state, events)
     if args.plot:
-        status.plot(events, args.plot, title=f"grpo-deploy run {res.spec.run.name}")
+        status.plot(events, args.plot, title=status.plot_title(res.spec.run.name))
     if args.json:
         print(json.dumps(summary.to_dict(), indent=2))
     else:

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .compose import KIT_ROOT
 from .render import render_files
+from .rendered import write_tree
 from .resolve import resolve
 from .scaffold import embedded_default
 from .spec import load
 
-KIT_ROOT = Path(__file__).resolve().parents[1]
 COMPOSE_CONFIG_DIR = "./rendered/config"  # relative to compose/, where `docker compose up` runs
 
 
@@ -36,14 +37,8 @@ def k8s_generated(overlay: Path) -> dict[str, str]:
 
 
 def _write(folder: Path, files: dict[str, str], clean: bool = False) -> None:
-    if clean and folder.exists():
-        for old in folder.iterdir():
-            if old.is_file() and old.name not in files:
-                old.unlink()
-    for rel, text in files.items():
-        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
-        (folder / rel).write_text(text, encoding="utf-8")
-        print(f"wrote {(folder / rel).relative_to(KIT_ROOT)}")
+    for path in write_tree(files, folder, clean=clean):
+        print(f"wrote {path.relative_to(KIT_ROOT)}")
 
 
 def main() -> None:

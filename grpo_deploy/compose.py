@@ -8,8 +8,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-KIT_ROOT = Path(__file__).resolve().parents[1]
-COMPOSE_DIR = KIT_ROOT / "compose"
+KIT_ROOT = Path(__file__).resolve().parents[1]  # the kit checkout (compose/, images/, k8s/)
 RUN_LABEL = "org.grpo-deploy.run"
 
 
@@ -32,13 +31,11 @@ class Project:
     env_file: Path
     name: str
 
-    def _cmd(self, *args: str) -> list[str]:
-        return ["docker", "compose", "--project-directory", str(kit_dir("compose")), "--env-file", str(self.env_file),
-                "-p", self.name, *args]
-
     def run(self, *args: str, capture: bool = False, check: bool = True, timeout: float | None = None):
-        proc = subprocess.run(self._cmd(*args), cwd=kit_dir("compose"), text=True, timeout=timeout,
-                              capture_output=capture)
+        project_dir = kit_dir("compose")
+        cmd = ["docker", "compose", "--project-directory", str(project_dir), "--env-file", str(self.env_file),
+               "-p", self.name, *args]
+        proc = subprocess.run(cmd, cwd=project_dir, text=True, timeout=timeout, capture_output=capture)
         if check and proc.returncode != 0:
             detail = (proc.stderr or "").strip().splitlines()[-3:] if capture else []
             raise ComposeError(f"docker compose {' '.join(args)} failed (exit {proc.returncode})"
@@ -50,9 +47,6 @@ class Project:
 
     def down(self, volumes: bool = False) -> None:
         self.run("down", "--remove-orphans", *(["--volumes"] if volumes else []), capture=True, check=False)
-
-    def config_ok(self) -> str:
-        return self.run("config", "-q", capture=True).stderr
 
 
 def containers(client, run: str, role: str | None = None, all_: bool = True):

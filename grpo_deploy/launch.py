@@ -16,8 +16,9 @@ from pathlib import Path
 
 from . import compose, facts, preflight, status
 from .render import render_files
+from .rendered import write_tree
 from .resolve import Resolved
-from .runtime.metrics import parse_events
+from .runtime.metrics import event_line, event_record, parse_events
 
 STATE_ROOT = Path(".grpo-deploy")
 READY_TIMEOUT_S = 900
@@ -56,18 +57,16 @@ class RunState:
     def emit(self, event: str, **fields) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         with self.deploy_log.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+            f.write(event_line(event_record(event, **fields)) + "\n")
 
     def deploy_events(self) -> list[dict]:
         return parse_events(self.deploy_log.read_text()) if self.deploy_log.exists() else []
 
 
 def write_render(state: RunState) -> None:
-    files = render_files(state.res, config_dir=str(state.render_dir / "config"))
-    for rel, text in files.items():
-        target = state.render_dir / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
+    """The render into the run's folder, files left from an earlier render removed. Written in place (not swapped in
+    whole): the config/ folder may be bind-mounted by containers of this run still up (`up --keep`)."""
+    write_tree(render_files(state.res, config_dir=str(state.render_dir / "config")), state.render_dir, clean=True)
 
 
 def _require_local(res: Resolved) -> None:
@@ -77,9 +76,8 @@ def _require_local(res: Resolved) -> None:
                           "this version starts runs on the local host only (render + compose files work everywhere)")
 
 
-def build_images(res: Resolved, log: Callable[[str], None]) -> None:
+def build_images(client, res: Resolved, log: Callable[[str], None]) -> None:
     """Build missing local images through the kit's air-gapped build script (progress streamed)."""
-    client = facts.docker_client()
     for tag in sorted(set(res.images.values())):
         if facts.image_labels(client, tag) is not None:
             continue
@@ -211,10 +209,10 @@ def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout) -
         client = facts.docker_client()
     except facts.DockerUnavailable as exc:
         raise LaunchError(f"no Docker engine answers: {exc}") from None
-    build_images(res, log)
+    build_images(client, res, log)
 
     log("preflight")
-    results = preflight.run_checks(preflight.Context(res))
+    results = preflight.run_checks(preflight.Context(res, client=client))
     print(preflight.table_text(results), file=out)
     if preflight.exit_code(results) != preflight.EXIT_OK:
         log("preflight failed: nothing was started")
@@ -256,7 +254,7 @@ def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout) -
     events = run_events(state)
     summary = summarize(state, events)
     (state.dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
-    png = status.plot(events, str(state.dir / f"{res.spec.run.name}.png"), title=f"grpo-deploy run {res.spec.run.name}")
+    png = status.plot(events, str(state.dir / f"{res.spec.run.name}.png"), title=status.plot_title(res.spec.run.name))
     print("\n" + status.summary_text(summary), file=out)
     print(f"\nsummary: {state.dir / 'summary.json'}\nplot:    {png}\nlogs:    {state.dir / 'logs.txt'}", file=out)
     if keep:
@@ -288,9 +286,8 @@ def run_events(state: RunState, live: bool = False) -> list[dict]:
     return events
 
 
-def summarize(state: RunState, events: list[dict] | None = None) -> status.Summary:
+def summarize(state: RunState, events: list[dict]) -> status.Summary:
     res = state.res
-    events = run_events(state) if events is None else events
     return status.summarize(res.spec.run.name, events, max_steps=res.v("trl", "max_steps"))
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import facts
+from . import compose, facts
 from .plan import Plan, make_plan
 from .resolve import Resolved
 from .table import table
@@ -38,18 +38,18 @@ class Context:
     res: Resolved
     free_space: dict[str, int] = field(default_factory=dict)  # what-if free bytes per host, from --free-space
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
-    _docker: Any = None
+    client: Any = None  # the local engine's client when the caller has one already (`up`); else made on first use
     _docker_error: str | None = None
     _plan: Plan | None = None
 
     def docker(self):
         """The local engine's client, or None (the reason is kept in docker_error)."""
-        if self._docker is None and self._docker_error is None:
+        if self.client is None and self._docker_error is None:
             try:
-                self._docker = facts.docker_client()
+                self.client = facts.docker_client()
             except facts.DockerUnavailable as exc:
                 self._docker_error = str(exc)
-        return self._docker
+        return self.client
 
     @property
     def docker_error(self) -> str | None:
@@ -179,9 +179,9 @@ def check_port(ctx: Context) -> list[Result]:
     server = res.host_for("server")
     if server is None or server.address != "local":
         return [Result("port", "-", SKIP, "no local server host")]
-    port = int(res.v("vllm", "port", 8000))
-    mine = [c for c in (ctx.docker().containers.list() if ctx.docker() else [])
-            if c.labels.get("org.grpo-deploy.run") == res.spec.run.name]
+    port = int(res.v("vllm", "port"))
+    client = ctx.docker()
+    mine = compose.containers(client, res.spec.run.name, all_=False) if client else []
     if mine:
         return [Result("port", server.name, FAIL, f"run {res.spec.run.name} already has running containers "
                        f"({', '.join(c.name for c in mine)})", "grpo-deploy down, or grpo-deploy status")]
@@ -296,8 +296,6 @@ def check_images(ctx: Context) -> list[Result]:
 @check("shared-volume", "The trainer's adapter files, written as the trainer identity, read as the server identity")
 def check_shared_volume(ctx: Context) -> list[Result]:
     """Writes a real safetensors probe the way the trainer saves adapters, then reads it as the server would."""
-    from . import compose
-
     res = ctx.res
     if res.engine != "trl-async":
         return [Result("shared-volume", "-", SKIP, "verl runs trainer and rollout in one process")]

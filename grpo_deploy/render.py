@@ -1,4 +1,5 @@
-"""Pure builders: a resolved spec -> every artifact of the run, as {relative path: text}. No I/O but package data.
+"""Pure builders: a resolved spec -> every artifact of the run, as {relative path: text}. No I/O but package data
+(writing a render to a folder, comparing one, reading its env files back: grpo_deploy.rendered).
 
 Layout of a render:
   config/            mounted read-only at /etc/grpo-deploy in every container of the run
@@ -99,7 +100,7 @@ def trainer_config(res: Resolved) -> dict[str, Any]:
         "response_template": res.v("runtime", "response_template"),
         "device": device,
         "metrics_path": f"{run_dir}/metrics.jsonl",
-        "adapters": {"dir": res.checkpoint_dir, "keep": int(res.v("trl", "max_staleness", 4)) + 2},
+        "adapters": {"dir": res.checkpoint_dir, "keep": res.adapter_slots},
         "resume": res.v("checkpoints", "resume", "auto"),
         "unload_stale_adapters": True,
         "async_grpo": trl,

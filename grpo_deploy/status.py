@@ -155,6 +155,11 @@ def summary_text(s: Summary) -> str:
     return "\n".join(lines)
 
 
+def plot_title(run: str = "") -> str:
+    """The plot's title for run *run* (`grpo-deploy up` and `grpo-deploy status --plot` alike)."""
+    return f"grpo-deploy run {run}".rstrip()
+
+
 def plot(events: list[dict[str, Any]], path: str, title: str = "") -> str:
     """Reward, completion length and staleness per step, to a PNG."""
     import matplotlib
@@ -171,7 +176,7 @@ def plot(events: list[dict[str, Any]], path: str, title: str = "") -> str:
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("optimizer step")
-    fig.suptitle(title or "grpo-deploy run")
+    fig.suptitle(title or plot_title())
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -30,7 +30,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from grpo_deploy import committed, render, resolve, spec
+from grpo_deploy import committed, render, rendered, resolve, spec
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -136,9 +136,7 @@ def trainer_config(overlay: str) -> dict:
 
 
 def verl_overrides(overlay: str) -> dict[str, str]:
-    lines = [ln for ln in expected_generated(overlay)["verl-overrides.txt"].splitlines()
-             if ln.strip() and not ln.startswith("#")]
-    return dict(ln.split("=", 1) for ln in lines)
+    return rendered.parse_env(expected_generated(overlay)["verl-overrides.txt"])  # KEY=VALUE lines, like an env file
 
 
 # --- discovery ---------------------------------------------------------------------------------------------
@@ -407,9 +405,7 @@ def test_config_mounted_read_only_with_the_rendered_files(overlay):
                 if ref:
                     (env_cm,) = [o for o in objects(overlay, "ConfigMap") if o["metadata"]["name"] == ref["name"]]
                     role_env = f"{c['name']}.env"
-                    parsed = dict(ln.split("=", 1) for ln in expected[role_env].splitlines()
-                                  if ln.strip() and not ln.startswith("#"))
-                    if env_cm["data"] != parsed:
+                    if env_cm["data"] != rendered.parse_env(expected[role_env]):
                         problems.append(f"{where}/{c['name']}: env ConfigMap != rendered {role_env}")
     assert not problems, "\n".join(problems)
 

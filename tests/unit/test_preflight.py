@@ -91,3 +91,40 @@ def test_exit_1_when_a_check_fails(tmp_path, capsys):
     f.write_text(CPU.replace("  roles: {}", "  roles: {trainer: {uid: 2000}}"))
     assert main(["preflight", "-f", str(f), "--only", "identity"]) == 1
     assert "FAIL" in capsys.readouterr().out
+
+
+class _FakeContainer:
+    name = "grpo-rehearsal-server-1"
+
+
+class _FakeContainers:
+    def __init__(self, found):
+        self.found, self.calls = found, []
+
+    def list(self, **kw):
+        self.calls.append(kw)
+        return self.found
+
+
+class _FakeClient:
+    def __init__(self, found=()):
+        self.containers = _FakeContainers(list(found))
+
+
+def test_context_uses_the_client_it_is_given(monkeypatch):
+    from grpo_deploy import facts
+
+    def no_new_client():
+        raise AssertionError("a second Docker client was made")
+
+    monkeypatch.setattr(facts, "docker_client", no_new_client)
+    client = _FakeClient()
+    ctx = ctx_for(CPU, client=client)
+    assert ctx.docker() is client and ctx.docker_error is None
+
+
+def test_port_check_refuses_a_run_with_running_containers():
+    client = _FakeClient([_FakeContainer()])
+    (r,) = _only(ctx_for(CPU, client=client), "port")
+    assert r.verdict == "fail" and "grpo-rehearsal-server-1" in r.fact and "grpo-deploy down" in r.hint
+    assert client.containers.calls == [{"all": False, "filters": {"label": ["org.grpo-deploy.run=rehearsal"]}}]

@@ -52,3 +52,20 @@ def test_progress_line_and_text():
 def test_plot_writes_png(tmp_path):
     path = status.plot(_events(), str(tmp_path / "p.png"))
     assert open(path, "rb").read(4) == b"\x89PNG"
+
+
+def test_plot_title():
+    assert status.plot_title("rehearsal") == "grpo-deploy run rehearsal"
+    assert status.plot_title() == "grpo-deploy run"
+
+
+def test_deployer_events_use_the_runtime_envelope(tmp_path):
+    from grpo_deploy import launch, resolve, scaffold
+
+    state = launch.RunState(resolve.resolve(scaffold.embedded_default()), root=tmp_path)
+    state.emit("up_start", run="rehearsal", seconds=float("nan"))
+    (line,) = state.deploy_log.read_text().splitlines()
+    record = json.loads(line)
+    assert list(record)[:2] == ["event", "time"] and record["event"] == "up_start"
+    assert record["run"] == "rehearsal" and record["seconds"] is None  # NaN is written as null, never as NaN
+    assert [e["event"] for e in launch.run_events(state)] == ["up_start"]
