@@ -305,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_profiles)
 
     p = sub.add_parser("up", help="start the run on this host, follow it, summarise (all-or-nothing)",
-                       description="Render, build missing images, run preflight (nothing starts if a check fails), "
+                       description="Render, build missing images (refresh the cpu image's code layer), run preflight "
+                                   "(nothing starts if a check fails), "
                                    "start the vLLM server, wait until it lists the model, start the trainer, print "
                                    "progress per step, then a summary and a plot; stop the stack unless --keep. "
                                    "Without a spec: the embedded cpu rehearsal. Local host only in this version.")

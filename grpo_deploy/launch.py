@@ -1,4 +1,4 @@
-"""Ordered bring-up of a run on the local host: render, build what is missing, preflight, server, readiness,
+"""Ordered bring-up of a run on the local host: render, build or refresh images, preflight, server, readiness,
 trainer, progress, summary, tear-down. All-or-nothing: a failure after start rolls back what this `up` started.
 """
 
@@ -77,19 +77,29 @@ def _require_local(res: Resolved) -> None:
 
 
 def build_images(client, res: Resolved, log: Callable[[str], None]) -> None:
-    """Build missing local images through the kit's air-gapped build script (progress streamed)."""
+    """Build or refresh local images through the kit's air-gapped build script (progress streamed).
+
+    The cpu image is handed to build.sh even when it exists: build.sh compares its inputs' hash with the image's
+    label and returns in a few seconds when nothing changed, and rebuilds only the code layer when the kit's code
+    did, so a kit update never runs against an image holding older runtime code.
+    """
     for tag in sorted(set(res.images.values())):
-        if facts.image_labels(client, tag) is not None:
+        labels = facts.image_labels(client, tag)
+        cpu = res.profiles[res.spec.hosts[0].name].name == "cpu"
+        if labels is not None and not (cpu and res.spec.images.build):
             continue
         if not res.spec.images.build:
             raise LaunchError(f"image {tag} is not on the local engine and images.build is false: load or build it")
-        if res.profiles[res.spec.hosts[0].name].name != "cpu":
-            raise LaunchError(f"image {tag} is missing; GPU images are built with `make images-gpu` on a "
-                              "machine of that architecture (see images/README.md)")
-        ident = res.identities["trainer"]
-        log(f"building {tag} for UID {ident.uid}:{ident.gid} (first build installs ~3.5 GB of wheels; minutes)")
-        cmd = ["bash", str(compose.kit_dir("images") / "build.sh"), "cpu", "--uid", str(ident.uid),
-               "--gid", str(ident.gid), "--tag", tag]
+        if not cpu:
+            raise LaunchError(f"image {tag} is missing; GPU images are built with `docker buildx bake -f "
+                              "images/docker-bake.hcl` on a machine of that architecture (see images/README.md)")
+        if labels is not None:  # keeps the UID/GID it was built for; preflight says when the run wants another
+            uid, gid = labels.get("org.grpo-deploy.uid", "1000"), labels.get("org.grpo-deploy.gid", "1000")
+            log(f"checking {tag} against the kit's code (rebuilt only if it changed)")
+        else:
+            uid, gid = str(res.identities["trainer"].uid), str(res.identities["trainer"].gid)
+            log(f"building {tag} for UID {uid}:{gid} (first build installs ~3.5 GB of wheels; minutes)")
+        cmd = ["bash", str(compose.kit_dir("images") / "build.sh"), "cpu", "--uid", uid, "--gid", gid, "--tag", tag]
         if subprocess.run(cmd).returncode != 0:
             raise LaunchError(f"building {tag} failed (see the output above); retry with: {' '.join(cmd)}")
 

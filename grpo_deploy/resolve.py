@@ -211,10 +211,9 @@ def resolve(loaded: LoadedSpec) -> Resolved:
                 continue
             why = f"overrides.{section}.{key} in the spec"
             earlier = res.sections.get(section, {}).get(key)
-            merge = (section, key) == ("vllm", "env") and isinstance(value, dict)
-            if merge and earlier is not None and isinstance(earlier.value, dict):
-                # Environment adds to the profile's rather than replacing it: a user who adds a logging variable keeps
-                # the profile's tuned ones (an empty value blanks one).
+            if isinstance(value, dict) and earlier is not None and isinstance(earlier.value, dict):
+                # A mapping (e.g. vllm.env) adds to the profile's key by key rather than replacing it: a user who adds
+                # a logging variable keeps the profile's tuned ones (an empty value blanks one).
                 value, why = {**earlier.value, **value}, f"{why}, merged over {earlier.source}"
             res.sections.setdefault(section, {})[key] = Value(value, "override", why)
 

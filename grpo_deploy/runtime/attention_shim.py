@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
-import logging
 import math
 from dataclasses import dataclass
 
@@ -12,8 +11,6 @@ import torch
 import torch.nn.functional as F
 
 from .config import ATTENTION_SHIM_MODES as MODES
-
-log = logging.getLogger(__name__)
 
 # Above this many (query x key) score entries per head, the SDPA backend stops building one block-diagonal mask over
 # the whole packed row and loops over segments instead (memory O(Tq x Tk) versus O(sum of per-segment products)).
@@ -282,9 +279,7 @@ def install(mode: str = "auto") -> str:
     else:
         reason = "forced on"
     packing._flash_attn = _shim_lookup
-    message = f"attention shim installed ({reason})"
-    log.info(message)
-    return message
+    return f"attention shim installed ({reason})"
 
 
 def installed() -> bool:

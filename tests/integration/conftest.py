@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from grpo_deploy import facts
+from grpo_deploy import facts, launch, resolve, scaffold
 
 REPO = Path(__file__).resolve().parents[2]
-CPU_IMAGE = "grpo-deploy/cpu:0.1.0"
 
 
 @pytest.fixture(scope="session")
@@ -20,9 +18,10 @@ def docker_client():
 
 @pytest.fixture(scope="session")
 def cpu_image(docker_client):
-    """Build the cpu image when missing (debootstrap base + host wheelhouse + --no-index install)."""
-    if facts.image_labels(docker_client, CPU_IMAGE) is None:
-        subprocess.run(["bash", str(REPO / "images" / "build.sh"), "cpu"], check=True)
-    labels = facts.image_labels(docker_client, CPU_IMAGE)
-    assert labels is not None
-    return CPU_IMAGE
+    """The embedded default's cpu image, built or refreshed the way `up` does it (debootstrap base + host wheelhouse +
+    --no-index install; only the code layer is rebuilt when the kit's code changed)."""
+    res = resolve.resolve(scaffold.embedded_default())
+    launch.build_images(docker_client, res, print)
+    tag = res.images["server"]
+    assert facts.image_labels(docker_client, tag) is not None
+    return tag
