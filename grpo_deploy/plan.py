@@ -109,37 +109,33 @@ class Plan:
 
 
 def total_steps(res: Resolved) -> int:
-    if res.engine == "trl-async":
-        return int(res.v("trl", "max_steps", 0) or 0)
-    if res.v("verl", "trainer.total_training_steps"):
-        return int(res.v("verl", "trainer.total_training_steps"))
-    size = res.spec.dataset.size or DATASET_SIZES.get(res.v("data", "dataset"), 0)
-    batch = int(res.v("verl", "data.train_batch_size", 1024))
-    epochs = int(res.v("verl", "trainer.total_epochs", 1))
-    return (size // batch) * epochs
+    s = res.settings
+    if res.engine_info.server_role:
+        return max(s.trl.max_steps, 0)
+    if s.verl.total_training_steps:
+        return s.verl.total_training_steps
+    size = res.spec.dataset.size or DATASET_SIZES.get(s.data.dataset, 0)
+    return (size // s.verl.train_batch_size) * s.verl.total_epochs
 
 
 def save_steps(res: Resolved, steps: int) -> list[int]:
-    every = res.v("checkpoints", "save_every")
+    every = res.settings.checkpoints.save_every
     if not every or every <= 0 or steps <= 0:
         return []
     out = list(range(every, steps + 1, every))
-    if res.engine == "verl" and steps not in out:
+    if res.engine_info.saves_last_step and steps not in out:
         out.append(steps)  # verl also saves on the last step
     return out
 
 
 def checkpoint_bytes(res: Resolved, arch: Architecture) -> tuple[int, int, list[str]]:
     """(checkpoint size, adapter size, explanation lines)."""
-    r = int(res.v("lora", "r", 8))
-    lora = arch.lora_params(r, res.v("lora", "target_modules", "all-linear"))
+    lora = arch.lora_params(res.settings.lora.r, res.settings.lora.target_modules)
     adapter = lora * 4  # PEFT saves the fp32 LoRA weights
     optim = lora * 8  # Adam: two fp32 moments per trainable parameter
-    if res.engine == "verl":
-        dtype = res.v("verl", "actor_rollout_ref.actor.fsdp_config.model_dtype")
-        base_bytes = 2 if dtype in ("bf16", "bfloat16") else 4
-        lora_only = res.v("verl", "+actor_rollout_ref.actor.checkpoint.save_lora_only")
-        base = 0 if lora_only else arch.params() * base_bytes
+    if not res.engine_info.adapters_on_volume:  # verl: the checkpoint holds the frozen base too
+        base_bytes = 2 if res.settings.verl.model_dtype in ("bf16", "bfloat16") else 4
+        base = 0 if res.settings.verl.save_lora_only else arch.params() * base_bytes
         total = base + adapter + optim + CKPT_EXTRA_BYTES
         why = [f"verl FSDP checkpoint = frozen base in {'bf16' if base_bytes == 2 else 'fp32 (model_dtype default)'} "
                f"{base / GB:.2f} GB + LoRA {adapter / GB:.3f} GB + Adam state {optim / GB:.3f} GB"]
@@ -154,8 +150,8 @@ def plan_disk(res: Resolved, arch: Architecture, free_bytes: int | None, filesys
     steps = total_steps(res)
     saves = save_steps(res, steps)
     keep = res.keep
-    adapters_kept = res.adapter_slots if res.engine == "trl-async" else 0
-    margin = int(float(res.v("checkpoints", "disk_margin_gb", 2.0)) * GB)
+    adapters_kept = res.adapter_slots if res.engine_info.adapters_on_volume else 0
+    margin = int(res.settings.checkpoints.disk_margin_gb * GB)
     fixed = adapter * adapters_kept + margin
 
     def present_while_saving(i: int, k: int | None) -> int:  # checkpoints on disk while save i (1-based) is written
@@ -167,7 +163,7 @@ def plan_disk(res: Resolved, arch: Architecture, free_bytes: int | None, filesys
                     adapter_bytes=adapter, adapters_kept=adapters_kept, margin_bytes=margin, total_steps=steps,
                     save_steps=saves, keep=keep, peak_bytes=peak, fits=None, explanation=list(why))
     plan.explanation.append(
-        f"{n_saves} saves over {steps} steps (every {res.v('checkpoints', 'save_every')}), keep "
+        f"{n_saves} saves over {steps} steps (every {res.settings.checkpoints.save_every}), keep "
         f"{'all' if keep is None else keep}: peak {present_while_saving(n_saves, keep) if n_saves else 0} checkpoints "
         f"while one is written + {adapters_kept} adapters + {margin / GB:.1f} GB margin = {peak / GB:.1f} GB")
     if free_bytes is None:
@@ -208,36 +204,34 @@ def _memory(res: Resolved, arch: Architecture | None, host) -> list[dict[str, An
     weights = arch.params() * 2
     for role in host.roles:
         if role == "server":
-            gmu = float(res.v("vllm", "gpu_memory_utilization", 0.9))
+            gmu = res.settings.vllm.gpu_memory_utilization
             pool = gmu * cap
             kv = pool - weights
-            per_seq = arch.kv_bytes_per_token() * int(res.v("vllm", "max_model_len", 1024))
+            per_seq = arch.kv_bytes_per_token() * (res.settings.vllm.max_model_len or 0)
             seqs = int(kv // per_seq) if per_seq and kv > 0 else 0
             out.append({"role": "server", "budget_gb": round(pool / GB, 1), "weights_gb": round(weights / GB, 2),
                         "kv_cache_gb": round(max(kv, 0) / GB, 1), "full_length_sequences": seqs,
                         "fits": kv > 0 and seqs >= 1,
                         "why": f"gpu_memory_utilization {gmu} x {cap / GB:.0f} GB"})
         elif role == "trainer":
-            budget = int(res.v("trl", "token_budget", 0) or 0)
-            tokens = budget or (int(res.v("model", "max_prompt_length", 512))
-                                + int(res.v("trl", "max_completion_length", 256))) \
-                * int(res.v("trl", "per_device_train_batch_size", 1))
-            ckpt = bool(res.v("trl", "gradient_checkpointing", False))
+            trl = res.settings.trl
+            tokens = trl.token_budget or (res.settings.model.max_prompt_length + trl.max_completion_length) \
+                * trl.per_device_train_batch_size
+            ckpt = trl.gradient_checkpointing
             per_tok = arch.num_hidden_layers * arch.hidden_size * (2 if ckpt else 34) + arch.hidden_size * 34
             act = tokens * per_tok + tokens * arch.vocab_size * 6
-            lora = arch.lora_params(int(res.v("lora", "r", 8)), res.v("lora", "target_modules")) * 16
+            lora = arch.lora_params(res.settings.lora.r, res.settings.lora.target_modules) * 16
             need = weights + lora + act
             avail = cap
             if "server" in host.roles and hw.get("unified_memory", False) or profile.accelerator == "none":
-                avail = cap * (1 - float(res.v("vllm", "gpu_memory_utilization", 0.9)))
+                avail = cap * (1 - res.settings.vllm.gpu_memory_utilization)
             out.append({"role": "trainer", "estimate_gb": round(need / GB, 1), "available_gb": round(avail / GB, 1),
                         "fits": need <= avail,
                         "why": f"rough: weights {weights / GB:.1f} GB + LoRA/optimizer + activations for {tokens} "
                                f"tokens per microbatch ({'with' if ckpt else 'without'} gradient checkpointing)"})
         elif role in ("head", "worker"):
-            n = int(res.v("verl", "trainer.n_gpus_per_node", 1))
-            gmu = float(res.v("verl", "actor_rollout_ref.rollout.gpu_memory_utilization", 0.5))
-            tp = int(res.v("verl", "actor_rollout_ref.rollout.tensor_model_parallel_size", 1))
+            verl = res.settings.verl
+            n, gmu, tp = verl.n_gpus_per_node, verl.rollout_memory, verl.rollout_tp
             shard = arch.params() * 4 / max(n * len(res.hosts_with("head") + res.hosts_with("worker")), 1)
             out.append({"role": role, "rollout_pool_gb_per_gpu": round(gmu * cap / GB, 1),
                         "rollout_weights_gb_per_gpu": round(weights / tp / GB, 2),
@@ -258,13 +252,13 @@ def make_plan(res: Resolved, free_bytes: int | None = None, filesystem: str = "?
         hosts.append(RolePlan(host.name, host.address, profile.name, list(host.roles), gpus, _memory(res, arch, host)))
     disk = None
     if arch is None:
-        warnings.append(f"model {res.v('model', 'path')!r} is not in grpo_deploy/models.yaml: set model.architecture "
+        warnings.append(f"model {res.settings.model.path!r} is not in grpo_deploy/models.yaml: set model.architecture "
                         "in the spec for memory and checkpoint estimates")
     else:
         disk = plan_disk(res, arch, free_bytes, filesystem, free_source)
     ok = all(m.get("fits", True) for h in hosts for m in h.memory) and (disk is None or disk.fits is not False)
-    return Plan(run=res.spec.run.name, engine=res.engine, model=str(res.v("model", "path")),
+    return Plan(run=res.spec.run.name, engine=res.engine, model=res.settings.model.path,
                 params=arch.params() if arch else None,
-                lora_params=(arch.lora_params(int(res.v("lora", "r", 8)), res.v("lora", "target_modules"))
+                lora_params=(arch.lora_params(res.settings.lora.r, res.settings.lora.target_modules)
                              if arch else None),
                 hosts=hosts, disk=disk, settings=as_dict(res), warnings=warnings, ok=ok)

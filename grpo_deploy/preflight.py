@@ -76,8 +76,7 @@ def check(name: str, description: str):
 
 def _storage_host(res: Resolved):
     """The host whose filesystem holds the checkpoints (NFS server's host, else the trainer/head host)."""
-    role = "trainer" if res.engine == "trl-async" else "head"
-    return res.host_for(role)
+    return res.host_for(res.engine_info.main_role)
 
 
 def checkpoint_free_space(ctx: Context) -> tuple[int | None, str, str]:
@@ -114,7 +113,7 @@ def check_spec(ctx: Context) -> list[Result]:
 @check("identity", "Trainer and server run as the same non-root UID/GID with a umask that keeps files readable")
 def check_identity(ctx: Context) -> list[Result]:
     res = ctx.res
-    roles = ("server", "trainer") if res.engine == "trl-async" else ("head", "worker")
+    roles = res.engine_info.roles
     ids = {r: res.identities[r] for r in roles}
     first, second = ids[roles[0]], ids[roles[1]]
     if (first.uid, first.gid) != (second.uid, second.gid):
@@ -179,7 +178,7 @@ def check_port(ctx: Context) -> list[Result]:
     server = res.host_for("server")
     if server is None or server.address != "local":
         return [Result("port", "-", SKIP, "no local server host")]
-    port = int(res.v("vllm", "port"))
+    port = res.settings.vllm.port
     client = ctx.docker()
     mine = compose.containers(client, res.spec.run.name, all_=False) if client else []
     if mine:
@@ -224,7 +223,7 @@ def check_logger(ctx: Context) -> list[Result]:
                                               "never written to rendered files")]
         return [Result("logger", "-", FAIL,
                        "logger.kind is wandb but no W&B key: WANDB_API_KEY unset and no api.wandb.ai in ~/.netrc. "
-                       "The trainer would load the model first and crash minutes later (seed 000)",
+                       "The trainer would load the model first and crash minutes later, after the GPUs were already paid for",
                        "export WANDB_API_KEY=... (or run `wandb login`), or WANDB_MODE=offline, or logger.kind: jsonl")]
     if kind == "mlflow" and not facts.env_set("MLFLOW_TRACKING_URI", env):
         return [Result("logger", "-", WARN, "MLFLOW_TRACKING_URI unset: metrics go to a local sqlite file",
@@ -270,19 +269,20 @@ def check_images(ctx: Context) -> list[Result]:
                               "image's"))
         else:
             out.append(Result("images", role, OK, f"{tag}: user {uid}:{gid}, vLLM {versions[role]}"))
-    if res.engine == "trl-async" and len(versions) == 2:
+    if res.engine_info.server_role and len(versions) == 2:
         server_v, trainer_v = versions["server"], versions["trainer"]
         if server_v != trainer_v:
             out.append(Result("images", "vllm-version", FAIL,
                               f"trainer image has vLLM {trainer_v}, server {server_v}: TRL picks its weight-sync API "
-                              "by the local vLLM version (seed 004)", "build the trainer FROM the server image"))
+                              "by the local vLLM version and would call an API the server does not have",
+                              "build the trainer FROM the server image"))
         else:
             low, high = TRL_VLLM_GATE
             v = _version_tuple(server_v)
             if not v or (v < low):
                 out.append(Result("images", "vllm-version", FAIL,
                                   f"vLLM {server_v!r} reads as older than TRL 1.16's minimum 0.22.0 (a dev version "
-                                  "string breaks TRL's API pick, seed 004)",
+                                  "string such as 0.28.0.dev0+g... sorts before the release and TRL picks the wrong weight-sync API)",
                                   "use a release build, e.g. vllm/vllm-openai:v0.31.0"))
             elif v > high:
                 out.append(Result("images", "vllm-version", WARN,
@@ -297,8 +297,8 @@ def check_images(ctx: Context) -> list[Result]:
 def check_shared_volume(ctx: Context) -> list[Result]:
     """Writes a real safetensors probe the way the trainer saves adapters, then reads it as the server would."""
     res = ctx.res
-    if res.engine != "trl-async":
-        return [Result("shared-volume", "-", SKIP, "verl runs trainer and rollout in one process")]
+    if not res.engine_info.server_role:
+        return [Result("shared-volume", "-", SKIP, f"{res.engine} runs trainer and rollout in one process")]
     if not all(h.address == "local" for h in res.spec.hosts):
         return [Result("shared-volume", "-", SKIP, "remote hosts: probed by the multi-host deployer")]
     client = ctx.docker()

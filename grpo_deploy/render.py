@@ -16,8 +16,8 @@ Layout of a render:
 
 from __future__ import annotations
 
-import hashlib
 import json
+import re
 from functools import cache
 from typing import Any
 
@@ -25,10 +25,28 @@ import jinja2
 import yaml
 
 from .resolve import Resolved, as_dict, gpu_split
+from .runtime.config import RunConfig, config_text
+from .runtime.values import ENV_VALUE_FORBIDDEN
 
 COMPOSE_BASE = "compose.yaml"
 COMPOSE_NFS = "compose.nfs.yaml"
 COMPOSE_BIND = "compose.bind.yaml"
+
+
+class RenderError(RuntimeError):
+    """A value reached a renderer that its format cannot hold (the spec types should have refused it first)."""
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _finalize(value: Any) -> Any:
+    """Every `{{ value }}` in a template: never a control character (a newline would start a new line, i.e. a new
+    variable or argument)."""
+    if isinstance(value, str) and _CONTROL.search(value):
+        raise RenderError(f"refusing to render {value!r}: it holds a control character")
+    return "" if value is None else value
 
 
 @cache
@@ -38,26 +56,33 @@ def _env() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
+        finalize=_finalize,
     )
 
 
 def _template(name: str, **context: Any) -> str:
-    return _env().get_template(name).render(**context)
+    text = _env().get_template(name).render(**context)
+    if name.endswith(".env.j2"):
+        check_env_file(text, name)
+    return text
+
+
+def check_env_file(text: str, name: str) -> str:
+    """An env file read by compose and by Kubernetes must mean the same to both: KEY=VALUE lines whose values hold
+    nothing either reader treats specially ('$', quotes, '#', backslash)."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not _ENV_KEY.match(key) or ENV_VALUE_FORBIDDEN & set(value):
+            raise RenderError(f"{name}:{number}: refusing to render {line!r}: not a plain KEY=VALUE line")
+    return text
 
 
 def _vllm_context(res: Resolved) -> dict[str, Any]:
-    keys = ("port", "dtype", "max_lora_rank", "max_loras", "max_cpu_loras", "max_model_len", "gpu_memory_utilization",
-            "max_num_seqs", "enforce_eager", "enable_prefix_caching", "max_num_batched_tokens", "load_format")
-    ctx = {k: res.v("vllm", k) for k in keys}
-    ctx["extra_args"] = list(res.v("vllm", "extra_args") or [])
-    ctx["env"] = {name: _env_value(value) for name, value in sorted((res.v("vllm", "env") or {}).items())}
+    ctx = res.settings.vllm.model_dump()
+    ctx["env"] = dict(sorted(ctx["env"].items()))
     return ctx
-
-
-def _env_value(value: Any) -> str:
-    if isinstance(value, bool):  # YAML's true/false: the env convention is 1/0
-        return "1" if value else "0"
-    return str(value)
 
 
 def server_args(res: Resolved) -> list[str]:
@@ -66,45 +91,36 @@ def server_args(res: Resolved) -> list[str]:
     return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def trainer_config(res: Resolved) -> dict[str, Any]:
-    """The trainer entrypoint's config (grpo_deploy.runtime.train); async_grpo goes verbatim to AsyncGRPOConfig."""
-    run_dir = res.run_dir
-    device = res.v("runtime", "device")
-    trl = {k: v.value for k, v in sorted(res.sections["trl"].items())}
-    trl.update(
-        output_dir=res.checkpoint_dir,
-        vllm_server_base_url=res.server_url,
-        seed=res.spec.run.seed,
-        report_to=_report_to(res.spec.logger.kind),
-        vllm_server_timeout=float(trl.get("vllm_server_timeout", 900.0)),
-    )
-    if res.spec.logger.kind != "none":
-        trl.setdefault("run_name", res.spec.run.name)
-    if device == "cpu":
-        trl.update(use_cpu=True, bf16=False)
-    else:
-        trl.setdefault("bf16", True)
-    lora = res.sections["lora"]
-    return {
-        "run_name": res.spec.run.name,
-        "seed": res.spec.run.seed,
-        "model": res.v("model", "path"),
-        "dataset": {
-            "name": res.v("data", "dataset"),
-            "path": res.v("data", "path"),
-            "num_prompts": res.v("data", "num_prompts", 0),
-        },
-        "rewards": list(res.v("data", "rewards") or []),
-        "lora": {k: lora[k].value for k in ("r", "alpha", "dropout", "target_modules") if k in lora},
-        "attention_shim": res.v("runtime", "attention_shim", "auto"),
-        "response_template": res.v("runtime", "response_template"),
-        "device": device,
-        "metrics_path": f"{run_dir}/metrics.jsonl",
+def trainer_config(res: Resolved) -> RunConfig:
+    """The trainer entrypoint's config (grpo_deploy.runtime.config's schema, validated here as in the container);
+    async_grpo goes to TRL's AsyncGRPOConfig."""
+    s, spec = res.settings, res.spec
+    kit = {"output_dir": res.checkpoint_dir, "vllm_server_base_url": res.server_url, "seed": spec.run.seed,
+           "report_to": _report_to(spec.logger.kind), "vllm_server_timeout": s.trl.vllm_server_timeout}
+    if spec.logger.kind != "none" and s.trl.run_name is None:
+        kit["run_name"] = spec.run.name
+    if s.runtime.device == "cpu":
+        kit.update(use_cpu=True, bf16=False)
+    elif s.trl.bf16 is None:
+        kit["bf16"] = True
+    grpo = dict(sorted({**s.trl.model_dump(exclude_unset=True), **kit}.items()))
+    lora = s.lora.model_dump(exclude_unset=True)
+    return RunConfig.model_validate({
+        "run_name": spec.run.name,
+        "seed": spec.run.seed,
+        "model": s.model.path,
+        "dataset": {"name": s.data.dataset, "path": s.data.path, "num_prompts": s.data.num_prompts},
+        "rewards": list(s.data.rewards),
+        "lora": {k: lora[k] for k in ("r", "alpha", "dropout", "target_modules") if k in lora},
+        "attention_shim": s.runtime.attention_shim,
+        "response_template": s.runtime.response_template,
+        "device": s.runtime.device,
+        "metrics_path": f"{res.run_dir}/metrics.jsonl",
         "adapters": {"dir": res.checkpoint_dir, "keep": res.adapter_slots},
-        "resume": res.v("checkpoints", "resume", "auto"),
+        "resume": s.checkpoints.resume,
         "unload_stale_adapters": True,
-        "async_grpo": trl,
-    }
+        "async_grpo": grpo,
+    })
 
 
 def _report_to(kind: str) -> str:
@@ -112,91 +128,102 @@ def _report_to(kind: str) -> str:
 
 
 def verl_overrides(res: Resolved) -> list[str]:
-    """Hydra overrides for `python -m verl.trainer.main_ppo` (verl 0.9.1 key names)."""
-    spec = res.spec
-    lora = res.sections["lora"]
+    """Hydra overrides for `python -m verl.trainer.main_ppo` (verl 0.9.1 key names), each value quoted for Hydra."""
+    spec, s = res.spec, res.settings
     keep = res.keep
+    resume = s.checkpoints.resume
     out: dict[str, Any] = {
-        "actor_rollout_ref.model.path": res.v("model", "path"),
-        "actor_rollout_ref.model.lora_rank": lora["r"].value,
-        "actor_rollout_ref.model.lora_alpha": lora["alpha"].value,
-        "actor_rollout_ref.model.target_modules": lora["target_modules"].value,
-        "data.max_prompt_length": res.v("model", "max_prompt_length", 512),
-        "data.train_files": f"{spec.storage.mount}/data/{res.v('data', 'dataset')}/train.parquet",
-        "data.val_files": f"{spec.storage.mount}/data/{res.v('data', 'dataset')}/test.parquet",
+        "actor_rollout_ref.model.path": s.model.path,
+        "actor_rollout_ref.model.lora_rank": s.lora.r,
+        "actor_rollout_ref.model.lora_alpha": s.lora.alpha,
+        "actor_rollout_ref.model.target_modules": s.lora.target_modules,
+        "data.max_prompt_length": s.model.max_prompt_length,
+        "data.train_files": s.data.path or f"{spec.storage.mount}/data/{s.data.dataset}/train.parquet",
+        "data.val_files": f"{spec.storage.mount}/data/{s.data.dataset}/test.parquet",
         "trainer.default_local_dir": res.checkpoint_dir,
-        "trainer.save_freq": res.v("checkpoints", "save_every", -1),
-        "trainer.max_actor_ckpt_to_keep": keep if keep is not None else "null",
-        "trainer.resume_mode": _verl_resume(res.v("checkpoints", "resume", "auto")),
+        "trainer.save_freq": s.checkpoints.save_every or -1,
+        "trainer.max_actor_ckpt_to_keep": keep,
+        "trainer.resume_mode": {"auto": "auto", "never": "disable"}.get(resume, "resume_path"),
         "trainer.project_name": spec.logger.project or "grpo-deploy",
         "trainer.experiment_name": spec.run.name,
-        "trainer.logger": _verl_logger(spec.logger.kind),
+        "trainer.logger": ["console"] + ([_VERL_LOGGERS[spec.logger.kind]] if spec.logger.kind in _VERL_LOGGERS
+                                         else []),
     }
-    if res.v("data", "path"):
-        out["data.train_files"] = res.v("data", "path")
-    resume = res.v("checkpoints", "resume", "auto")
     if resume not in ("auto", "never"):
         out["trainer.resume_from_path"] = resume
-    for key, value in res.sections["verl"].items():
-        out[key] = value.value
-    return [f"{k}={_hydra_value(v)}" for k, v in out.items()]
+    out.update(s.verl.overrides(res.origins["verl"]))
+    return [f"{k}={hydra_value(v)}" for k, v in out.items()]
 
 
-def _verl_resume(resume: str) -> str:
-    return {"auto": "auto", "never": "disable"}.get(resume, "resume_path")
+_VERL_LOGGERS = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow", "jsonl": "file"}
+# Hydra's unquoted values: identifiers, numbers, paths, hub ids (no whitespace, quotes, brackets, commas, '$' ...).
+_HYDRA_PLAIN = re.compile(r"^[A-Za-z0-9_./@+-]+$")
 
 
-def _verl_logger(kind: str) -> str:
-    extra = {"wandb": ',"wandb"', "tensorboard": ',"tensorboard"', "mlflow": ',"mlflow"', "jsonl": ',"file"'}
-    return f'["console"{extra.get(kind, "")}]'
-
-
-def _hydra_value(value: Any) -> str:
+def hydra_value(value: Any, nested: bool = False) -> str:
+    """A value as Hydra's override grammar reads it back: booleans True/False, None null, lists ["a","b"] (items
+    double-quoted), strings plain when they hold only safe characters, else single-quoted with quotes and
+    backslashes escaped."""
     if isinstance(value, bool):
         return "True" if value else "False"
     if value is None:
         return "null"
     if isinstance(value, list):
-        return "[" + ",".join(str(x) for x in value) + "]"
-    return str(value)
+        return "[" + ",".join(hydra_value(x, nested=True) for x in value) + "]"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    if _CONTROL.search(text):
+        raise RenderError(f"refusing to render {text!r} into a Hydra override: it holds a control character")
+    if nested:
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if _HYDRA_PLAIN.match(text) and text.lower() not in ("true", "false", "null"):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def _dump_yaml(header: str, data: dict[str, Any]) -> str:
     return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120)
 
 
+def _verl_host_env(res: Resolved, host, config_dir: str, files: dict[str, str]) -> None:
+    spec = res.spec
+    files[f"hosts/{host.name}.env"] = _template(
+        "verl.env.j2", host=host, run_name=spec.run.name, profile=res.profiles[host.name].name, images=res.images,
+        identities=res.identities, mount=spec.storage.mount, volume=spec.storage.volume,
+        config_dir=config_dir, ray_role="head" if "head" in host.roles else "worker",
+    )
+
+
+def _trl_host_env(res: Resolved, host, config_dir: str, files: dict[str, str]) -> None:
+    spec = res.spec
+    profile = res.profiles[host.name]
+    compose_files = [COMPOSE_BASE]
+    if spec.storage.nfs is not None:
+        compose_files.append(COMPOSE_NFS)
+    elif host.shared_dir:
+        compose_files.append(COMPOSE_BIND)
+    gpu = profile.accelerator == "cuda"
+    if gpu:
+        compose_files.append(f"{config_dir.rsplit('/config', 1)[0]}/hosts/{host.name}.gpu.yaml")
+        files[f"hosts/{host.name}.gpu.yaml"] = _gpu_override(res, host)
+    services = [r for r in ("server", "trainer") if r in host.roles]
+    server_host = res.host_for("server")
+    files[f"hosts/{host.name}.env"] = _template(
+        "host.env.j2", host=host, run_name=spec.run.name, profile=profile.name, compose_files=compose_files,
+        services=services, images=res.images, identities=res.identities, mount=spec.storage.mount,
+        volume=spec.storage.volume, config_dir=config_dir, port=res.settings.vllm.port,
+        # The server port is published on loopback when both roles share the host, on all interfaces otherwise.
+        publish="127.0.0.1" if server_host and len(server_host.roles) == 2 else "0.0.0.0",
+        shm_size="16g" if gpu else "1g", nfs=spec.storage.nfs, shared_dir=host.shared_dir,
+    )
+
+
 def host_files(res: Resolved, config_dir: str) -> dict[str, str]:
     """Per-host compose environment (and GPU reservation override) for every host of the spec."""
-    spec = res.spec
     files: dict[str, str] = {}
-    for host in spec.hosts:
-        profile = res.profiles[host.name]
-        if res.engine == "verl":
-            files[f"hosts/{host.name}.env"] = _template(
-                "verl.env.j2", host=host, run_name=spec.run.name, profile=profile.name, images=res.images,
-                identities=res.identities, mount=spec.storage.mount, volume=spec.storage.volume,
-                config_dir=config_dir, ray_role="head" if "head" in host.roles else "worker",
-            )
-            continue
-        compose_files = [COMPOSE_BASE]
-        if spec.storage.nfs is not None:
-            compose_files.append(COMPOSE_NFS)
-        elif host.shared_dir:
-            compose_files.append(COMPOSE_BIND)
-        gpu = profile.accelerator == "cuda"
-        if gpu:
-            compose_files.append(f"{config_dir.rsplit('/config', 1)[0]}/hosts/{host.name}.gpu.yaml")
-            files[f"hosts/{host.name}.gpu.yaml"] = _gpu_override(res, host)
-        services = [r for r in ("server", "trainer") if r in host.roles]
-        server_host = res.host_for("server")
-        files[f"hosts/{host.name}.env"] = _template(
-            "host.env.j2", host=host, run_name=spec.run.name, profile=profile.name, compose_files=compose_files,
-            services=services, images=res.images, identities=res.identities, mount=spec.storage.mount,
-            volume=spec.storage.volume, config_dir=config_dir, port=res.v("vllm", "port"),
-            # The server port is published on loopback when both roles share the host, on all interfaces otherwise.
-            publish="127.0.0.1" if server_host and len(server_host.roles) == 2 else "0.0.0.0",
-            shm_size="16g" if gpu else "1g", nfs=spec.storage.nfs, shared_dir=host.shared_dir,
-        )
+    for host in res.spec.hosts:
+        HOST_FILES[res.engine](res, host, config_dir, files)
     return files
 
 
@@ -217,50 +244,51 @@ def _gpu_override(res: Resolved, host) -> str:
     return _dump_yaml(header, {"services": services})
 
 
+def _trl_config_files(res: Resolved) -> dict[str, str]:
+    spec, s = res.spec, res.settings
+    common = dict(run_name=spec.run.name, model_path=s.model.path, served_name=s.model.served_name,
+                  vllm=_vllm_context(res), seed=spec.run.seed, device=s.runtime.device)
+    return {
+        "config/server.args": _template("server.args.j2", **common),
+        "config/server.env": _template("server.env.j2", umask=res.identities["server"].umask, **common),
+        "config/trainer.env": _template(
+            "trainer.env.j2", umask=res.identities["trainer"].umask, logger=spec.logger.kind,
+            logger_project=spec.logger.project or "grpo-deploy", logger_entity=spec.logger.entity, **common),
+        "config/trainer.yaml": config_text(
+            trainer_config(res),
+            f"# Trainer config for run {spec.run.name}, rendered by grpo-deploy; read by grpo_deploy.runtime.train.\n"),
+    }
+
+
+def _verl_config_files(res: Resolved) -> dict[str, str]:
+    return {"config/verl-overrides.txt": (
+        f"# Hydra overrides for verl 0.9.1 (python -m verl.trainer.main_ppo), run {res.spec.run.name}.\n"
+        + "\n".join(verl_overrides(res)) + "\n")}
+
+
+CONFIG_FILES = {"trl-async": _trl_config_files, "verl": _verl_config_files}
+HOST_FILES = {"trl-async": _trl_host_env, "verl": _verl_host_env}
+
+
 def render_files(res: Resolved, config_dir: str = "/etc/grpo-deploy-render/config") -> dict[str, str]:
     """Every artifact of the run. *config_dir* is where the config/ folder will be on each host (for compose)."""
-    spec = res.spec
-    files: dict[str, str] = {}
-    if res.engine == "trl-async":
-        server_ident, trainer_ident = res.identities["server"], res.identities["trainer"]
-        common = dict(run_name=spec.run.name, model_path=res.v("model", "path"),
-                      served_name=res.v("model", "served_name"), vllm=_vllm_context(res), seed=spec.run.seed,
-                      device=res.v("runtime", "device"))
-        files["config/server.args"] = _template("server.args.j2", **common)
-        files["config/server.env"] = _template("server.env.j2", umask=server_ident.umask, **common)
-        files["config/trainer.env"] = _template(
-            "trainer.env.j2", umask=trainer_ident.umask, logger=spec.logger.kind,
-            logger_project=spec.logger.project or "grpo-deploy", logger_entity=spec.logger.entity, **common)
-        files["config/trainer.yaml"] = _dump_yaml(
-            f"# Trainer config for run {spec.run.name}, rendered by grpo-deploy; read by grpo_deploy.runtime.train.\n",
-            trainer_config(res))
-    else:
-        files["config/verl-overrides.txt"] = (
-            f"# Hydra overrides for verl 0.9.1 (python -m verl.trainer.main_ppo), run {spec.run.name}.\n"
-            + "\n".join(verl_overrides(res)) + "\n")
+    files = CONFIG_FILES[res.engine](res)
     files.update(host_files(res, config_dir))
     files["k8s/params.env"] = _k8s_params(res)
     files["resolved.json"] = json.dumps(as_dict(res), indent=2, sort_keys=True, default=str) + "\n"
-    files["MANIFEST"] = "".join(
-        f"{hashlib.sha256(text.encode()).hexdigest()[:16]}  {path}\n" for path, text in sorted(files.items()))
     return files
 
 
 def _k8s_params(res: Resolved) -> str:
-    ident = res.identities["trainer" if res.engine == "trl-async" else "head"]
-    lines = [
-        f"# Values the kustomize overlays consume for run {res.spec.run.name} (rendered by grpo-deploy).",
-        f"run={res.spec.run.name}",
-        f"uid={ident.uid}",
-        f"gid={ident.gid}",
-        f"mount={res.spec.storage.mount}",
-    ]
-    for role, image in sorted(res.images.items()):
-        lines.append(f"image_{role}={image}")
-    nfs = res.spec.storage.nfs
+    ident = res.main_identity
+    spec = res.spec
+    params = {"run": spec.run.name, "uid": ident.uid, "gid": ident.gid, "mount": spec.storage.mount}
+    params.update({f"image_{role}": image for role, image in sorted(res.images.items())})
+    nfs = spec.storage.nfs
     if nfs is not None:
-        lines += [f"nfs_server={nfs.server}", f"nfs_export={nfs.export}", f"nfs_options={nfs.options}"]
-    if res.engine == "trl-async":
-        lines.append(f"served_model={res.v('model', 'served_name')}")
-        lines.append(f"server_port={res.v('vllm', 'port')}")
-    return "\n".join(lines) + "\n"
+        params.update(nfs_server=nfs.server, nfs_export=nfs.export, nfs_options=nfs.options)
+    if res.engine_info.server_role:
+        params.update(served_model=res.settings.model.served_name, server_port=res.settings.vllm.port)
+    text = f"# Values the kustomize overlays consume for run {spec.run.name} (rendered by grpo-deploy).\n" + "".join(
+        f"{key}={value}\n" for key, value in params.items())
+    return check_env_file(text, "k8s/params.env")

@@ -2,156 +2,220 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from . import profiles
+from .engines import ENGINE_NAMES, ENGINES, ROLE_LIMIT_WHY
+from .runtime.config import did_you_mean
 from .runtime.data import DATASETS
+from .runtime.values import (
+    AbsPath,
+    Count,
+    Finite,
+    HostAddress,
+    HostOnly,
+    ImageRef,
+    Label,
+    ModelRef,
+    Name,
+    NfsOptions,
+    NonNegative,
+    OwnPath,
+    ServedName,
+    Uid,
+    VolumeName,
+    abs_path,
+    describe_error,
+    error_location,
+)
 from .yamlpos import Located, YamlSyntaxError, load_file, load_text
 
-ENGINES = ("trl-async", "verl")
-ROLES_BY_ENGINE = {"trl-async": ("server", "trainer"), "verl": ("head", "worker")}
-NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$"
+Role = Literal["server", "trainer", "head", "worker"]
+# Environment variables whose values are credentials: a spec holding one of their values is refused.
+SECRET_ENV_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_PASSWORD")
+SECRET_ENV_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY")
+
+
+def _umask(value: str) -> str:
+    if not re.fullmatch(r"0?[0-7]{3}", value):
+        raise ValueError(f"{value!r} is not a umask: write an octal string such as '0022' (quoted: YAML reads an "
+                         "unquoted 0022 as the number 18)")
+    return value.zfill(4)
+
+
+def _resume(value: str) -> str:
+    return value if value in ("auto", "never") else abs_path(value)
+
+
+def _field_name(value: str) -> str:
+    if not value.isidentifier():
+        raise ValueError(f"{value!r} is not a config field name")
+    return value
+
+
+Umask = Annotated[str, AfterValidator(_umask)]
+Resume = Annotated[str, AfterValidator(_resume)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    """Unknown keys refused; no coercion (YAML's `on` is not a UID, "no" is not false)."""
 
-
-def _octal_umask(v: str | None) -> str | None:
-    """A umask such as '022' or '0022', zero-padded to four digits (None stays None: not set)."""
-    if v is None:
-        return None
-    if not re.fullmatch(r"0?[0-7]{3}", str(v)):
-        raise ValueError("umask must be an octal string such as '0022'")
-    return str(v).zfill(4)
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, use_attribute_docstrings=True)
 
 
 class RoleIdentity(_Strict):
     """Who a role's processes run as. Leave unset: both roles then run as run.uid/run.gid."""
 
-    uid: int | None = Field(None, ge=0)
-    gid: int | None = Field(None, ge=0)
-    umask: str | None = None
-
-    @field_validator("umask")
-    @classmethod
-    def _octal(cls, v: str | None) -> str | None:
-        return _octal_umask(v)
+    uid: Uid | None = None
+    """UID of this role (non-root)."""
+    gid: Uid | None = None
+    """GID of this role (non-root)."""
+    umask: Umask | None = None
+    """umask of this role, e.g. '0022'."""
 
 
 class RunSpec(_Strict):
-    name: str = Field("rehearsal", pattern=NAME_RE)
-    uid: int = Field(1000, ge=1, description="UID of every process of the run, on every host (non-root)")
-    gid: int = Field(1000, ge=1)
-    umask: str = "0022"
-    seed: int = 0
-    roles: dict[Literal["server", "trainer", "head", "worker"], RoleIdentity] = Field(default_factory=dict)
+    """The run: its name, and who every process runs as."""
 
-    @field_validator("umask")
-    @classmethod
-    def _octal(cls, v: str) -> str:
-        return _octal_umask(v)
+    name: Name = "rehearsal"
+    """Lowercase letters, digits, '-'; names the run dir <storage.mount>/runs/<name>."""
+    uid: Uid = 1000
+    """UID of every process of the run, on every host (non-root): the trainer writes adapters 0600."""
+    gid: Uid = 1000
+    """GID of every process of the run, on every host (non-root)."""
+    umask: Umask = "0022"
+    """umask of every process (quoted)."""
+    seed: NonNegative = 0
+    """Seed of the trainer and the server's sampling."""
+    roles: dict[Role, RoleIdentity] = {}
+    """Per-role {uid, gid, umask} overrides: leave empty (preflight refuses a split that breaks the hand-over)."""
 
 
 class HostSpec(_Strict):
-    name: str = Field(pattern=NAME_RE)
-    address: str = Field("local", description="'local' for this machine, else an SSH target "
-                                              "(alias or user@host[:port])")
+    """A host and what it runs."""
+
+    name: Name
+    """Short name of the host in this spec (lowercase letters, digits, '-')."""
+    address: HostAddress = "local"
+    """'local' for this machine, else an SSH target: an alias, host, user@host[:port] or an IP address."""
     profile: str
-    roles: list[Literal["server", "trainer", "head", "worker"]] = Field(min_length=1)
-    gpus: dict[Literal["server", "trainer", "head", "worker"], list[int]] | None = None
-    mount: str | None = Field(None, description="Container mount point of the shared volume on this host "
-                                                "(must equal storage.mount)")
-    shared_dir: str | None = Field(None, description="Host directory where the NFS share is mounted "
-                                                     "(bind-mounted at storage.mount)")
+    """Hardware profile (`grpo-deploy profiles`)."""
+    roles: list[Role] = Field(min_length=1)
+    """What this host runs."""
+    gpus: dict[Role, list[NonNegative]] | None = None
+    """GPU indices per role; null = the profile's split."""
+    mount: OwnPath | None = None
+    """Container mount point of the shared volume on this host (must equal storage.mount)."""
+    shared_dir: OwnPath | None = None
+    """Host directory where the share is already mounted (bind-mounted at storage.mount)."""
 
 
 class ModelSpec(_Strict):
-    path: str | None = None
-    served_name: str | None = None
-    architecture: dict[str, int | bool] | None = None
+    """The base model."""
+
+    path: ModelRef | None = None
+    """null = the profile's; a hub id or an absolute path inside the containers."""
+    served_name: ServedName | None = None
+    """null = model.path."""
+    architecture: dict[Annotated[str, AfterValidator(_field_name)], int | bool] | None = None
+    """Only for models plan does not know: {hidden_size, intermediate_size, num_hidden_layers, ...}."""
 
 
 class DatasetSpec(_Strict):
+    """Training prompts."""
+
     name: Literal[DATASETS] | None = None
-    path: str | None = None
-    size: int | None = Field(None, ge=1, description="Number of training prompts (for plan); known datasets "
-                                                     "have a default")
+    """null = the profile's; brevity | boxed-math | gsm8k."""
+    path: AbsPath | None = None
+    """A file on the shared volume, e.g. /shared/data/train.jsonl."""
+    size: Count | None = None
+    """Number of training prompts, for plan (known datasets have a default)."""
 
 
 class NfsSpec(_Strict):
-    server: str
-    export: str
-    options: str = "nfsvers=4.1,hard,lookupcache=positive"
+    """The NFS share every host mounts."""
+
+    server: HostOnly
+    """NFS server host name or IP address."""
+    export: AbsPath
+    """Exported path on the server."""
+    options: NfsOptions = "nfsvers=4.1,hard,lookupcache=positive"
+    """Mount options."""
 
 
 class StorageSpec(_Strict):
-    mount: str = "/shared"
-    volume: str = "grpo-deploy-shared"
-    nfs: NfsSpec | None = None
+    """The shared volume."""
 
-    @field_validator("mount")
-    @classmethod
-    def _absolute(cls, v: str) -> str:
-        if not v.startswith("/"):
-            raise ValueError("must be an absolute path (the same on every host and container)")
-        return v.rstrip("/") or "/"
+    mount: OwnPath = "/shared"
+    """ONE absolute path, the same in every container on every host."""
+    volume: VolumeName = "grpo-deploy-shared"
+    """Docker volume name on each host."""
+    nfs: NfsSpec | None = None
+    """The share every host mounts; null = a local volume or hosts[].shared_dir."""
 
 
 class ImagesSpec(_Strict):
-    build: bool = Field(True, description="Build missing images locally (air-gapped path) instead of failing")
-    server: str | None = None
-    trainer: str | None = None
-    verl: str | None = None
+    """Container images."""
+
+    build: bool = True
+    """Build missing images locally (the air-gapped path) instead of failing."""
+    server: ImageRef | None = None
+    """null = the profile's tag."""
+    trainer: ImageRef | None = None
+    """null = the profile's tag."""
+    verl: ImageRef | None = None
+    """null = the profile's tag."""
 
 
 class LoggerSpec(_Strict):
+    """Where metrics go besides the run's metrics.jsonl."""
+
     kind: Literal["none", "jsonl", "wandb", "tensorboard", "mlflow"] = "none"
-    project: str | None = None
-    entity: str | None = None
+    """none | jsonl | wandb | tensorboard | mlflow (wandb: preflight checks the key first)."""
+    project: Label | None = None
+    """Logger project."""
+    entity: Label | None = None
+    """Logger entity (team)."""
 
 
 class CheckpointsSpec(_Strict):
-    dir: str | None = None
-    keep: int | Literal["all"] | None = None
-    save_every: int | None = Field(None, ge=1)
-    resume: str = "auto"
-    disk_margin_gb: float = Field(2.0, ge=0)
+    """Checkpoints: where, how many, how often, resume."""
 
-    @field_validator("dir")
-    @classmethod
-    def _absolute(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
-            raise ValueError("must be an absolute path on the shared volume (relative dirs resolve per process)")
-        return v
-
-    @field_validator("keep")
-    @classmethod
-    def _keep(cls, v):
-        if isinstance(v, int) and v < 1:
-            raise ValueError("keep must be >= 1, or 'all'")
-        return v
+    dir: OwnPath | None = None
+    """null = <storage.mount>/runs/<run.name>/checkpoints (absolute, on the shared volume)."""
+    keep: Count | Literal["all"] | None = None
+    """null = the profile's; an integer, or 'all'."""
+    save_every: Count | None = None
+    """null = the profile's cadence, in steps."""
+    resume: Resume = "auto"
+    """auto (newest complete checkpoint) | never | an absolute checkpoint path."""
+    disk_margin_gb: Finite = Field(2.0, ge=0)
+    """Free space left over after the peak of checkpoints + adapters."""
 
 
 class DeploymentSpec(_Strict):
+    """A deployment: hosts and roles, engine, model, data, storage, identity, images, logger, checkpoints."""
+
     version: Literal[1] = 1
-    engine: Literal["trl-async", "verl"]
-    run: RunSpec = Field(default_factory=RunSpec)
+    """Spec format version."""
+    engine: Literal[ENGINE_NAMES]
+    """trl-async (TRL async GRPO + vLLM server) | verl."""
+    run: RunSpec = RunSpec()
     hosts: list[HostSpec] = Field(min_length=1)
-    model: ModelSpec = Field(default_factory=ModelSpec)
-    dataset: DatasetSpec = Field(default_factory=DatasetSpec)
-    storage: StorageSpec = Field(default_factory=StorageSpec)
-    images: ImagesSpec = Field(default_factory=ImagesSpec)
-    logger: LoggerSpec = Field(default_factory=LoggerSpec)
-    checkpoints: CheckpointsSpec = Field(default_factory=CheckpointsSpec)
-    overrides: dict[Literal["model", "lora", "data", "trl", "vllm", "verl", "runtime"], dict[str, Any]] = Field(
-        default_factory=dict
-    )
+    model: ModelSpec = ModelSpec()
+    dataset: DatasetSpec = DatasetSpec()
+    storage: StorageSpec = StorageSpec()
+    images: ImagesSpec = ImagesSpec()
+    logger: LoggerSpec = LoggerSpec()
+    checkpoints: CheckpointsSpec = CheckpointsSpec()
+    overrides: dict[Literal["model", "lora", "data", "trl", "vllm", "verl", "runtime"], dict[str, Any]] = {}
+    """Hyperparameters over the profile, by section: model, lora, data, trl, vllm, verl, runtime."""
 
 
 @dataclass(frozen=True)
@@ -179,15 +243,40 @@ def key_str(path: tuple[Any, ...]) -> str:
     return out or "<top>"
 
 
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The spec model that holds the last key of *loc* (for "did you mean" on an unknown key)."""
+    cls: Any = DeploymentSpec
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or part not in cls.model_fields:
+            return None
+        cls = inner_model(cls.model_fields[part].annotation)
+    return cls if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+
+
+def inner_model(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if get_origin(annotation) in (Union, list, dict) or type(annotation).__name__ == "UnionType":
+        for arg in get_args(annotation):
+            found = inner_model(arg)
+            if found is not None:
+                return found
+    return None
+
+
 def _pydantic_problems(exc: ValidationError, doc: Located) -> list[Problem]:
     problems = []
     for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("literal[", "function-"))))
-        msg = err["msg"]
+        loc, msg = error_location(err)
         if err["type"] == "extra_forbidden":
-            msg = "unknown key (check the spelling; `grpo-deploy init` writes a commented spec with every key)"
-        elif err["type"] == "literal_error":
-            msg = f"{msg}, got {err.get('input')!r}"
+            model = _model_at(loc)
+            known = sorted(model.model_fields) if model else []
+            msg = "unknown key" + (did_you_mean(str(loc[-1]), known) or (f"; allowed: {', '.join(known)}"
+                                                                         if known else ""))
+        else:
+            msg = describe_error(err) if msg is None else msg
         problems.append(Problem(doc.where(loc), key_str(loc), msg))
     return problems
 
@@ -201,10 +290,46 @@ class LoadedSpec:
         return self.doc.where(tuple(path))
 
 
-def parse(doc: Located) -> LoadedSpec:
+def secret_values(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """{value: variable name} of the caller's credentials (known names, and names that say TOKEN, SECRET ...)."""
+    environ = os.environ if environ is None else environ
+    return {value: name for name, value in environ.items()
+            if len(value) >= 8 and (name in SECRET_ENV_NAMES or any(w in name.upper() for w in SECRET_ENV_WORDS))}
+
+
+def _secret_problems(doc: Located, secrets: dict[str, str]) -> list[Problem]:
+    """A spec must not hold a credential: any string in it that contains the value of one is refused."""
+    problems = []
+
+    def walk(node: Any, path: tuple[Any, ...]) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(key, path + (key,))
+                walk(value, path + (key,))
+        elif isinstance(node, list):
+            for i, item in enumerate(node):
+                walk(item, path + (i,))
+        elif isinstance(node, str):
+            for value, name in secrets.items():
+                if value in node:
+                    problems.append(Problem(doc.where(path), key_str(path),
+                                            f"holds the value of ${name} from your environment: a spec is a plain "
+                                            "file and its values reach rendered files; remove it (credentials are "
+                                            "passed to the containers from the environment at start)"))
+                    return
+
+    if secrets:
+        walk(doc.data, ())
+    return problems
+
+
+def parse(doc: Located, environ: dict[str, str] | None = None) -> LoadedSpec:
     """Validate a located YAML document into a spec; raise SpecError listing every problem."""
     if not isinstance(doc.data, dict):
         raise SpecError([Problem(doc.where(()), "<top>", "the spec must be a YAML mapping")])
+    secrets = _secret_problems(doc, secret_values(environ))
+    if secrets:
+        raise SpecError(secrets)
     try:
         spec = DeploymentSpec.model_validate(doc.data)
     except ValidationError as exc:
@@ -217,13 +342,10 @@ def parse(doc: Located) -> LoadedSpec:
 
 
 def load(path: str | Path) -> LoadedSpec:
-    path = Path(path)
-    if not path.exists():
-        raise SpecError([Problem(str(path), "<file>", "spec file not found (write one with `grpo-deploy init`)")])
     try:
-        doc = load_file(path)
+        doc = load_file(Path(path))
     except YamlSyntaxError as exc:
-        raise SpecError([Problem(str(path), "<yaml>", str(exc))]) from None
+        raise SpecError([Problem(str(path), "<file>", str(exc))]) from None
     return parse(doc)
 
 
@@ -238,11 +360,11 @@ def loads(text: str, source: str = "<spec>") -> LoadedSpec:
 def check_consistency(loaded: LoadedSpec) -> list[Problem]:
     """Cross-field rules that do not need the profiles' values (those are checked when resolving)."""
     spec, problems = loaded.spec, []
+    engine = ENGINES[spec.engine]
 
     def add(path: tuple[Any, ...], message: str) -> None:
         problems.append(Problem(loaded.doc.where(path), key_str(path), message))
 
-    allowed_roles = ROLES_BY_ENGINE[spec.engine]
     names_seen: set[str] = set()
     local_hosts = 0
     for i, host in enumerate(spec.hosts):
@@ -259,41 +381,31 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
         if mismatch:
             add(("hosts", i, "profile"), mismatch)
         for j, role in enumerate(host.roles):
-            if role not in allowed_roles:
+            if role not in engine.roles:
                 add(("hosts", i, "roles", j),
-                    f"role {role!r} is not a {spec.engine} role; allowed: {', '.join(allowed_roles)}")
-        if host.mount is not None and host.mount.rstrip("/") != spec.storage.mount:
+                    f"role {role!r} is not a {spec.engine} role; allowed: {', '.join(engine.roles)}")
+            elif role in host.roles[:j]:
+                add(("hosts", i, "roles", j), f"role {role!r} is listed twice")
+        if host.mount is not None and host.mount != spec.storage.mount:
             add(
                 ("hosts", i, "mount"),
                 f"the shared volume is mounted at {host.mount!r} here but at {spec.storage.mount!r} "
                 f"(storage.mount) elsewhere: the adapter path the trainer sends must resolve to the same "
                 f"absolute path in every container. Remove hosts[{i}].mount or make them equal",
             )
-        if host.gpus:
-            for role in host.gpus:
-                if role not in host.roles:
-                    add(("hosts", i, "gpus", role), f"GPUs given for role {role!r} which this host does not run")
+        for role in host.gpus or {}:
+            if role not in host.roles:
+                add(("hosts", i, "gpus", role), f"GPUs given for role {role!r} which this host does not run")
     if local_hosts > 1:
         add(("hosts",), "more than one host has address 'local'")
 
-    roles = [(i, r) for i, h in enumerate(spec.hosts) for r in h.roles]
-    if spec.engine == "trl-async":
-        trainers = [i for i, r in roles if r == "trainer"]
-        servers = [i for i, r in roles if r == "server"]
-        if len(trainers) != 1:
-            add(("hosts",), f"trl-async needs exactly one host with role 'trainer', found {len(trainers)}")
-        if not servers:
-            add(("hosts",), "trl-async needs a host with role 'server'")
-        elif len(servers) > 1:
-            add(
-                ("hosts", servers[1], "roles"),
-                "several vLLM server replicas need a proxy that broadcasts adapter loads to every replica "
-                "(TRL takes one base URL); that proxy is not built yet: use one server host",
-            )
-    else:
-        heads = [i for i, r in roles if r == "head"]
-        if len(heads) != 1:
-            add(("hosts",), f"verl needs exactly one host with role 'head', found {len(heads)}")
+    for role, (least, most) in engine.role_counts.items():
+        having = [i for i, h in enumerate(spec.hosts) if role in h.roles]
+        if len(having) > most and role in ROLE_LIMIT_WHY:
+            add(("hosts", having[most], "roles"), ROLE_LIMIT_WHY[role])
+        elif not least <= len(having) <= most:
+            count = f"exactly {least}" if least == most else f"at least {least}"
+            add(("hosts",), f"{spec.engine} needs {count} host(s) with role {role!r}, found {len(having)}")
 
     ckpt = spec.checkpoints
     if ckpt.dir is not None and not (ckpt.dir == spec.storage.mount or ckpt.dir.startswith(spec.storage.mount + "/")):
@@ -302,9 +414,6 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
             f"{ckpt.dir!r} is not under the shared volume {spec.storage.mount!r}: a resume on another host "
             "(or after a container restart) would not find it",
         )
-    if ckpt.resume not in ("auto", "never") and not ckpt.resume.startswith("/"):
-        add(("checkpoints", "resume"), "must be 'auto', 'never' or an absolute checkpoint path")
-
     if spec.storage.nfs is None and len({h.address for h in spec.hosts}) > 1:
         missing = [i for i, h in enumerate(spec.hosts) if not h.shared_dir]
         if missing:

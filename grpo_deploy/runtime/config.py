@@ -1,20 +1,36 @@
-"""Trainer config file: loading and validation, and the pure builders that turn it into TRL/PEFT arguments."""
+"""The trainer's config schema, one for the renderer that writes it and the container that reads it: typed sections
+whose fields hold the one default, loading with key-named errors, and the builders of TRL and PEFT arguments."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
-from typing import Any
+from functools import cache
+from importlib import resources
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from . import rewards as rewards_module
 from .adapters import LORA_SUBDIR
-from .data import DATASETS, DatasetSpec
+from .data import DatasetSpec
+from .values import (
+    AbsPath,
+    Count,
+    Finite,
+    ModelRef,
+    ModuleName,
+    Name,
+    NonNegative,
+    Text,
+    abs_path,
+    describe_error,
+)
 
 ATTENTION_SHIM_MODES = ("auto", "on", "off")
 DEVICES = ("cpu", "cuda")
 RESPONSE_TEMPLATES = ("chatml",)
+TRL_VERSION = "1.16.0"
 
 # The new-style transformers response template for ChatML; TRL's rollout worker parses each completion with it.
 CHATML_RESPONSE_TEMPLATE = {
@@ -28,158 +44,229 @@ class ConfigError(ValueError):
     """A config file problem, phrased as file, key, what is wrong and what is allowed."""
 
 
-@dataclass(frozen=True)
-class LoraSpec:
-    r: int = 8
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: str | list[str] = "all-linear"
+class Strict(BaseModel):
+    """A section: unknown keys refused, no type coercion (YAML's `on` is not a number or a mode), immutable."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
 
 
-@dataclass(frozen=True)
-class AdapterSpec:
-    dir: str | None = None  # holds `.vllm_lora/trl-policy-vN`; defaults to async_grpo.output_dir
-    keep: int | None = None  # defaults to max_staleness + 2
+def _reward(name: str) -> str:
+    if name not in rewards_module.REWARDS:
+        raise ValueError(f"{name!r} is not a registered reward; use one of {', '.join(sorted(rewards_module.REWARDS))}")
+    return name
 
 
-@dataclass(frozen=True)
-class RunConfig:
-    run_name: str
-    model: str
-    metrics_path: str
-    async_grpo: dict[str, Any]
+def _resume(value: str) -> str:
+    if value in ("auto", "never"):
+        return value
+    if not value.startswith("/"):
+        raise ValueError(f"must be auto, never or an absolute checkpoint path, got {value!r}")
+    return abs_path(value)
+
+
+Reward = Annotated[str, AfterValidator(_reward)]
+Resume = Annotated[str, AfterValidator(_resume)]
+Scalar = bool | int | Annotated[float, Field(allow_inf_nan=False)] | Text
+# What a passed-through TRL field may hold: TRL's fields are scalars or lists of them.
+_PASS_THROUGH = TypeAdapter(Scalar | list[Scalar] | None, config=ConfigDict(strict=True))
+
+
+class LoraSettings(Strict):
+    """The LoRA adapter (PEFT LoraConfig), the same shape on every engine."""
+
+    r: Count = Field(8, le=1024)
+    """LoRA rank."""
+    alpha: Count = 16
+    """LoRA alpha (the update is scaled by alpha / r)."""
+    dropout: Finite = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the LoRA input, 0 to < 1."""
+    target_modules: Literal["all-linear"] | list[ModuleName] = "all-linear"
+    """'all-linear', or a list of module names such as [q_proj, v_proj]."""
+
+
+class RuntimeSettings(Strict):
+    """How the trainer process runs inside its container."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    """cpu (fp32, use_cpu) or cuda."""
+    attention_shim: Literal["auto", "on", "off"] = "auto"
+    """FlashAttention-3 stand-in for TRL's packed attention: auto installs it where FA3 is missing."""
+    response_template: Literal["chatml"] | None = "chatml"
+    """Chat format the rollout worker parses completions with; null leaves the tokenizer's own."""
+
+
+@cache
+def trl_fields() -> frozenset[str]:
+    """AsyncGRPOConfig field names of the pinned TRL, read from the installed wheel when the list was made."""
+    text = (resources.files("grpo_deploy.runtime") / "trl_config_fields.txt").read_text(encoding="utf-8")
+    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+# AsyncGRPOConfig fields the kit sets from other settings: a user changes those instead.
+KIT_OWNED_TRL = {
+    "output_dir": "checkpoints.dir",
+    "vllm_server_base_url": "the hosts (the server's address) and overrides.vllm.port",
+    "seed": "run.seed",
+    "report_to": "logger.kind",
+    "use_cpu": "overrides.runtime.device",
+    "save_strategy": "checkpoints.save_every",
+    "save_steps": "checkpoints.save_every",
+    "save_total_limit": "checkpoints.keep",
+}
+
+
+class AsyncGrpoArgs(BaseModel):
+    """Arguments of TRL's AsyncGRPOConfig. The fields below are the ones the kit reads or sets (their defaults are
+    TRL's, except vllm_server_timeout); any other AsyncGRPOConfig field may be given and is passed through."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True, use_attribute_docstrings=True)
+
+    output_dir: AbsPath | None = None
+    """Where TRL writes checkpoints and adapters (set by the kit from checkpoints.dir)."""
+    vllm_server_base_url: Text | None = None
+    """The vLLM server the rollout worker talks to (set by the kit)."""
+    vllm_server_timeout: Finite = Field(900.0, gt=0)
+    """Seconds to wait for the server at start (TRL's own default, 240 s, is shorter than a large model's load)."""
+    max_steps: int = Field(-1, ge=-1)
+    """Optimizer steps; -1 = epoch-driven."""
+    max_staleness: NonNegative = 4
+    """Rollouts more than this many adapter syncs old are dropped."""
+    max_completion_length: Count = 2048
+    """Tokens per completion (vLLM's max_tokens)."""
+    max_inflight_tasks: int = Field(-1, ge=-1)
+    """Concurrent completion requests; -1 = TRL's automatic value."""
+    queue_maxsize: Count = 1024
+    """Scored samples waiting for the trainer."""
+    token_budget: NonNegative | None = None
+    """Packing: unique tokens per packed row (0 = off, null = the server's max_model_len)."""
+    per_device_train_batch_size: Count = 8
+    """Samples per microbatch (not used for batching when token_budget > 0)."""
+    gradient_accumulation_steps: Count = 1
+    """Microbatches per optimizer step."""
+    gradient_checkpointing: bool = True
+    """Recompute activations in the backward pass (saves memory, costs time)."""
+    weight_sync_steps: Count = 1
+    """Optimizer steps between adapter hand-overs to the server."""
+    num_generations: Count = 8
+    """Completions per prompt (the GRPO group)."""
+    learning_rate: Finite = Field(1e-6, gt=0)
+    """Peak learning rate."""
+    bf16: bool | None = None
+    """bf16 mixed precision (the kit turns it on for cuda, off for cpu)."""
+    fp16: bool | None = None
+    """fp16 mixed precision."""
+    use_cpu: bool | None = None
+    """Train on the CPU (set by the kit from runtime.device)."""
+    seed: int | None = None
+    """Trainer seed (set by the kit from run.seed)."""
+    run_name: Text | None = None
+    """Logger run name."""
+    report_to: Literal["none", "wandb", "tensorboard", "mlflow"] | None = None
+    """Logger (set by the kit from logger.kind)."""
+    save_strategy: Literal["no", "steps", "epoch"] | None = None
+    """When TRL saves (set by the kit from checkpoints.save_every)."""
+    save_steps: Count | None = None
+    """Steps between saves (set by the kit from checkpoints.save_every)."""
+    save_total_limit: Count | None = None
+    """Checkpoints kept (set by the kit from checkpoints.keep)."""
+
+    @model_validator(mode="after")
+    def _known_extras(self) -> AsyncGrpoArgs:
+        for key, value in (self.model_extra or {}).items():
+            if key not in trl_fields():
+                raise ValueError(f"{key}: not an AsyncGRPOConfig field of trl {TRL_VERSION}"
+                                 + did_you_mean(key, trl_fields()))
+            try:
+                _PASS_THROUGH.validate_python(value)
+            except ValidationError:
+                raise ValueError(f"{key}: expected a number, a boolean, a string or a list of those, "
+                                 f"got {value!r}") from None
+        return self
+
+
+def did_you_mean(word: str, choices) -> str:
+    """'; did you mean X?' for the closest known name, or ''."""
+    import difflib
+
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+class AdapterConfig(Strict):
+    dir: AbsPath | None = None
+    """Holds `.vllm_lora/trl-policy-vN`; defaults to async_grpo.output_dir."""
+    keep: Count | None = None
+    """Adapter versions kept on the volume; defaults to max_staleness + 2."""
+
+
+class RunConfig(Strict):
+    """The whole trainer config: what grpo_deploy.runtime.train reads from /etc/grpo-deploy/trainer.yaml."""
+
+    run_name: Name
     seed: int = 0
-    dataset: DatasetSpec = field(default_factory=DatasetSpec)
-    rewards: tuple[str, ...] = ("brevity",)
-    lora: LoraSpec = field(default_factory=LoraSpec)
-    attention_shim: str = "auto"
-    response_template: str | None = "chatml"
-    device: str = "cpu"
-    adapters: AdapterSpec = field(default_factory=AdapterSpec)
-    resume: str = "auto"
+    model: ModelRef
+    dataset: DatasetSpec = DatasetSpec()
+    rewards: list[Reward] = Field(["brevity"], min_length=1)
+    lora: LoraSettings = LoraSettings()
+    attention_shim: Literal["auto", "on", "off"] = "auto"
+    response_template: Literal["chatml"] | None = "chatml"
+    device: Literal["cpu", "cuda"] = "cpu"
+    metrics_path: AbsPath
+    adapters: AdapterConfig = AdapterConfig()
+    resume: Resume = "auto"
     unload_stale_adapters: bool = True
-    heartbeat_path: str | None = None
-    source: str = "<config>"
+    heartbeat_path: AbsPath | None = None
+    async_grpo: AsyncGrpoArgs
+    source: str = Field("<config>", exclude=True)
+
+    @model_validator(mode="after")
+    def _rules(self) -> RunConfig:
+        if not self.async_grpo.output_dir:
+            raise ValueError("async_grpo.output_dir: is required (an absolute path on the shared volume)")
+        if self.dataset.name != "brevity" and not self.dataset.path:
+            raise ValueError(f"dataset.path: is required for dataset {self.dataset.name}")
+        if self.device == "cpu" and (self.async_grpo.bf16 or self.async_grpo.fp16):
+            raise ValueError("async_grpo.bf16: mixed precision cannot be used with device: cpu")
+        if self.device == "cuda" and self.async_grpo.use_cpu:
+            raise ValueError("async_grpo.use_cpu: contradicts device: cuda")
+        return self
 
     @property
     def output_dir(self) -> str:
-        return os.path.abspath(self.async_grpo["output_dir"])
+        return os.path.abspath(self.async_grpo.output_dir)
 
     @property
     def max_staleness(self) -> int:
-        return int(self.async_grpo.get("max_staleness", 4))
+        return self.async_grpo.max_staleness
 
     @property
     def max_completion_length(self) -> int:
-        return int(self.async_grpo.get("max_completion_length", 2048))
+        return self.async_grpo.max_completion_length
 
     @property
     def server_url(self) -> str:
-        return str(self.async_grpo.get("vllm_server_base_url", "http://localhost:8000")).rstrip("/")
+        return str(self.async_grpo.vllm_server_base_url or "http://localhost:8000").rstrip("/")
 
     @property
     def lora_dir(self) -> str:
         """Where adapter versions are published: `<adapters.dir>/.vllm_lora/trl-policy-vN`, TRL's own layout."""
-        return os.path.join(os.path.abspath(self.adapters.dir or self.async_grpo["output_dir"]), LORA_SUBDIR)
-
-
-_REQUIRED = ("run_name", "model", "metrics_path", "async_grpo")
-
-
-def _fail(source: str, key: str, why: str) -> ConfigError:
-    return ConfigError(f"{source}: {key}: {why}")
-
-
-def _section(raw: Any, cls, source: str, key: str):
-    if raw is None:
-        return cls()
-    if not isinstance(raw, dict):
-        raise _fail(source, key, f"must be a mapping, got {type(raw).__name__}")
-    allowed = {f.name for f in fields(cls)}
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise _fail(source, f"{key}.{unknown[0]}", f"unknown key; allowed: {', '.join(sorted(allowed))}")
-    return cls(**raw)
-
-
-def _expect(value: Any, kind, source: str, key: str):
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise _fail(source, key, f"must be {names}, got {value!r}")
-    return value
+        return os.path.join(os.path.abspath(self.adapters.dir or self.async_grpo.output_dir), LORA_SUBDIR)
 
 
 def parse_config(raw: Any, source: str = "<config>") -> RunConfig:
     """Validate a config mapping; every error names the key, the problem and what is allowed."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: the config must be a YAML mapping")
-    allowed = {f.name for f in fields(RunConfig)} - {"source"}
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise _fail(source, unknown[0], f"unknown key; allowed: {', '.join(sorted(allowed))}")
-    missing = [key for key in _REQUIRED if raw.get(key) in (None, "")]
-    if missing:
-        raise _fail(source, missing[0], "is required")
-
-    values = dict(raw)
-    _expect(values["run_name"], str, source, "run_name")
-    _expect(values["model"], str, source, "model")
-    _expect(values["metrics_path"], str, source, "metrics_path")
-    grpo = _expect(values["async_grpo"], dict, source, "async_grpo")
-    if not grpo.get("output_dir"):
-        raise _fail(source, "async_grpo.output_dir", "is required (an absolute path on the shared volume)")
-    values["seed"] = _expect(values.get("seed", 0), int, source, "seed")
-
-    dataset = _section(values.get("dataset"), DatasetSpec, source, "dataset")
-    if dataset.name not in DATASETS:
-        raise _fail(source, "dataset.name", f"{dataset.name!r} is not one of {', '.join(DATASETS)}")
-    if dataset.name != "brevity" and not dataset.path:
-        raise _fail(source, "dataset.path", f"is required for dataset {dataset.name}")
-    if dataset.num_prompts is not None and (not isinstance(dataset.num_prompts, int) or dataset.num_prompts < 1):
-        raise _fail(source, "dataset.num_prompts", f"must be a positive integer or null, got {dataset.num_prompts!r}")
-    values["dataset"] = dataset
-
-    reward_names = values.get("rewards", ["brevity"])
-    if isinstance(reward_names, str):
-        reward_names = [reward_names]
-    if not isinstance(reward_names, list) or not reward_names:
-        raise _fail(source, "rewards", "must be a non-empty list of reward names")
-    for name in reward_names:
-        if name not in rewards_module.REWARDS:
-            registered = ", ".join(sorted(rewards_module.REWARDS))
-            raise _fail(source, "rewards", f"{name!r} is not registered; use {registered}")
-    values["rewards"] = tuple(reward_names)
-
-    values["lora"] = _section(values.get("lora"), LoraSpec, source, "lora")
-    _expect(values["lora"].r, int, source, "lora.r")
-    values["adapters"] = _section(values.get("adapters"), AdapterSpec, source, "adapters")
-    if values["adapters"].keep is not None:
-        _expect(values["adapters"].keep, int, source, "adapters.keep")
-
-    _choice(values, "attention_shim", ATTENTION_SHIM_MODES, "auto", source)
-    _choice(values, "device", DEVICES, "cpu", source)
-    template = values.get("response_template", "chatml")
-    if template is not None and template not in RESPONSE_TEMPLATES:
-        raise _fail(source, "response_template", f"{template!r} is not one of {', '.join(RESPONSE_TEMPLATES)} or null")
-    values["response_template"] = template
-    resume = str(values.get("resume", "auto"))
-    if resume not in ("auto", "never") and not os.path.isabs(resume):
-        raise _fail(source, "resume", f"must be auto, never or an absolute checkpoint path, got {resume!r}")
-    values["resume"] = resume
-    unload = values.get("unload_stale_adapters", True)
-    values["unload_stale_adapters"] = _expect(unload, bool, source, "unload_stale_adapters")
-    return RunConfig(source=source, **values)
-
-
-def _choice(values: dict, key: str, allowed: tuple[str, ...], default: str, source: str) -> None:
-    value = values.get(key, default)
-    if value is True and "on" in allowed:  # YAML reads a bare `on` as a boolean
-        value = "on"
-    if value is False and "off" in allowed:
-        value = "off"
-    if value not in allowed:
-        raise _fail(source, key, f"{value!r} is not one of {', '.join(allowed)}")
-    values[key] = value
+    try:
+        return RunConfig.model_validate({**raw, "source": source})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "literal[")))
+        message = describe_error(err)
+        prefix, sep, rest = message.partition(": ")
+        if not key and sep and " " not in prefix:  # a model rule names its own key
+            key, message = prefix, rest
+        raise ConfigError(f"{source}: {key or '<top>'}: {message}") from None
 
 
 def load_config(path: str) -> RunConfig:
@@ -194,23 +281,23 @@ def load_config(path: str) -> RunConfig:
     return parse_config(raw, source=path)
 
 
-def build_grpo_kwargs(config: RunConfig) -> dict[str, Any]:
-    """`AsyncGRPOConfig` keyword arguments: `async_grpo` verbatim plus the device settings and run defaults.
+def config_text(config: RunConfig, header: str) -> str:
+    """The config as the YAML file the container reads (only what was set; TRL applies its own defaults)."""
+    data = config.model_dump(exclude_unset=True, mode="json")
+    data["async_grpo"] = dict(sorted(config.async_grpo.model_dump(exclude_unset=True, mode="json").items()))
+    return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120)
 
-    On CPU, transformers refuses TRL's default bf16 without a GPU, so the run is fp32 with `use_cpu`.
-    """
-    kwargs = dict(config.async_grpo)
+
+def build_grpo_kwargs(config: RunConfig) -> dict[str, Any]:
+    """`AsyncGRPOConfig` keyword arguments: what the config set in `async_grpo`, plus the device settings and run
+    defaults. On CPU, transformers refuses TRL's default bf16 without a GPU, so the run is fp32 with `use_cpu`."""
+    kwargs = config.async_grpo.model_dump(exclude_unset=True)
     kwargs["output_dir"] = config.output_dir
+    kwargs.setdefault("vllm_server_timeout", config.async_grpo.vllm_server_timeout)
     kwargs.setdefault("run_name", config.run_name)
     kwargs.setdefault("seed", config.seed)
     if config.device == "cpu":
-        if kwargs.get("bf16") or kwargs.get("fp16"):
-            raise _fail(config.source, "async_grpo.bf16", "mixed precision cannot be used with device: cpu")
-        kwargs["use_cpu"] = True
-        kwargs["bf16"] = False
-        kwargs["fp16"] = False
-    elif kwargs.get("use_cpu"):
-        raise _fail(config.source, "async_grpo.use_cpu", "contradicts device: cuda")
+        kwargs.update(use_cpu=True, bf16=False, fp16=False)
     return kwargs
 
 

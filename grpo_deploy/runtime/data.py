@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 import os
 import random
-from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .values import AbsPath
 
 DATASETS = ("brevity", "boxed-math", "gsm8k")
 
@@ -16,11 +20,17 @@ _SUBJECTS = (
 _ASKS = ["Describe {}.", "Tell me about {}.", "What is {}?", "Say something about {}.", "Write a line on {}."]
 
 
-@dataclass(frozen=True)
-class DatasetSpec:
-    name: str = "brevity"
-    path: str | None = None
-    num_prompts: int | None = 64
+class DatasetSpec(BaseModel):
+    """Which prompts the trainer reads."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
+
+    name: Literal["brevity", "boxed-math", "gsm8k"] = "brevity"
+    """brevity (synthetic, no file) | boxed-math | gsm8k (JSONL files)."""
+    path: AbsPath | None = None
+    """The dataset file inside the containers (boxed-math, gsm8k)."""
+    num_prompts: int | None = Field(64, ge=0)
+    """Prompts used; 0 or null = every prompt in the file (brevity: 64)."""
 
 
 def user_prompt(text: str) -> list[dict]:

@@ -8,6 +8,7 @@ import pytest
 
 from grpo_deploy import plan, resolve, scaffold, spec
 from grpo_deploy.cli import main
+from tests.specs import spec_yaml
 
 
 def seed000_text(keep: str = "all") -> str:
@@ -71,10 +72,7 @@ def test_trl_checkpoint_counts_adapters_kept_on_the_volume():
 
 
 def test_unknown_model_warns_instead_of_guessing():
-    text = scaffold.spec_text("gb10", "trl-async", ["a", "b"]).replace(
-        "  path: null                        # null = the profile's",
-        "  path: org/unknown-model # null = the profile's", 1)
-    p = plan.make_plan(_resolved(text))
+    p = plan.make_plan(_resolved(spec_yaml(**{"model.path": "org/unknown-model"})))
     assert p.disk is None and "model.architecture" in p.warnings[0]
 
 
@@ -92,8 +90,7 @@ def test_cli_plan_measures_the_real_filesystem(tmp_path, capsys):
     """A host with shared_dir: plan reads statvfs of that real directory."""
     shared = tmp_path / "nfs"
     shared.mkdir()
-    text = scaffold.spec_text("cpu", "trl-async").replace("    roles: [server, trainer]",
-                                                         f"    roles: [server, trainer]\n    shared_dir: {shared}")
+    text = spec_yaml("cpu", hosts=(), **{"hosts.0.shared_dir": str(shared)})
     f = tmp_path / "spec.yaml"
     f.write_text(text)
     assert main(["plan", "-f", str(f), "--json"]) == 0

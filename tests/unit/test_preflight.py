@@ -20,10 +20,10 @@ def _only(ctx, name):
 
 
 def test_identity_split_uid_fails_naming_uid_umask_and_path():
-    text = CPU.replace("  roles: {}", "  roles: {trainer: {uid: 0, gid: 0, umask: '0077'}}")
+    text = CPU.replace("  roles: {}", "  roles: {trainer: {uid: 2000, gid: 2000, umask: '0077'}}")
     (r,) = _only(ctx_for(text), "identity")
     assert r.verdict == "fail"
-    assert "UID 0:0" in r.fact and "umask 0077" in r.fact and "/shared/runs/rehearsal" in r.fact
+    assert "UID 2000:2000" in r.fact and "umask 0077" in r.fact and "/shared/runs/rehearsal" in r.fact
 
 
 def test_identity_same_uid_passes():

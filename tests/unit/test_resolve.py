@@ -1,33 +1,31 @@
 """Tests of grpo_deploy.resolve: precedence, provenance, derived vLLM settings, GPU split, cross-field rules."""
 
 import pytest
+import yaml
 
-from grpo_deploy import resolve, scaffold, spec
+from grpo_deploy import resolve, spec
+from tests.specs import loaded
 
 
-def _res(profile="gb10", engine="trl-async", hosts=("a", "b"), overrides=None, replace=()):
-    text = scaffold.spec_text(profile, engine, list(hosts))
+def _res(profile="gb10", engine="trl-async", hosts=("a", "b"), overrides=None, **changes):
     if overrides:
-        text = text.replace("overrides: {}", f"overrides: {overrides}")
-    for old, new in replace:
-        text = text.replace(old, new)
-    return resolve.resolve(spec.loads(text))
+        changes["overrides"] = yaml.safe_load(overrides)
+    return resolve.resolve(loaded(profile, engine, hosts, **changes))
 
 
 def test_precedence_profile_then_spec_then_override():
-    res = _res(overrides="{trl: {learning_rate: 1.0e-5}}",
-               replace=[("  save_every: null ", "  save_every: 10   ")])
-    lr = res.sections["trl"]["learning_rate"]
-    assert (lr.value, lr.source) == (1e-5, "override")
-    assert res.sections["trl"]["max_staleness"].source == "profile:gb10"
-    assert res.v("checkpoints", "save_every") == 10 and res.v("trl", "save_steps") == 10
+    res = _res(overrides="{trl: {learning_rate: 1.0e-5}}", **{"checkpoints.save_every": 10})
+    lr = res.origins["trl"]["learning_rate"]
+    assert (res.settings.trl.learning_rate, lr.source) == (1e-5, "override")
+    assert res.origins["trl"]["max_staleness"].source == "profile:gb10"
+    assert res.settings.checkpoints.save_every == 10 and res.settings.trl.save_steps == 10
 
 
 def test_derived_vllm_settings():
     res = _res(overrides="{lora: {r: 24}}")
-    assert res.v("vllm", "max_lora_rank") == 32  # the smallest vLLM slot >= 24
-    assert res.v("vllm", "max_loras") == 6 and res.sections["vllm"]["max_loras"].source == "derived"
-    assert res.v("vllm", "max_model_len") == 1024 + 3000
+    assert res.settings.vllm.max_lora_rank == 32  # the smallest vLLM slot >= 24
+    assert res.settings.vllm.max_loras == 6 and res.origins["vllm"]["max_loras"].source == "derived"
+    assert res.settings.vllm.max_model_len == 1024 + 3000
 
 
 def test_lora_rank_above_slot_rejected():
@@ -39,8 +37,7 @@ def test_gpu_split_and_shared_gpu_rejected():
     res = _res("h200", hosts=("h",))
     assert resolve.gpu_split(res, res.spec.hosts[0]) == {"server": [0], "trainer": [1]}
     with pytest.raises(spec.SpecError, match="share a GPU"):
-        _res("h200", hosts=("h",), replace=[("roles: [server, trainer]",
-                                             "roles: [server, trainer]\n    gpus: {server: [0], trainer: [0]}")])
+        _res("h200", hosts=("h",), **{"hosts.0.gpus": {"server": [0], "trainer": [0]}})
 
 
 def test_verl_divisibility():
@@ -64,25 +61,25 @@ def test_server_env_refuses_credentials_and_bad_names():
     text = str(err.value)
     assert "overrides.vllm.env.HF_TOKEN" in text and "credential" in text
     assert "not an environment variable name" in text and "expected a string or number" in text
-    with pytest.raises(spec.SpecError, match="expected a mapping"):
+    with pytest.raises(spec.SpecError, match="overrides.vllm.env: input should be a valid dictionary"):
         _res(overrides="{vllm: {env: [A]}}")
 
 
 def test_server_env_override_merges_over_profile_env():
-    assert _res("cpu", hosts=("local",)).v("vllm", "env") == {"TORCHDYNAMO_DISABLE": "1"}
+    assert _res("cpu", hosts=("local",)).settings.vllm.env == {"TORCHDYNAMO_DISABLE": "1"}
     res = _res("cpu", hosts=("local",), overrides='{vllm: {env: {OMP_NUM_THREADS: 2, TORCHDYNAMO_DISABLE: ""}}}')
-    assert res.v("vllm", "env") == {"TORCHDYNAMO_DISABLE": "", "OMP_NUM_THREADS": 2}
-    env = res.sections["vllm"]["env"]
+    assert res.settings.vllm.env == {"TORCHDYNAMO_DISABLE": "", "OMP_NUM_THREADS": "2"}
+    env = res.origins["vllm"]["env"]
     assert env.source == "override" and "merged over profile:cpu" in env.why
 
 
 def test_adapter_slots_are_max_staleness_plus_two():
     assert _res().adapter_slots == 6  # gb10 profile: max_staleness 4
     res = _res(overrides="{trl: {max_staleness: 1}}")
-    assert res.adapter_slots == 3 and res.v("vllm", "max_loras") == 3
+    assert res.adapter_slots == 3 and res.settings.vllm.max_loras == 3
 
 
 def test_keep_all_means_none_with_its_reason():
-    res = _res(replace=[("  keep: null ", "  keep: all  ")])
-    assert res.keep is None and res.sections["checkpoints"]["keep"].source == "spec"
-    assert _res(replace=[("  keep: null ", "  keep: 5    ")]).keep == 5
+    res = _res(**{"checkpoints.keep": "all"})
+    assert res.keep is None and res.origins["checkpoints"]["keep"].source == "spec"
+    assert _res(**{"checkpoints.keep": 5}).keep == 5

@@ -43,6 +43,7 @@ def test_every_key_is_commented():
 
 
 def test_host_names_come_from_the_address_host_part():
-    assert scaffold._host_only("user@Node-1.example:2222") == "Node-1.example"
-    assert scaffold._name("user@Node-1.example:2222") == "node-1-example"
-    assert scaffold._name("@") == "host"
+    assert scaffold.host_name("user@Node-1.example:2222") == "node-1-example"
+    assert scaffold.host_name("fe80::1") == scaffold.host_name("[fe80::1]:22") == "fe80--1"
+    with pytest.raises(scaffold.InitError, match="would be read as an option"):
+        scaffold.spec_text("gb10", "trl-async", ["-oProxyCommand=x", "b"])

@@ -6,6 +6,7 @@ import pytest
 
 from grpo_deploy import resolve, scaffold, spec
 from grpo_deploy.cli import main
+from tests.specs import loaded, spec_yaml
 
 PAIR = scaffold.spec_text("gb10", "trl-async", ["spark1", "spark2"])
 
@@ -45,9 +46,7 @@ def test_max_loras_too_small_for_staleness():
 
 
 def test_mount_point_differing_between_hosts():
-    text = PAIR.replace("    profile: gb10\n    roles: [server]",
-                        "    profile: gb10\n    roles: [server]\n    mount: /mnt/nfs")
-    (p,) = _problems(text)
+    (p,) = _problems(spec_yaml(**{"hosts.1.mount": "/mnt/nfs"}))
     assert p.key == "hosts[1].mount" and "/mnt/nfs" in p.message and "/shared" in p.message
 
 
@@ -98,7 +97,7 @@ def test_yaml_syntax_error_names_line():
 @pytest.mark.parametrize("mutation", [
     ("  seed: 0", "  seed: 0\n  sead: 1"),
     ("overrides: {}", "overrides: {vllm: {max_loras: 2}}"),
-    ("    profile: gb10\n    roles: [server]", "    profile: gb10\n    roles: [server]\n    mount: /mnt/x"),
+    ("    shared_dir: null", "    mount: /mnt/x"),
     ("profile: gb10", "profile: a100"),
     ("  uid: 1000", "  uid: x"),
 ])
@@ -125,14 +124,12 @@ def test_cli_preflight_bad_spec_exit_2_json(tmp_path, capsys):
 
 def test_bad_role_umask_names_the_role_key():
     (p,) = _problems(PAIR.replace("  roles: {}", "  roles: {trainer: {umask: '0088'}}"))
-    assert p.key == "run.roles.trainer.umask" and "umask must be an octal string such as '0022'" in p.message
+    assert p.key == "run.roles.trainer.umask" and "write an octal string such as '0022'" in p.message
     assert p.where == f"bad.yaml:{_line_of(PAIR, '  roles: {}')}"
 
 
 def test_run_and_role_umasks_are_padded_to_four_digits():
-    text = PAIR.replace('  umask: "0022"', '  umask: "027"')
-    text = text.replace("  roles: {}", "  roles: {trainer: {umask: '077'}}")
-    res = resolve.resolve(spec.loads(text))
+    res = resolve.resolve(loaded(**{"run.umask": "027", "run.roles": {"trainer": {"umask": "077"}}}))
     assert res.identities["server"].umask == "0027" and res.identities["trainer"].umask == "0077"
 
 

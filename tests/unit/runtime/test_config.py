@@ -36,7 +36,7 @@ def with_changes(**changes):
 def test_defaults_for_a_minimal_config():
     config = parse_config(MINIMAL)
     assert config.dataset.name == "brevity" and config.dataset.num_prompts == 64
-    assert config.rewards == ("brevity",) and config.device == "cpu" and config.resume == "auto"
+    assert config.rewards == ["brevity"] and config.device == "cpu" and config.resume == "auto"
     assert config.lora_dir == "/runs/r/output/.vllm_lora" and config.max_staleness == 2
     assert config.server_url == "http://localhost:8000"
 
@@ -45,17 +45,22 @@ def test_defaults_for_a_minimal_config():
     "changes, message",
     [
         ({"colour": "red"}, "colour: unknown key"),
-        ({"model": None}, "model: is required"),
+        ({"model": None}, "model: must be set"),
         ({"async_grpo": {"learning_rate": 1}}, "async_grpo.output_dir: is required"),
         ({"dataset": {"name": "imagenet"}}, "dataset.name: 'imagenet' is not one of"),
         ({"dataset": {"name": "gsm8k"}}, "dataset.path: is required for dataset gsm8k"),
         ({"dataset": {"name": "brevity", "size": 3}}, "dataset.size: unknown key"),
-        ({"rewards": ["brevity", "speed"]}, "rewards: 'speed' is not registered"),
-        ({"attention_shim": "sometimes"}, "attention_shim: 'sometimes' is not one of auto, on, off"),
-        ({"device": "tpu"}, "device: 'tpu' is not one of cpu, cuda"),
+        ({"rewards": ["brevity", "speed"]}, "rewards.1: 'speed' is not a registered reward"),
+        ({"attention_shim": "sometimes"}, "attention_shim: 'sometimes' is not one of 'auto', 'on' or 'off'"),
+        ({"device": "tpu"}, "device: 'tpu' is not one of 'cpu' or 'cuda'"),
         ({"resume": "checkpoint-3"}, "resume: must be auto, never or an absolute checkpoint path"),
         ({"lora": {"rank": 8}}, "lora.rank: unknown key"),
-        ({"seed": "zero"}, "seed: must be int"),
+        ({"seed": "zero"}, "seed: input should be a valid integer, got 'zero'"),
+        ({"lora": {"r": "on"}}, "lora.r: input should be a valid integer"),
+        ({"lora": {"r": True}}, "lora.r: got the boolean True"),
+        ({"async_grpo": {"output_dir": "/o", "learning_rate": float("inf")}}, "async_grpo.learning_rate"),
+        ({"async_grpo": {"output_dir": "/o", "max_stepz": 3}}, "did you mean 'max_steps'"),
+        ({"metrics_path": "/x/../etc/m"}, "metrics_path: '/x/../etc/m' is not a normalised path"),
     ],
 )
 def test_errors_name_the_key(changes, message):
@@ -63,9 +68,10 @@ def test_errors_name_the_key(changes, message):
         parse_config(with_changes(**changes), source="spec.yaml")
 
 
-def test_yaml_on_off_read_as_shim_modes():
-    assert parse_config(with_changes(attention_shim=True)).attention_shim == "on"
-    assert parse_config(with_changes(attention_shim=False)).attention_shim == "off"
+def test_yaml_booleans_are_not_shim_modes():
+    """An unquoted on/off reaches the config as a boolean: refused, not guessed."""
+    with pytest.raises(ConfigError, match="attention_shim: True is not one of"):
+        parse_config(with_changes(attention_shim=True))
 
 
 def test_cpu_forces_fp32_and_use_cpu():

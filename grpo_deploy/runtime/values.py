@@ -1,0 +1,304 @@
+"""Validated value types for everything a user controls (names, addresses, paths, image references, env entries,
+Hydra overrides): each refuses what could break out of the file it is rendered into, with a message that says why.
+
+Pure (no I/O), shared by the deployer's spec and the trainer's config. Each type is an `Annotated` pydantic type
+whose validator raises ValueError with a user-facing reason; the spec loader adds file, line and key.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field
+
+# Control characters (newline, NUL, escape ...) never belong in a value that reaches a rendered file.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
+LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
+PATH_CHARS = re.compile(r"^[A-Za-z0-9._+@=/-]+$")
+ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+VOLUME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?$")
+SSH_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
+NFS_OPTIONS_RE = re.compile(r"^[A-Za-z0-9_.=-]+(,[A-Za-z0-9_.=-]+)*$")
+HYDRA_KEY_RE = re.compile(r"^\+{0,2}[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+MODULE_RE = re.compile(r"^[A-Za-z0-9_.]+$")
+# The OCI distribution reference grammar: [domain[:port]/]path[:tag][@digest].
+_LABEL = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+_DOMAIN = rf"{_LABEL}(?:\.{_LABEL})*"
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_RE = re.compile(
+    rf"^(?:{_DOMAIN}(?::[0-9]+)?/)?{_PATH}(?:/{_PATH})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+# Env values: what the compose env-file parser and Kubernetes env files read the same way, literally.
+ENV_VALUE_FORBIDDEN = set("$\"'`\\#")
+
+# Directories a shared volume or checkpoint dir must never be, or (second list) be inside of.
+SYSTEM_DIRS = ("/", "/home", "/opt", "/srv", "/mnt", "/media", "/tmp", "/var", "/root")
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
+                "/sys", "/usr")
+# Paths the kit's images and containers own: the venv, the kit, the run user's HOME (caches), the config mount.
+KIT_PATHS = ("/opt/venv", "/opt/grpo-deploy", "/home/grpo", "/etc/grpo-deploy")
+# Names whose values are credentials: never in a rendered file.
+SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL")
+
+
+def _text(value: str, what: str) -> str:
+    if _CONTROL.search(value):
+        raise ValueError(f"{what} contains a control character (newline, tab, NUL ...): {value!r}")
+    return value
+
+
+def _name(value: str) -> str:
+    if not NAME_RE.match(value):
+        raise ValueError("must be 1-42 lowercase letters, digits or '-', starting and ending with a letter or digit")
+    return value
+
+
+def _label(value: str) -> str:
+    if not LABEL_RE.match(value):
+        raise ValueError("must be letters, digits, '_', '.' or '-' (up to 128), starting with a letter or digit")
+    return value
+
+
+def abs_path(value: str) -> str:
+    _text(value, "the path")
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is not an absolute path (it must start with '/')")
+    trimmed = value.rstrip("/") or "/"
+    if trimmed != "/" and not PATH_CHARS.match(trimmed):
+        bad = sorted({c for c in trimmed if not PATH_CHARS.match(c)})
+        raise ValueError(f"{value!r} contains {' '.join(repr(c) for c in bad)}: paths may hold letters, digits and "
+                         "._+@=-/ only (':' and ',' split mount options, '$' is expanded by compose, spaces split "
+                         "arguments)")
+    parts = trimmed.split("/")[1:]
+    if trimmed != "/" and any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{value!r} is not a normalised path (no '//', '.' or '..' components)")
+    return trimmed
+
+
+def _not_system(value: str) -> str:
+    if value in SYSTEM_DIRS or any(value == t or value.startswith(t + "/") for t in SYSTEM_TREES):
+        raise ValueError(f"{value!r} is a system directory (or inside one); use a directory of its own, "
+                         "e.g. /shared or /srv/grpo-deploy")
+    for kit in KIT_PATHS:
+        if value == kit or value.startswith(kit + "/") or kit.startswith(value + "/"):
+            raise ValueError(f"{value!r} collides with {kit}, which the kit's images use; choose another path")
+    return value
+
+
+def _model_ref(value: str) -> str:
+    _text(value, "the model")
+    if value.startswith("/"):
+        return abs_path(value)
+    if not HUB_ID_RE.match(value) or ".." in value:
+        raise ValueError(f"{value!r} is neither an absolute path nor a hub id such as Qwen/Qwen2.5-Math-1.5B")
+    return value
+
+
+def _served_name(value: str) -> str:
+    _text(value, "the served name")
+    if not HUB_ID_RE.match(value) or ".." in value:
+        raise ValueError(f"{value!r} is not a model name (letters, digits, '._-', at most one '/')")
+    return value
+
+
+def _volume(value: str) -> str:
+    if not VOLUME_RE.match(value):
+        raise ValueError(f"{value!r} is not a Docker volume name (letters, digits, '_', '.', '-')")
+    return value
+
+
+def _image(value: str) -> str:
+    _text(value, "the image reference")
+    if not IMAGE_RE.match(value):
+        raise ValueError(f"{value!r} is not an image reference ([registry/]name[:tag][@sha256:digest], "
+                         "lowercase name)")
+    return value
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    """An SSH target split into parts: user (or None), host (name, IPv4 or IPv6 without brackets), port (or None)."""
+
+    user: str | None
+    host: str
+    port: int | None
+
+
+def parse_address(value: str) -> SshTarget:
+    """Split `[user@]host[:port]`, `[user@][v6addr]:port` or a bare IPv6 address; ValueError when not one."""
+    _text(value, "the address")
+    if value.startswith("-"):
+        raise ValueError(f"{value!r} starts with '-': it would be read as an option")
+    user, sep, rest = value.rpartition("@")
+    user = user if sep else None
+    if user is not None and not SSH_USER_RE.match(user):
+        raise ValueError(f"{user!r} is not a user name")
+    port: int | None = None
+    if rest.startswith("["):
+        host, close, tail = rest[1:].partition("]")
+        if not close or (tail and not tail.startswith(":")):
+            raise ValueError(f"{value!r}: expected [IPv6 address] or [IPv6 address]:port")
+        port_text = tail[1:] if tail else None
+        _ipv6(host, value)
+    elif rest.count(":") >= 2:
+        host, port_text = rest, None
+        _ipv6(host, value)
+    else:
+        host, colon, port_text = rest.partition(":")
+        port_text = port_text if colon else None
+        if not HOSTNAME_RE.match(host):
+            raise ValueError(f"{value!r}: {host!r} is not a host name, SSH alias or IP address")
+    if port_text is not None:
+        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+            raise ValueError(f"{value!r}: the port must be a number from 1 to 65535")
+        port = int(port_text)
+    return SshTarget(user, host, port)
+
+
+def _ipv6(host: str, value: str) -> None:
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        raise ValueError(f"{value!r}: {host!r} is not an IPv6 address") from None
+
+
+def _address(value: str) -> str:
+    if value != "local":
+        parse_address(value)
+    return value
+
+
+def _host_only(value: str) -> str:
+    target = parse_address(value)
+    if target.user is not None or target.port is not None:
+        raise ValueError(f"{value!r}: give the server's host name or IP address alone (no user@ or :port)")
+    return value
+
+
+def _env_name(value: str) -> str:
+    if not ENV_NAME_RE.match(value):
+        raise ValueError(f"{value!r} is not an environment variable name (upper case letters, digits and _)")
+    if any(word in value for word in SECRET_WORDS):
+        raise ValueError(f"{value!r} looks like a credential: rendered files must not hold secrets; export it in the "
+                         "environment of `grpo-deploy up` instead (HF_TOKEN and WANDB_API_KEY are passed through)")
+    return value
+
+
+def env_text(value: Any) -> str:
+    """An env value as its text: YAML booleans become 1/0, numbers their decimal form."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string or number, got {type(value).__name__}")
+    return value
+
+
+def _env_value(value: str) -> str:
+    _text(value, "the value")
+    bad = sorted(ENV_VALUE_FORBIDDEN & set(value))
+    if bad:
+        raise ValueError(f"{value!r} contains {' '.join(repr(c) for c in bad)}: env files are read by compose "
+                         "(which expands '$' and strips quotes and '#' comments) and by Kubernetes (which does not); "
+                         "use a value without them")
+    return value
+
+
+def _nfs_options(value: str) -> str:
+    if not NFS_OPTIONS_RE.match(value):
+        raise ValueError(f"{value!r} is not a comma-separated list of mount options such as nfsvers=4.1,hard")
+    return value
+
+
+def _hydra_key(value: str) -> str:
+    if not HYDRA_KEY_RE.match(value):
+        raise ValueError(f"{value!r} is not a Hydra key (dotted identifiers, optionally prefixed by + or ++)")
+    return value
+
+
+def _module(value: str) -> str:
+    if not MODULE_RE.match(value):
+        raise ValueError(f"{value!r} is not a module name (letters, digits, '_' and '.')")
+    return value
+
+
+def _no_bool(value: Any) -> Any:
+    """Before a number or enum: a YAML boolean here was almost always an unquoted on/off/yes/no."""
+    if isinstance(value, bool):
+        raise ValueError(f"got the boolean {value!r}: YAML reads unquoted on/off/yes/no/true/false as booleans; "
+                         "quote the word or write the number")
+    return value
+
+
+Text = Annotated[str, AfterValidator(lambda v: _text(v, "the value"))]
+Name = Annotated[str, AfterValidator(_name)]
+Label = Annotated[str, AfterValidator(_label)]
+AbsPath = Annotated[str, AfterValidator(abs_path)]
+OwnPath = Annotated[str, AfterValidator(abs_path), AfterValidator(_not_system)]
+ModelRef = Annotated[str, AfterValidator(_model_ref)]
+ServedName = Annotated[str, AfterValidator(_served_name)]
+VolumeName = Annotated[str, AfterValidator(_volume)]
+ImageRef = Annotated[str, AfterValidator(_image)]
+HostAddress = Annotated[str, AfterValidator(_address)]
+HostOnly = Annotated[str, AfterValidator(_host_only)]
+EnvName = Annotated[str, AfterValidator(_env_name)]
+EnvValue = Annotated[str, BeforeValidator(env_text), AfterValidator(_env_value)]
+NfsOptions = Annotated[str, AfterValidator(_nfs_options)]
+HydraKey = Annotated[str, AfterValidator(_hydra_key)]
+ModuleName = Annotated[str, AfterValidator(_module)]
+Uid = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=2**31 - 2)]
+Finite = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
+Count = Annotated[int, BeforeValidator(_no_bool), Field(ge=1)]
+NonNegative = Annotated[int, BeforeValidator(_no_bool), Field(ge=0)]
+Port = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=65535)]
+
+
+def describe_error(err: dict) -> str:
+    """A pydantic error as a user-facing reason: what was wrong, with the value given and what is allowed."""
+    kind, msg, given = err["type"], err["msg"], err.get("input")
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "is required"
+    if kind in ("value_error", "assertion_error"):
+        return msg.split(", ", 1)[1] if msg.startswith(("Value error, ", "Assertion failed, ")) else msg
+    if kind == "literal_error":
+        allowed = msg.removeprefix("Input should be ")
+        hint = " (YAML reads unquoted on/off/yes/no as booleans: quote the word)" if isinstance(given, bool) else ""
+        return f"{given!r} is not one of {allowed}{hint}"
+    if given is None:
+        return "must be set (got null)"
+    hint = ""
+    if isinstance(given, bool):
+        hint = " (YAML reads unquoted on/off/yes/no/true/false as booleans: quote the word or write the number)"
+    elif isinstance(given, str) and kind in ("float_type", "int_type") and _looks_numeric(given):
+        hint = " (YAML 1.1 reads a number like 5e-3 as text: write 5.0e-3)"
+    return f"{msg[0].lower() + msg[1:]}, got {given!r}{hint}"
+
+
+def _looks_numeric(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def error_location(err: dict) -> tuple[tuple[Any, ...], str | None]:
+    """Where a pydantic error points (its loc, without pydantic's union/validator tags) and, when a model-level rule
+    named its own key as "key: reason", that key appended and the reason alone; else (loc, None)."""
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("literal[", "function-"))))
+    if err["type"] == "value_error":
+        message = describe_error(err)
+        key, sep, rest = message.partition(": ")
+        if sep and key and " " not in key:
+            return loc + (key,), rest
+    return loc, None
