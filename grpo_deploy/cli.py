@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
 
 from . import __version__, preflight, profiles, scaffold
 from .render import render_files
-from .rendered import NotARenderError, diff_tree, write_tree
+from .rendered import WriteRefused, diff_tree, write_tree
 from .resolve import Resolved, resolve
 from .spec import ENGINES, SpecError, load
 from .table import human_bytes, table
@@ -91,20 +92,59 @@ def cmd_init(args) -> int:
     return 0
 
 
+# Never rendered into (nor anything under them, but / itself only): writing there is always a mistake.
+SYSTEM_DIRS = tuple(Path(p) for p in ("/etc", "/usr", "/proc", "/sys", "/dev", "/bin", "/sbin", "/lib", "/lib64",
+                                      "/boot"))
+
+
 def cmd_render(args) -> int:
     res = _load(args)
-    out = Path(args.output).resolve()
-    files = render_files(res, config_dir=str(out / "config"))
     if args.check:
-        return _render_check(out, files)
+        out = Path(args.output).resolve()
+        return _render_check(out, render_files(res, config_dir=str(out / "config")))
+    out = _render_dir(args)
+    files = render_files(res, config_dir=str(out / "config"))
     try:
-        write_tree(files, out, replace=True)
-    except NotARenderError as exc:
+        write_tree(files, out)
+    except WriteRefused as exc:
         raise CliError(str(exc)) from None
     print(f"rendered {len(files)} files for run {res.spec.run.name} ({res.engine}) into {out}")
     for rel in sorted(files):
         print(f"  {rel}")
     return 0
+
+
+def _render_dir(args) -> Path:
+    """-o as an absolute path with links resolved, once it is none of: a link, an existing file, the current directory,
+    a directory holding the spec being read, a system directory. The rest (a folder that is not new, empty or an
+    earlier render; links inside it) is write_tree's to refuse."""
+    given = Path(os.path.abspath(args.output))
+    if given.is_symlink():
+        raise CliError(f"-o {args.output} is a symbolic link; render -o writes only into a real directory: "
+                       "pass a new path or the directory itself")
+    if given.exists() and not given.is_dir():
+        raise CliError(f"-o {args.output} is an existing file, not a directory; pass a new or empty directory")
+    out = given.resolve()
+    if out == Path.cwd().resolve():
+        raise CliError(f"-o {args.output} is the current directory; render into a new or empty directory "
+                       "(e.g. -o render)")
+    for path in (given, out):
+        system = next((s for s in SYSTEM_DIRS if path == s or s in path.parents), None)
+        if path == Path(path.anchor) or system:
+            where = f"under the system directory {system}" if system else "the root directory"
+            raise CliError(f"-o {args.output} is {where}; render into a directory of your own")
+    spec = _spec_path(args)
+    specs = (Path(os.path.abspath(spec)), spec.resolve()) if spec is not None else ()
+    if any(d in s.parents for d in (given, out) for s in specs):
+        raise CliError(f"-o {args.output} holds the spec being read ({spec}); render into a directory outside it")
+    return out
+
+
+def _spec_path(args) -> Path | None:
+    """The spec file _load reads (None: the embedded default)."""
+    if args.file is not None:
+        return Path(args.file)
+    return Path(DEFAULT_SPEC) if Path(DEFAULT_SPEC).exists() else None
 
 
 def _render_check(out: Path, files: dict[str, str]) -> int:
@@ -273,8 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_init)
 
     p = sub.add_parser("render", help="write every artifact (vLLM args, trainer config, compose env, verl overrides)",
-                       description="Render every artifact of the run into a directory; nothing else is touched. "
-                                   "With --check, compare the directory with a fresh render and exit 1 on any "
+                       description="Render every artifact of the run into DIR: a new or empty directory, or an "
+                                   "earlier render, whose record (.grpo-deploy-render) lists the files the kit wrote: "
+                                   "only those are replaced or removed, nothing else is touched. With --check, compare "
+                                   "the directory with a fresh render and exit 1 on any "
                                    "difference.")
     _add_spec(p)
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")

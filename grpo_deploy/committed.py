@@ -4,11 +4,12 @@ default spec) and each Kubernetes overlay's generated/ (from that overlay's spec
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from .compose import KIT_ROOT
 from .render import render_files
-from .rendered import write_tree
+from .rendered import WriteRefused, check_tree, write_tree
 from .resolve import resolve
 from .scaffold import embedded_default
 from .spec import load
@@ -36,16 +37,30 @@ def k8s_generated(overlay: Path) -> dict[str, str]:
     return out
 
 
-def _write(folder: Path, files: dict[str, str], clean: bool = False) -> None:
-    for path in write_tree(files, folder, clean=clean):
-        print(f"wrote {path.relative_to(KIT_ROOT)}")
-
-
-def main() -> None:
-    _write(KIT_ROOT / "compose", compose_files())
+def renders() -> dict[Path, dict[str, str]]:
+    """Each folder the committed renders are written to (its record, rendered.RECORD, lands there) -> its files. An
+    overlay's record sits in the overlay, beside generated/, which holds only the render."""
+    out = {KIT_ROOT / "compose": compose_files()}
     for overlay in k8s_overlays():
-        _write(overlay / "generated", k8s_generated(overlay), clean=True)
+        out[overlay] = {f"generated/{rel}": text for rel, text in k8s_generated(overlay).items()}
+    return out
+
+
+def main() -> int:
+    """Rewrite every committed render through the one render writer, all checked before any is written. Files written
+    before the kit kept records are adopted when equal to the render; a differing one is refused."""
+    folders = renders()
+    try:
+        for folder, files in folders.items():
+            check_tree(files, folder, adopt=True)
+        for folder, files in folders.items():
+            for path in write_tree(files, folder, adopt=True):
+                print(f"wrote {path.relative_to(KIT_ROOT)}")
+    except WriteRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import compose, facts, preflight, status
 from .render import render_files
-from .rendered import write_tree
+from .rendered import WriteRefused, write_tree
 from .resolve import Resolved
 from .runtime.metrics import event_line, event_record, parse_events
 
@@ -64,9 +64,13 @@ class RunState:
 
 
 def write_render(state: RunState) -> None:
-    """The render into the run's folder, files left from an earlier render removed. Written in place (not swapped in
-    whole): the config/ folder may be bind-mounted by containers of this run still up (`up --keep`)."""
-    write_tree(render_files(state.res, config_dir=str(state.render_dir / "config")), state.render_dir, clean=True)
+    """The render into the run's folder; files of the earlier render that this one no longer has are removed, nothing
+    else (grpo_deploy.rendered.write_tree). File by file, in place: the config/ folder may be bind-mounted by
+    containers of this run still up (`up --keep`)."""
+    try:
+        write_tree(render_files(state.res, config_dir=str(state.render_dir / "config")), state.render_dir)
+    except WriteRefused as exc:
+        raise LaunchError(f"cannot render run {state.res.spec.run.name}: {exc}") from None
 
 
 def _require_local(res: Resolved) -> None:

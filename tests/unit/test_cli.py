@@ -52,25 +52,6 @@ def test_parser_has_no_conflicts():
     build_parser()
 
 
-def test_render_over_an_earlier_render_replaces_it_whole(tmp_path, capsys):
-    out = tmp_path / "out"
-    assert main(["render", "-o", str(out)]) == 0
-    (out / "hosts" / "stale.env").write_text("from an earlier spec\n")
-    assert main(["render", "-o", str(out), "--check"]) == 1
-    assert "extra    hosts/stale.env" in capsys.readouterr().out
-    assert main(["render", "-o", str(out)]) == 0
-    assert not (out / "hosts" / "stale.env").exists()
-    assert main(["render", "-o", str(out), "--check"]) == 0
-    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary folder left beside it
-
-
-def test_render_refusal_message_names_the_directory(tmp_path, capsys):
-    (tmp_path / "mine.txt").write_text("keep me")
-    assert main(["render", "-o", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert f"error: {tmp_path} exists and is not an earlier render (no MANIFEST)" in err
-
-
 def test_host_list_drops_blanks():
     from grpo_deploy.cli import _host_list
 
