@@ -1,10 +1,13 @@
-"""FlashAttention-3 stand-in for TRL's packed tree attention (SDPA or torch varlen backends), and its install()."""
+"""FlashAttention-3 stand-in for TRL's packed tree attention (SDPA, torch varlen, cuDNN or FlexAttention backends),
+the start-up pick of the fastest exact one, and its install()."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +21,14 @@ DENSE_LIMIT = 1 << 22
 
 # GPUs with a published FlashAttention-3 build on the kernels hub (Ampere A100 and Hopper).
 FA3_CAPABILITIES = {(8, 0), (9, 0)}
+
+BACKENDS = ("auto", "sdpa", "varlen", "cudnn", "flex", "fastest")
+# What `fastest` times on CUDA: torch varlen (FlashAttention-2 kernels), SDPA on jagged nested tensors with the cuDNN
+# backend, and compiled FlexAttention with a document mask. A candidate that fails or misses the tolerance is dropped.
+FAST_CANDIDATES = ("varlen", "cudnn", "flex")
+# Environment variable that chooses the backend when the trainer installs the shim (a profile's trainer env).
+BACKEND_ENV = "GRPO_ATTENTION_BACKEND"
+FLEX_BLOCK = 128
 
 
 @dataclass(frozen=True)
@@ -164,15 +175,19 @@ class VarlenAttention:
     Causal masking is aligned bottom-right when a segment has fewer queries than keys, and key/value may carry fewer
     heads than the query (grouped-query attention). Returns a tensor shaped like `q`.
 
-    Backends: `torch.nn.attention.varlen.varlen_attn` for fp16/bf16 on CUDA, else SDPA on the packed row.
+    Backends: `auto` uses `torch.nn.attention.varlen.varlen_attn` for fp16/bf16 on CUDA, else SDPA on the packed row;
+    `cudnn` and `flex` are the square-segment kernels below (CUDA fp16/bf16, causal, no window or softcap); `fastest`
+    times every usable candidate on the first CUDA call of each head shape and keeps the fastest exact one.
     """
 
     def __init__(self, backend: str = "auto", dense_limit: int = DENSE_LIMIT):
-        if backend not in ("auto", "sdpa", "varlen"):
-            raise ValueError(f"unknown attention backend {backend!r}: use auto, sdpa or varlen")
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r}: use {', '.join(BACKENDS)}")
         self.backend = backend
         self.dense_limit = dense_limit
         self.calls = 0
+        self.choices: dict[tuple, str] = {}  # `fastest`: (dtype, heads, kv heads, head_dim) -> backend picked
+        self.trials: dict[tuple, list] = {}  # ... and the `attention_compare.Trial` of each candidate
 
     def _use_varlen(self, q: torch.Tensor, softcap: float) -> bool:
         if self.backend == "sdpa":
@@ -183,6 +198,25 @@ class VarlenAttention:
                 raise RuntimeError("torch varlen attention needs CUDA fp16/bf16 tensors, no softcap, and torch >= 2.10")
             return True
         return usable and _torch_varlen() is not None
+
+    def _pick(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, scale, left, right, softcap) -> str:
+        """The backend for this call: fixed by `backend`, or measured once per head shape for `fastest`."""
+        square = square_usable(q, left, right, softcap)
+        if self.backend in ("cudnn", "flex"):
+            if not square:
+                raise RuntimeError(f"{self.backend} attention needs CUDA fp16/bf16 tensors, causal, no window/softcap")
+            return self.backend
+        if self.backend == "fastest" and square:
+            key = (q.dtype, q.shape[1], k.shape[1], q.shape[2])
+            if key not in self.choices:
+                from .attention_compare import compare_backends, fastest_exact, side_computation
+
+                with side_computation(q.device.type):
+                    trials = compare_backends(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, scale, FAST_CANDIDATES)
+                self.trials[key] = trials
+                self.choices[key] = fastest_exact(trials) or "sdpa"
+            return self.choices[key]
+        return "varlen" if self._use_varlen(q, softcap) else "sdpa"
 
     def flash_attn_varlen_func(
         self,
@@ -204,8 +238,11 @@ class VarlenAttention:
             raise ValueError("attention dropout is not supported by the attention shim")
         scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
         left, right = _window(causal, window_size)
-        if self._use_varlen(q, softcap):
+        backend = self._pick(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, scale, left, right, softcap)
+        if backend == "varlen":
             return _cuda_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, left, right)
+        if backend in SQUARE_KERNELS:
+            return square_attention(SQUARE_KERNELS[backend], q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, scale)
         segments = Segments.from_cu(cu_seqlens_q, cu_seqlens_k)
         return sdpa_varlen(q, k, v, segments, scale, left, right, softcap or 0.0, self.dense_limit)
 
@@ -229,6 +266,118 @@ def _cuda_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k
         **kwargs,
     )
     return out[0] if isinstance(out, tuple) else out
+
+
+# --- square segments: cuDNN (jagged nested tensors) and FlexAttention ----------------------------------------------
+# Both kernels align a causal mask top-left when a segment has fewer queries than keys, FlashAttention bottom-right.
+# Padding each segment's queries in front with zero rows up to its key count makes every segment square, where the two
+# alignments agree; the padded rows are dropped from the output (their gradient is zero). In TRL's tree packing the
+# padding is a completion's shared prompt, so the extra work is (prompt length)^2 / 2 per completion, about 1 % here.
+
+
+@dataclass(frozen=True)
+class SquareLayout:
+    """Where each key-space row takes its query from (`len(q)` = the zero row) and where the real rows come back."""
+
+    q_index: torch.Tensor  # (Tk,) rows of cat(q, zero row)
+    out_index: torch.Tensor  # (Tq,) rows of the square output that belong to q, in q order
+    segment: torch.Tensor  # (Tk,) segment of every key-space row
+
+
+def square_layout(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_k: int) -> SquareLayout:
+    """Square layout of one packed call, computed on the tensors' device without a host sync."""
+    cu_q, cu_k = cu_seqlens_q.long(), cu_seqlens_k.long()
+    lens_k = cu_k[1:] - cu_k[:-1]
+    pad = lens_k - (cu_q[1:] - cu_q[:-1])
+    segment = torch.repeat_interleave(torch.arange(len(lens_k), device=cu_k.device), lens_k, output_size=total_k)
+    pos = torch.arange(segment.numel(), device=cu_k.device) - cu_k[:-1][segment]
+    real = pos >= pad[segment]
+    q_index = torch.where(real, cu_q[:-1][segment] + pos - pad[segment], torch.full_like(pos, total_q))
+    return SquareLayout(q_index, torch.nonzero(real).flatten(), segment)
+
+
+def square_usable(q: torch.Tensor, left: int, right: int, softcap: float) -> bool:
+    """Whether a square-segment kernel computes this call: CUDA fp16/bf16, plain causal (no window), no softcap."""
+    return q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and left < 0 and right == 0 and not softcap
+
+
+def square_attention(kernel, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, scale) -> torch.Tensor:
+    """Bottom-right causal varlen attention through a kernel that takes square segments (queries = keys)."""
+    layout = square_layout(cu_seqlens_q, cu_seqlens_k, q.shape[0], k.shape[0])
+    q_square = torch.cat([q, q.new_zeros(1, *q.shape[1:])]).index_select(0, layout.q_index)
+    out = kernel(q_square, k, v, cu_seqlens_k, layout.segment, int(max_seqlen_k), scale)
+    return out.index_select(0, layout.out_index)
+
+
+def cudnn_nested(q, k, v, cu_seqlens, segment, max_seqlen, scale) -> torch.Tensor:
+    """Causal SDPA over square segments as jagged nested tensors, restricted to the cuDNN backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    k, v = _expand_kv(k, q.shape[1]), _expand_kv(v, q.shape[1])
+    offsets = cu_seqlens.to(torch.int64)
+
+    def jagged(x):
+        return torch.nested.nested_tensor_from_jagged(x.contiguous(), offsets, max_seqlen=max_seqlen).transpose(1, 2)
+
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        out = F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), is_causal=True, scale=scale)
+    return out.transpose(1, 2).values()
+
+
+def document_block_mask(segment: torch.Tensor, padded: int, block: int = FLEX_BLOCK):
+    """FlexAttention BlockMask for causal attention inside documents laid end to end, built from block tables.
+
+    Documents are contiguous, so query block i meets key blocks from the first block of its first row's document up
+    to i; a block is full (no mask evaluation) when it lies before the diagonal and both blocks sit in one document.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    rows = segment.numel()
+    document = torch.cat([segment, segment.new_full((padded - rows,), int(segment.max()) + 1 if rows else 0)])
+    starts = torch.zeros(int(document.max()) + 2, dtype=torch.long, device=document.device)
+    starts.scatter_reduce_(0, document, torch.arange(padded, device=document.device), reduce="amin", include_self=False)
+    first_doc, last_doc = document[::block], document[block - 1 :: block]
+    blocks = torch.arange(padded // block, device=document.device)
+    first_block = starts[first_doc] // block
+    in_range = (blocks[None, :] >= first_block[:, None]) & (blocks[None, :] <= blocks[:, None])
+    single = first_doc == last_doc
+    full = in_range & (blocks[None, :] < blocks[:, None]) & (single[:, None] & single[None, :])
+    full &= first_doc[:, None] == first_doc[None, :]
+    partial = in_range & ~full
+
+    def table(selected: torch.Tensor):
+        order = torch.argsort((~selected).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+        return selected.sum(-1).to(torch.int32)[None, None], order[None, None]
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (document[q_idx] == document[kv_idx]) & (kv_idx <= q_idx)
+
+    return BlockMask.from_kv_blocks(*table(partial), *table(full), BLOCK_SIZE=block, mask_mod=mask_mod,
+                                    seq_lengths=(padded, padded))
+
+
+@functools.cache
+def _compiled_flex():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=True)
+
+
+def flex_document(q, k, v, cu_seqlens, segment, max_seqlen, scale) -> torch.Tensor:
+    """Compiled FlexAttention over square segments with a block-sparse document-causal mask (rows padded to 128)."""
+    rows = q.shape[0]
+    padded = -(-rows // FLEX_BLOCK) * FLEX_BLOCK
+
+    def heads_first(x):
+        return F.pad(x, (0, 0, 0, 0, 0, padded - rows)).transpose(0, 1).unsqueeze(0)
+
+    mask = document_block_mask(segment, padded)
+    out = _compiled_flex()(heads_first(q), heads_first(k), heads_first(v), block_mask=mask, scale=scale,
+                           enable_gqa=k.shape[1] != q.shape[1])
+    return out[0].transpose(0, 1)[:rows]
+
+
+SQUARE_KERNELS = {"cudnn": cudnn_nested, "flex": flex_document}
 
 
 SHIM = VarlenAttention()
@@ -257,15 +406,20 @@ def _shim_lookup() -> VarlenAttention:
     return SHIM
 
 
-def install(mode: str = "auto") -> str:
+def install(mode: str = "auto", backend: str | None = None) -> str:
     """Point TRL's packed attention at the shim; returns a one-line account of what was decided.
 
     `on` always installs, `off` never does, `auto` installs only where FlashAttention-3 is unavailable (no CUDA,
     ARM64 or Blackwell GPUs without a build, or an offline kernels hub). TRL's `tree_attention` resolves
-    `packing._flash_attn` at call time, so rebinding that module attribute is enough.
+    `packing._flash_attn` at call time, so rebinding that module attribute is enough. `backend` (else the
+    GRPO_ATTENTION_BACKEND environment variable, else the shim's current one) picks the kernel behind it.
     """
     if mode not in MODES:
         raise ValueError(f"attention_shim must be one of {', '.join(MODES)}, not {mode!r}")
+    backend = backend or os.environ.get(BACKEND_ENV) or SHIM.backend
+    if backend not in BACKENDS:
+        raise ValueError(f"attention backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    SHIM.backend = backend
     from trl.experimental.async_grpo import packing
 
     if mode == "off":
@@ -279,7 +433,7 @@ def install(mode: str = "auto") -> str:
     else:
         reason = "forced on"
     packing._flash_attn = _shim_lookup
-    return f"attention shim installed ({reason})"
+    return f"attention shim installed, backend {backend} ({reason})"
 
 
 def installed() -> bool:

@@ -1,0 +1,535 @@
+"""`grpo-deploy bench trainer`: TRL's packed GRPO forward/backward on a LoRA policy with synthetic rollouts.
+
+Measures tokens/s, trained tokens/s, peak memory and MFU for packing off/on x gradient checkpointing on/off, sweeps the
+token budget, and times every attention path of the shim. Runs inside a trainer image
+(`python -m grpo_deploy.runtime.bench_trainer`) on any CUDA GPU, or on CPU with `--tiny` in seconds.
+
+What runs is TRL 1.16's own code: its planners (`FixedCountBatcher` for packing off, `TokenBudgetBatcher` for packing
+on), its collator (`DataCollatorForRollout`: tree packing, position ids, cu_seqlens), the model loaded with TRL's
+`tree_fa3` attention (routed to our shim) and fused log-prob head, and `AsyncGRPOTrainer.compute_loss` called on a
+stand-in for the trainer object that carries the attributes it reads. What differs from a training step: no rollout
+worker or vLLM (the samples are synthetic), no optimizer step (TRL's `perf/fwd_bwd_s` excludes it too), one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import random
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from importlib import resources
+from types import SimpleNamespace
+
+import yaml
+
+from . import flops
+from .config import build_lora_config
+
+# Qwen2.5-Math-1.5B's architecture (the seed-004 recipe's model), written out so that no download is needed.
+QWEN25_15B = {
+    "vocab_size": 151936,
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 4096,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "use_sliding_window": False,
+    "hidden_act": "silu",
+}
+# Same family, small enough for a CPU test in seconds.
+TINY = {**QWEN25_15B, "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Synthetic rollouts shaped like seed 004's: groups of completions sharing one prompt."""
+
+    groups: int
+    generations: int  # completions per prompt (the profile's num_generations)
+    prompt_tokens: int
+    completion_mean: int
+    completion_max: int  # the profile's max_completion_length
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the bench reads from a hardware profile, so that no recipe value is restated here."""
+
+    name: str
+    lora: SimpleNamespace  # r, alpha, dropout, target_modules: what build_lora_config reads
+    token_budget: int
+    temperature: float
+    generations: int
+    completion_max: int
+
+
+def load_profile(name: str) -> Profile:
+    """Read the LoRA and batching settings of a hardware profile shipped with the package."""
+    text = (resources.files("grpo_deploy") / "profiles" / f"{name}.yaml").read_text(encoding="utf-8")
+    settings = yaml.safe_load(text)["settings"]
+    lora, trl = ({k: v["value"] for k, v in settings[section].items()} for section in ("lora", "trl"))
+    spec = SimpleNamespace(r=lora["r"], alpha=lora["alpha"], dropout=lora["dropout"],
+                           target_modules=lora["target_modules"])
+    return Profile(name, spec, int(trl["token_budget"]), float(trl["temperature"]), int(trl["num_generations"]),
+                   int(trl["max_completion_length"]))
+
+
+def seed_004_workload(profile: Profile, tiny: bool, groups: int | None = None) -> Workload:
+    """16 prompts x 8 completions (128 per optimizer step, seed 004), ~160-token prompts (11 % of the baseline's
+    forwarded tokens were prompts), ~1,300-token completions capped at the profile's max_completion_length."""
+    if tiny:
+        return Workload(groups or 2, 4, 8, 24, 48)
+    return Workload(groups or 16, profile.generations, 160, 1300, profile.completion_max)
+
+
+def completion_lengths(workload: Workload) -> list[int]:
+    """Log-normal completion lengths (sigma 0.5) around the workload's mean, between 8 tokens and the cap."""
+    rng = random.Random(workload.seed)
+    sigma = 0.5
+    mu = math.log(workload.completion_mean) - sigma**2 / 2
+    count = workload.groups * workload.generations
+    return [min(workload.completion_max, max(8, round(rng.lognormvariate(mu, sigma)))) for _ in range(count)]
+
+
+def synthetic_rollouts(workload: Workload, vocab: int) -> list[dict]:
+    """Samples as TRL's rollout queue hands them to the planner: ids, completion mask, old log-probs, advantage."""
+    import torch
+
+    generator = torch.Generator().manual_seed(workload.seed)
+    lengths = iter(completion_lengths(workload))
+    samples = []
+    for group in range(workload.groups):
+        prompt = torch.randint(vocab, (workload.prompt_tokens,), generator=generator)
+        rewards = torch.randint(2, (workload.generations,), generator=generator).float()
+        advantages = (rewards - rewards.mean()) / (rewards.std() + 1e-8)
+        for advantage in advantages.tolist():
+            completion = torch.randint(vocab, (next(lengths),), generator=generator)
+            ids = torch.cat([prompt, completion])
+            mask = torch.cat([torch.zeros_like(prompt), torch.ones_like(completion)])
+            old = torch.full((len(ids),), -math.log(vocab))  # a uniform policy's log-prob: ratios near 1
+            samples.append({"input_ids": ids, "completion_mask": mask, "old_log_probs": old, "advantage": advantage,
+                            "group_id": group, "metrics": {}})
+    return samples
+
+
+def microbatches(samples: list[dict], token_budget: int, pad_token_id: int = 0) -> list[dict]:
+    """Pack samples with TRL's planner and collator: one sample per microbatch when `token_budget` <= 0 (packing
+    off), else rows of at most `token_budget` unique tokens (packing on). The budget planner only emits a row when the
+    next sample does not fit, so a sentinel of exactly `token_budget` tokens flushes the last one."""
+    from trl.experimental.async_grpo.async_grpo_trainer import (
+        DataCollatorForRollout,
+        FixedCountBatcher,
+        TokenBudgetBatcher,
+    )
+
+    metrics = defaultdict(list)
+    if token_budget > 0:
+        flush = dict(samples[0], input_ids=samples[0]["input_ids"].new_zeros(token_budget), group_id=-1)
+        planner = TokenBudgetBatcher([*samples, flush], 1, token_budget, metrics)
+    else:
+        planner = FixedCountBatcher(samples, 1, 1)
+    collator = DataCollatorForRollout(pad_token_id, num_processes=1, metrics=metrics, token_budget=max(token_budget, 0))
+    return [collator.torch_call([rows]) for rows in planner]
+
+
+def work_of(batch: dict) -> flops.Work:
+    """Forwarded tokens, trained tokens and attended pairs of one collated microbatch (one row)."""
+    cu_q = [int(x) for x in batch["tree_cu_seqlens_q"][0] if x >= 0]
+    cu_k = [int(x) for x in batch["tree_cu_seqlens_k"][0] if x >= 0]
+    trained = int((batch["token_index"] >= 0).sum())
+    return flops.Work(int(batch["attention_mask"].sum()), trained, flops.causal_pairs(cu_q, cu_k))
+
+
+def build_policy(arch: dict | None, model_path: str | None, profile: Profile, checkpointing: bool, device: str):
+    """The policy as AsyncGRPOTrainer builds it: fp32 master weights, TRL's tree attention, fused log-prob head, PEFT
+    LoRA from the profile, and (when asked) activation checkpointing with input gradients, as TRL enables it."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    from trl.experimental.async_grpo.packing import TREE_ATTENTION, register_tree_attention
+    from trl.trainer.utils import add_fused_lm_head, create_model_from_path
+
+    register_tree_attention()
+    torch.manual_seed(0)
+    if model_path:
+        model = create_model_from_path(model_path, device_map=None, attn_implementation=TREE_ATTENTION).to(device)
+    else:
+        with torch.device(device):
+            config = Qwen2Config(**arch)
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=TREE_ATTENTION, dtype=torch.float32)
+    add_fused_lm_head(model, temperature=profile.temperature, outputs=("log_probs", "entropy"))
+    model = get_peft_model(model, build_lora_config(SimpleNamespace(lora=profile.lora)))
+    if checkpointing:
+        enable = getattr(model.base_model.model, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable()
+        else:  # transformers < 5.20 names it gradient_checkpointing_enable
+            model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.enable_input_require_grads()
+    model.train()
+    return model
+
+
+def trl_loss_state(microbatches_per_step: int, device: str) -> SimpleNamespace:
+    """Everything `AsyncGRPOTrainer.compute_loss` reads from `self`, with the config's own clipping defaults."""
+    from accelerate import Accelerator
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(AsyncGRPOConfig)}
+    epsilon = defaults["epsilon"]
+    return SimpleNamespace(
+        epsilon_low=epsilon,
+        epsilon_high=defaults["epsilon_high"] if defaults["epsilon_high"] is not None else epsilon,
+        accelerator=Accelerator(cpu=device == "cpu"),
+        current_gradient_accumulation_steps=microbatches_per_step,
+        aux_loss_enabled=False,
+        router_aux_loss_coef=0.0,
+        _metrics={"train": defaultdict(list)},
+        _step_forward_tokens=0.0,
+        _step_trained_tokens=0.0,
+        _step_seq_len_weighted=0.0,
+        _step_samples=0.0,
+        _step_forward_s=0.0,
+    )
+
+
+def _synchronize(device: str) -> None:
+    import torch
+
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_microbatch(model, state, batch: dict, device: str) -> None:
+    """One TRL microbatch: its compute_loss under bf16 autocast on CUDA (TRL's bf16=True default), then backward."""
+    import contextlib
+
+    import torch
+    from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
+
+    inputs = {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
+    with autocast:
+        loss = AsyncGRPOTrainer.compute_loss(state, model, inputs)
+    loss.backward()
+
+
+def measure(model, batches: list[dict], device: str, warmup: int = 2) -> dict:
+    """Seconds and peak memory of forward+backward over `batches`, after `warmup` untimed microbatches."""
+    import torch
+
+    state = trl_loss_state(len(batches), device)
+    for batch in batches[:warmup]:
+        train_microbatch(model, state, batch, device)
+    model.zero_grad(set_to_none=True)
+    _synchronize(device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    for batch in batches:
+        train_microbatch(model, state, batch, device)
+    _synchronize(device)
+    seconds = time.perf_counter() - started
+    model.zero_grad(set_to_none=True)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+    return {"seconds": seconds, "peak_gib": peak}
+
+
+def summarise(name: str, budget: int, checkpointing: bool, batches: list[dict], timing: dict, shape, rank: int,
+              samples: int, peak: float | None) -> dict:
+    """One configuration's row: throughput, memory, and MFU on the three FLOP conventions (flops.py)."""
+    works = [work_of(b) for b in batches]
+    work = flops.Work(*(sum(getattr(w, f) for w in works) for f in ("forwarded", "trained", "pairs")))
+    seconds = timing["seconds"]
+    counts = {"model": flops.model_flops(shape, work), "lora": flops.lora_flops(shape, work, rank),
+              "trl": flops.trl_flops(shape, work, samples)}
+    row = {"config": name, "token_budget": budget, "gradient_checkpointing": checkpointing,
+           "microbatches": len(batches), "samples": samples, "forwarded_tokens": work.forwarded,
+           "trained_tokens": work.trained, "attention_pairs": work.pairs, "seconds": seconds,
+           "tokens_per_s": work.forwarded / seconds, "trained_tokens_per_s": work.trained / seconds,
+           "samples_per_hour": samples / seconds * 3600, "peak_gib": timing["peak_gib"],
+           "tflops_model": counts["model"] / seconds / 1e12}
+    for key, count in counts.items():
+        row[f"mfu_{key}"] = flops.mfu(count, seconds, peak) if peak else None
+    return row
+
+
+def run_config(model, samples, budget, checkpointing, device, shape, rank, peak) -> dict:
+    """Pack, measure and summarise one configuration; an out-of-memory run is a row with `failure`."""
+    import torch
+
+    name = f"packing {'on' if budget > 0 else 'off'}, checkpointing {'on' if checkpointing else 'off'}"
+    batches = microbatches(samples, budget)
+    try:
+        timing = measure(model, batches, device)
+    except torch.OutOfMemoryError:
+        model.zero_grad(set_to_none=True)
+        torch.cuda.empty_cache()
+        return {"config": name, "token_budget": budget, "gradient_checkpointing": checkpointing,
+                "failure": "out of memory"}
+    return summarise(name, budget, checkpointing, batches, timing, shape, rank, len(samples), peak)
+
+
+def best_budget(rows: list[dict]) -> dict | None:
+    """The packed configuration with the highest forwarded tokens/s among those that fit in memory."""
+    fitted = [r for r in rows if "failure" not in r and r["token_budget"] > 0]
+    return max(fitted, key=lambda r: r["tokens_per_s"]) if fitted else None
+
+
+def matmul_ceiling(device: str, size: int = 8192) -> float | None:
+    """Measured bf16 matrix-product rate (TFLOP/s) on random data: the achievable ceiling beside the datasheet."""
+    import torch
+
+    if device != "cuda":
+        return None
+    a, b = (torch.randn(size, size, device=device, dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize()
+    return 2 * size**3 * 10 / (time.perf_counter() - started) / 1e12
+
+
+def attention_paths(shape, samples: list[dict], budget: int, device: str) -> list[dict]:
+    """Every shim backend on two packed calls (error vs fp32 reference, forward and fwd+bwd TFLOP/s): a trainer row
+    (the first microbatch at `budget`, tree layout) and 4 segments of budget/4 tokens (plain causal)."""
+    import torch
+
+    from . import attention_compare, attention_shim
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    row = microbatches(samples, budget)[0]
+    cu_q = row["tree_cu_seqlens_q"][0][row["tree_cu_seqlens_q"][0] >= 0].to(device)
+    cu_k = row["tree_cu_seqlens_k"][0][row["tree_cu_seqlens_k"][0] >= 0].to(device)
+    kv_index = row["tree_kv_index"][0][row["tree_kv_index"][0] >= 0].to(device)
+    quarter = budget // 4
+    plain = torch.arange(0, budget + 1, quarter, dtype=torch.int32, device=device)
+    calls = {"trainer row": (cu_q, cu_k, kv_index), f"4 x {quarter}-token segments": (plain, plain, None)}
+    results = []
+    generator = torch.Generator(device).manual_seed(0)
+    for label, (cq, ck, index) in calls.items():
+        total = int(cq[-1])
+        q, k, v = (torch.randn(total, h, shape.head_dim, device=device, generator=generator).to(dtype)
+                   for h in (shape.heads, shape.kv_heads, shape.kv_heads))
+        if index is not None:
+            k, v = k.index_select(0, index), v.index_select(0, index)
+        pairs = flops.causal_pairs(cq.tolist(), ck.tolist())
+        forward = flops.attention_flops(shape.heads, shape.head_dim, pairs)
+        backends = ("sdpa", *attention_shim.FAST_CANDIDATES)
+        max_k, scale = int((ck[1:] - ck[:-1]).max()), 1 / math.sqrt(shape.head_dim)
+        trials = attention_compare.compare_backends(q, k, v, cq, ck, max_k, scale, backends)
+        for trial in trials:
+            result = {"call": label, "tokens": total, "pairs": pairs, **dataclasses.asdict(trial), "exact": trial.exact}
+            if trial.failure is None:
+                result["tflops_forward"] = forward / trial.forward_s / 1e12
+                result["tflops_forward_backward"] = 3 * forward / trial.forward_backward_s / 1e12
+            results.append(result)
+    return results
+
+
+def versions() -> dict:
+    import importlib.metadata as metadata
+
+    import torch
+
+    found = {"torch": torch.__version__, "cuda": torch.version.cuda}
+    for name in ("transformers", "trl", "peft", "accelerate"):
+        found[name] = metadata.version(name)
+    return found
+
+
+def run_trainer_configs(arch, model_path, profile, samples, budgets, device, peak) -> list[dict]:
+    """The four configurations (packing off/on x checkpointing on/off) and the budget sweep, one model build per
+    checkpointing setting; budgets go up until one runs out of memory."""
+    import torch
+
+    rows = []
+    for checkpointing in (False, True):
+        model = build_policy(arch, model_path, profile, checkpointing, device)
+        shape = flops.ModelShape.from_config(model.config)
+        for budget in [0, *budgets]:
+            row = run_config(model, samples, budget, checkpointing, device, shape, profile.lora.r, peak)
+            rows.append(row)
+            if "failure" in row:
+                break
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def collect(args: argparse.Namespace) -> dict:
+    """Run everything the arguments ask for; returns the report (what `--json` prints)."""
+    import torch
+
+    from . import attention_shim
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    profile = load_profile(args.profile)
+    arch = None if args.model else (TINY if args.tiny else QWEN25_15B)
+    workload = seed_004_workload(profile, args.tiny, args.groups)
+    budget = args.token_budget or (256 if args.tiny else profile.token_budget)
+    budgets = sorted({budget, *(args.budgets or ([128, 512] if args.tiny else [8192, 32768, 65536]))})
+    attention_shim.install("on", args.attention_backend)
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else flops.peak_flops(name)
+    vocab = arch["vocab_size"] if arch else _vocab_of(args.model)
+    samples = synthetic_rollouts(workload, vocab)
+    report = {"date": time.strftime("%Y-%m-%d"), "device": name, "versions": versions(), "profile": profile.name,
+              "lora": vars(profile.lora), "workload": dataclasses.asdict(workload),
+              "peak_tflops": peak / 1e12 if peak else None, "matmul_tflops": matmul_ceiling(device),
+              "attention_backend": args.attention_backend, "token_budget": budget}
+    if arch:
+        report["model"] = dict(flops.ModelShape(arch["hidden_size"], arch["num_hidden_layers"],
+                                                arch["num_attention_heads"], arch["num_key_value_heads"],
+                                                arch["hidden_size"] // arch["num_attention_heads"],
+                                                arch["intermediate_size"], arch["vocab_size"]).__dict__)
+    if not args.skip_attention and arch:
+        shape = flops.ModelShape(**report["model"])
+        report["attention"] = attention_paths(shape, samples, budget, device)
+    report["configs"] = run_trainer_configs(arch, args.model, profile, samples, budgets, device, peak)
+    report["attention_choices"] = {str(k): v for k, v in attention_shim.SHIM.choices.items()}
+    report["best_budget"] = best_budget(report["configs"])
+    return report
+
+
+def _vocab_of(model_path: str) -> int:
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_path).vocab_size
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def configs_text(rows: list[dict], budget: int) -> str:
+    """The four main configurations, then the budget sweep, as plain tables."""
+    from ..table import table
+
+    headers = ["budget", "ckpt", "s/step", "tok/s", "trained tok/s", "samples/h", "peak GiB", "MFU 6N", "MFU LoRA",
+               "MFU TRL"]
+    lines = []
+    for row in rows:
+        if "failure" in row:
+            lines.append([row["token_budget"] or "off", "on" if row["gradient_checkpointing"] else "off",
+                          row["failure"], "", "", "", "", "", "", ""])
+            continue
+        lines.append([row["token_budget"] or "off", "on" if row["gradient_checkpointing"] else "off",
+                      _fmt(row["seconds"], ".2f"), _fmt(row["tokens_per_s"], ",.0f"),
+                      _fmt(row["trained_tokens_per_s"], ",.0f"), _fmt(row["samples_per_hour"], ",.0f"),
+                      _fmt(row["peak_gib"], ".1f"), _fmt(row["mfu_model"], ".1f"), _fmt(row["mfu_lora"], ".1f"),
+                      _fmt(row["mfu_trl"], ".1f")])
+    main = [line for line, row in zip(lines, rows, strict=True) if row["token_budget"] in (0, budget)]
+    sweep = [line for line, row in zip(lines, rows, strict=True) if row["token_budget"] > 0]
+    return (f"packing off/on (budget {budget}) x gradient checkpointing, fwd+bwd:\n" + table(headers, main, 200)
+            + "\n\ntoken budget sweep:\n" + table(headers, sweep, 200))
+
+
+def attention_text(results: list[dict]) -> str:
+    from ..table import table
+
+    headers = ["call", "backend", "fwd ms", "fwd+bwd ms", "fwd TFLOP/s", "fwd+bwd TFLOP/s", "err out", "err grad",
+               "exact"]
+    lines = []
+    for r in results:
+        if r["failure"]:
+            lines.append([r["call"], r["backend"], "", "", "", "", "", "", r["failure"]])
+            continue
+        lines.append([r["call"], r["backend"], _fmt(r["forward_s"] * 1e3, ".2f"),
+                      _fmt(r["forward_backward_s"] * 1e3, ".2f"), _fmt(r["tflops_forward"], ".0f"),
+                      _fmt(r["tflops_forward_backward"], ".0f"), _fmt(r["error_out"], ".1e"),
+                      _fmt(r["error_grad"], ".1e"), "yes" if r["exact"] else "NO"])
+    return table(headers, lines, 200)
+
+
+FORMULAS = """\
+MFU 6N   = (6 x decoder linear params x forwarded tokens + 6 x hidden x vocab x trained tokens
+            + 3 x attention forward) / s / peak; attention forward = 4 x heads x head_dim x causal pairs x layers
+MFU LoRA = the FLOPs LoRA really executes: 4x instead of 6x for frozen weights (no weight gradient),
+           + 6 x LoRA params x tokens, same attention term
+MFU TRL  = TRL 1.16 perf/mfu_fwd_bwd (seed 004's 3.9%/19%): 6N with the LM head on every forwarded token and
+           non-causal attention over the mean sample length
+peak     = dense bf16 of the device (H200/H100 SXM 989 TFLOP/s: NVIDIA datasheet 1,979 with sparsity, halved;
+           TRL's table). Checkpointing's recomputation is not counted. samples/h = completions / s x 3600."""
+
+
+def report_text(report: dict) -> str:
+    """Everything `collect` measured, as the tables the CLI prints."""
+    versions_line = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
+    head = [f"device: {report['device']} ({versions_line}), {report['date']}",
+            f"profile {report['profile']}: LoRA r={report['lora']['r']} alpha={report['lora']['alpha']} "
+            f"targets={report['lora']['target_modules']}; workload {report['workload']}",
+            f"peak {_fmt(report['peak_tflops'], '.0f')} TFLOP/s, measured bf16 matmul "
+            f"{_fmt(report['matmul_tflops'], '.0f')} TFLOP/s; attention backend {report['attention_backend']} "
+            f"-> {report['attention_choices'] or 'fixed'}"]
+    parts = ["\n".join(head)]
+    if "attention" in report:
+        parts.append("attention paths (bf16 vs fp32 reference; fwd+bwd FLOPs = 3 x forward):\n"
+                     + attention_text(report["attention"]))
+    parts.append(configs_text(report["configs"], report["token_budget"]))
+    best = report["best_budget"]
+    if best:
+        parts.append(f"fastest packed configuration within memory: budget {best['token_budget']}, checkpointing "
+                     f"{'on' if best['gradient_checkpointing'] else 'off'}: {best['tokens_per_s']:,.0f} tok/s, "
+                     f"peak {_fmt(best['peak_gib'], '.1f')} GiB")
+    parts.append(FORMULAS)
+    return "\n\n".join(parts)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The bench's options, shared by `python -m grpo_deploy.runtime.bench_trainer` and `grpo-deploy bench trainer`."""
+    from .attention_shim import BACKENDS
+
+    parser.add_argument("--tiny", action="store_true", help="a tiny model and workload (CPU, seconds; CI)")
+    parser.add_argument("--model", metavar="PATH", help="a real local model instead of Qwen2.5-1.5B-shaped random "
+                                                        "weights")
+    parser.add_argument("--profile", default="h200", help="hardware profile to read LoRA and token budget from")
+    parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
+    parser.add_argument("--groups", type=int, help="prompts of 8 completions each (default 16: one 128-completion "
+                                                   "step)")
+    parser.add_argument("--token-budget", type=int, help="packing budget of the four main configurations "
+                                                         "(default: the profile's)")
+    parser.add_argument("--budgets", type=lambda s: [int(x) for x in s.split(",")],
+                        help="comma-separated budgets to sweep (default 8192,32768,65536)")
+    parser.add_argument("--attention-backend", default="fastest", choices=BACKENDS,
+                        help="shim backend for the trainer runs (default: fastest exact one, picked at start-up)")
+    parser.add_argument("--skip-attention", action="store_true", help="skip the attention-path table")
+    parser.add_argument("--peak-tflops", type=float, help="dense bf16 peak for MFU when the GPU is not in the table")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
+    parser.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Collect, print, and optionally save the report; 0 when every main configuration ran."""
+    report = collect(args)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(report, handle, indent=2)
+    print(json.dumps(report, indent=2) if args.json else report_text(report))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo_deploy.runtime.bench_trainer",
+                                     description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""The trainer bench: FLOP formulas on known shapes, TRL's packing of the synthetic rollouts, a CPU run end to end."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from grpo_deploy.runtime import bench_trainer, flops
+
+TINY_SHAPE = flops.ModelShape(hidden=4, layers=2, heads=2, kv_heads=1, head_dim=2, intermediate=8, vocab=10)
+
+
+def test_flop_counts_on_a_known_shape():
+    # Per layer: q 4x4, k 4x2, v 4x2, o 4x4, gate/up 4x8, down 8x4 = 144 weights; two layers = 288.
+    assert TINY_SHAPE.layer_params == 288 and TINY_SHAPE.head_params == 40
+    assert TINY_SHAPE.lora_params(1) == 2 * (8 + 6 + 6 + 8 + 12 + 12 + 12)
+    work = flops.Work(forwarded=10, trained=6, pairs=30)
+    attention = 3 * 2 * (4 * 2 * 2 * 30)  # fwd+bwd x layers x (4 x heads x head_dim x pairs)
+    assert flops.model_flops(TINY_SHAPE, work) == 6 * 288 * 10 + 6 * 40 * 6 + attention == 21600
+    assert flops.lora_flops(TINY_SHAPE, work, 1) == 4 * 288 * 10 + 4 * 40 * 6 + attention + 6 * 128 * 10
+    assert flops.mfu(21600, 2.0, 10800) == pytest.approx(100.0)
+
+
+def test_qwen25_shape_has_the_published_parameter_count():
+    shape = flops.ModelShape(1536, 28, 12, 2, 128, 8960, 151936)
+    assert shape.layer_params + shape.head_params == pytest.approx(1.54e9, rel=0.01)  # biases and norms left out
+    assert shape.lora_params(1) == 28 * (1536 + 1536 + 1536 + 256 + 1536 + 256 + 1536 + 1536 + 3 * (1536 + 8960))
+
+
+def test_causal_pairs_align_bottom_right():
+    assert flops.causal_pairs([0, 3], [0, 3]) == 6  # 1 + 2 + 3
+    assert flops.causal_pairs([0, 2, 5], [0, 5, 8]) == (2 * 3 + 3) + 6  # 2 queries over 5 keys, then a square 3
+
+
+def test_trl_flops_is_trls_own_formula():
+    pytest.importorskip("trl")
+    from transformers import Qwen2Config
+    from trl.trainer.utils import compute_flops_per_token
+
+    config = Qwen2Config(**bench_trainer.QWEN25_15B)
+    shape = flops.ModelShape.from_config(config)
+    work = flops.Work(forwarded=14600, trained=13000, pairs=0)
+    assert flops.trl_flops(shape, work, samples=10) == compute_flops_per_token(config, 1460) * 14600
+
+
+def test_peak_lookup_prefers_the_specific_name():
+    assert flops.peak_flops("NVIDIA H200") == 989e12
+    assert flops.peak_flops("NVIDIA H200 NVL") == 835e12
+    assert flops.peak_flops("cpu") is None
+
+
+def test_profile_supplies_lora_and_budget():
+    profile = bench_trainer.load_profile("h200")
+    assert (profile.lora.r, profile.lora.alpha, profile.lora.target_modules) == (1, 2, "all-linear")
+    assert profile.token_budget == 16384 and profile.generations == 8 and profile.completion_max == 3000
+
+
+def test_seed_004_workload_lengths():
+    workload = bench_trainer.seed_004_workload(bench_trainer.load_profile("h200"), tiny=False)
+    lengths = bench_trainer.completion_lengths(workload)
+    assert len(lengths) == 128 and max(lengths) <= 3000
+    assert 1150 < sum(lengths) / len(lengths) < 1450
+
+
+def test_trl_packs_the_rollouts_with_and_without_a_budget():
+    pytest.importorskip("trl")
+    workload = bench_trainer.Workload(groups=2, generations=4, prompt_tokens=8, completion_mean=24, completion_max=48)
+    samples = bench_trainer.synthetic_rollouts(workload, vocab=64)
+    completion_tokens = sum(int(s["completion_mask"].sum()) for s in samples)
+    off = [bench_trainer.work_of(b) for b in bench_trainer.microbatches(samples, 0)]
+    on = [bench_trainer.work_of(b) for b in bench_trainer.microbatches(samples, 96)]
+    assert len(off) == len(samples)
+    assert sum(w.trained for w in off) == sum(w.trained for w in on) == completion_tokens
+    assert all(w.forwarded <= 96 for w in on) and len(on) < len(off)
+    assert sum(w.forwarded for w in on) < sum(w.forwarded for w in off)  # each group's prompt forwarded once per row
+
+
+@pytest.fixture
+def bench_args(monkeypatch, tmp_path):
+    packing = pytest.importorskip("trl.experimental.async_grpo.packing")
+    from grpo_deploy.runtime import attention_shim
+
+    monkeypatch.setattr(packing, "_flash_attn", packing._flash_attn)  # the bench installs the shim; undone after
+    monkeypatch.setattr(attention_shim.SHIM, "backend", attention_shim.SHIM.backend)
+    parser = argparse.ArgumentParser()
+    bench_trainer.add_arguments(parser)
+    return lambda *argv: parser.parse_args(["--tiny", "--budgets", "512", "--out", str(tmp_path / "r.json"), *argv])
+
+
+def test_tiny_bench_runs_on_cpu(bench_args, capsys):
+    args = bench_args("--device", "cpu")
+    assert bench_trainer.run(args) == 0
+    report = json.loads(open(args.out).read())
+    rows = {(r["token_budget"], r["gradient_checkpointing"]): r for r in report["configs"]}
+    assert set(rows) == {(b, c) for b in (0, 256, 512) for c in (False, True)}
+    assert all(r["tokens_per_s"] > 0 and r["mfu_model"] is None for r in rows.values())
+    assert rows[(256, False)]["forwarded_tokens"] < rows[(0, False)]["forwarded_tokens"]
+    assert rows[(256, False)]["trained_tokens"] == rows[(0, False)]["trained_tokens"]
+    sdpa = [a for a in report["attention"] if a["backend"] == "sdpa"]
+    assert len(sdpa) == 2 and all(a["exact"] for a in sdpa)
+    out = capsys.readouterr().out
+    assert "packing off/on" in out and "MFU LoRA" in out and "token budget sweep" in out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_tiny_bench_on_cuda_reports_memory_and_attention_paths(bench_args):
+    args = bench_args("--device", "cuda", "--peak-tflops", "989")
+    assert bench_trainer.run(args) == 0
+    report = json.loads(open(args.out).read())
+    assert all(r["peak_gib"] > 0 and r["mfu_model"] > 0 for r in report["configs"])
+    assert report["attention_choices"]  # `fastest` picked a backend at the first call
+    assert {a["backend"] for a in report["attention"] if a["exact"]} >= {"varlen"}
