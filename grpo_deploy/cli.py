@@ -10,9 +10,12 @@ import sys
 from pathlib import Path
 
 from . import __version__, preflight, profiles, scaffold
-from .render import render_files
+from .hosts.connect import HostError, SshOptions
+from .profiles import ProfileError
+from .render import RenderError, render_files
 from .rendered import WriteRefused, diff_tree, write_tree
 from .resolve import Resolved, resolve
+from .scaffold import InitError
 from .spec import ENGINES, SpecError, load
 from .table import human_bytes, table
 
@@ -39,7 +42,7 @@ def _load(args) -> Resolved:
 
 
 def _parse_size(text: str) -> int:
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]i?B?|B)?\s*", text, re.IGNORECASE)
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*", text, re.IGNORECASE)
     if not m:
         raise CliError(f"--free-space: cannot read size {text!r} (use e.g. 500GB, 1.5TB, 800GiB)")
     unit = (m.group(2) or "B").upper().rstrip("B") or "B"
@@ -72,6 +75,20 @@ def _add_json(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output (stable shape)")
 
 
+def _add_ssh(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ssh-config", metavar="FILE", help="ssh config to read for host aliases, users, ports, keys, "
+                                                        "ProxyJump and known_hosts (default ~/.ssh/config)")
+    p.add_argument("--accept-new-host-keys", action="store_true",
+                   help="accept and save the key of a host not in known_hosts yet (a changed key is still refused)")
+
+
+def _ssh(args) -> SshOptions:
+    config = getattr(args, "ssh_config", None)
+    if config is not None and not Path(config).is_file():
+        raise CliError(f"--ssh-config {config}: no such file")
+    return SshOptions(config, getattr(args, "accept_new_host_keys", False))
+
+
 def _add_free_space(p: argparse.ArgumentParser) -> None:
     p.add_argument("--free-space", action="append", metavar="HOST=SIZE",
                    help="what-if: plan as if HOST had SIZE free where checkpoints go (e.g. node1=500GB); repeatable")
@@ -80,14 +97,18 @@ def _add_free_space(p: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------- verbs
 
 def cmd_init(args) -> int:
-    try:
-        text = scaffold.spec_text(args.profile, args.engine, _host_list(args.hosts), args.name)
-    except scaffold.InitError as exc:
-        raise CliError(str(exc)) from None
+    text = scaffold.spec_text(args.profile, args.engine, _host_list(args.hosts), args.name)
     out = Path(args.output)
+    if out.is_dir() or out.is_symlink():
+        raise CliError(f"-o {args.output} is a directory or a link; give a file name such as {DEFAULT_SPEC}")
     if out.exists() and not args.force:
         raise CliError(f"{out} exists; pass --force to overwrite it or -o another file")
-    out.write_text(text, encoding="utf-8")
+    if not out.parent.is_dir():
+        raise CliError(f"-o {args.output}: the folder {out.parent} does not exist; create it first")
+    try:
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise CliError(f"-o {args.output}: cannot write it ({exc.strerror})") from None
     print(f"wrote {out} (profile {args.profile}, engine {args.engine}); next: grpo-deploy plan -f {out}")
     return 0
 
@@ -208,8 +229,11 @@ def cmd_preflight(args) -> int:
                               "error": "invalid spec", "problems": [str(p) for p in exc.problems]}, indent=2))
             return preflight.EXIT_COULD_NOT_RUN
         raise
-    ctx = preflight.Context(res, free_space=_free_space(args.free_space, res))
-    results = preflight.run_checks(ctx, only=args.only)
+    ctx = preflight.Context(res, free_space=_free_space(args.free_space, res), ssh=_ssh(args))
+    try:
+        results = preflight.run_checks(ctx, only=args.only)
+    finally:
+        ctx.close()
     if args.json:
         print(preflight.to_json(results))
     else:
@@ -240,23 +264,45 @@ def cmd_up(args) -> int:
                            "write a spec for them with: grpo-deploy init --profile P --engine E --hosts "
                            + ",".join(wanted))
     try:
+        if _remote(res):
+            from . import deploy
+
+            return deploy.up(res, _ssh(args), keep=args.keep, fresh=args.fresh)
         return launch.up(res, keep=args.keep, fresh=args.fresh)
     except launch.LaunchError as exc:
         raise CliError(str(exc)) from None
+
+
+def _remote(res: Resolved) -> bool:
+    """Whether any host is reached over SSH (the multi-host deployer), else everything runs on this machine."""
+    return any(h.address != "local" for h in res.spec.hosts)
 
 
 def cmd_status(args) -> int:
     from . import launch, status
 
     res = _load(args)
-    state = launch.RunState(res)
-    events = launch.run_events(state, live=True)
-    summary = launch.summarize(state, events)
+    hosts = []
+    if _remote(res):
+        from . import deploy
+
+        dep = deploy.Deployment(res, _ssh(args))
+        try:
+            events = deploy.run_events(dep, live=True)
+            hosts = deploy.host_states(dep)
+        finally:
+            dep.close()
+    else:
+        events = launch.run_events(launch.RunState(res), live=True)
+    summary = status.summarize(res.spec.run.name, events, max_steps=res.settings.trl.max_steps)
     if args.plot:
         status.plot(events, args.plot, title=status.plot_title(res.spec.run.name))
     if args.json:
-        print(json.dumps(summary.to_dict(), indent=2))
+        print(json.dumps({**summary.to_dict(), "hosts": hosts} if hosts else summary.to_dict(), indent=2))
     else:
+        if hosts:
+            print(table(["host", "role", "container", "health"],
+                        [[h["host"], h["role"], h["state"], h["health"] or "-"] for h in hosts]) + "\n")
         print(status.summary_text(summary))
         if args.plot:
             print(f"plot: {args.plot}")
@@ -266,8 +312,16 @@ def cmd_status(args) -> int:
 def cmd_down(args) -> int:
     from . import launch
 
+    res = _load(args)
     try:
-        launch.down(_load(args), volumes=args.volumes)
+        if _remote(res):
+            from . import deploy
+
+            dep = deploy.Deployment(res, _ssh(args))
+            deploy.down_all(dep, volumes=args.volumes)
+            dep.close()
+        else:
+            launch.down(res, volumes=args.volumes)
     except launch.LaunchError as exc:
         raise CliError(str(exc)) from None
     print("stopped" + (" and removed the shared volume" if args.volumes else " (the shared volume is kept)"))
@@ -277,8 +331,20 @@ def cmd_down(args) -> int:
 def cmd_logs(args) -> int:
     from . import launch
 
+    res = _load(args)
+    if _remote(res):
+        from . import deploy
+
+        dep = deploy.Deployment(res, _ssh(args))
+        try:
+            for name in dep.hosts:
+                print(f"===== host {name}")
+                print(dep.project(name).logs(tail=args.tail))
+        finally:
+            dep.close()
+        return 0
     try:
-        return launch.logs(_load(args), follow=args.follow, tail=args.tail)
+        return launch.logs(res, follow=args.follow, tail=args.tail)
     except launch.LaunchError as exc:
         raise CliError(str(exc)) from None
 
@@ -339,40 +405,47 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec(p)
     _add_json(p)
     _add_free_space(p)
-    p.add_argument("--only", action="append", metavar="CHECK",
+    p.add_argument("--only", action="append", metavar="CHECK", choices=[n for n, _, _ in preflight.CHECKS],
                    help=f"run only this check (repeatable): {', '.join(n for n, _, _ in preflight.CHECKS)}")
+    _add_ssh(p)
     p.set_defaults(fn=cmd_preflight)
 
     p = sub.add_parser("profiles", help="list the hardware profiles")
     p.set_defaults(fn=cmd_profiles)
 
-    p = sub.add_parser("up", help="start the run on this host, follow it, summarise (all-or-nothing)",
+    p = sub.add_parser("up", help="start the run on its hosts, follow it, summarise (all-or-nothing)",
                        description="Render, build missing images (refresh the cpu image's code layer), run preflight "
-                                   "(nothing starts if a check fails), "
-                                   "start the vLLM server, wait until it lists the model, start the trainer, print "
-                                   "progress per step, then a summary and a plot; stop the stack unless --keep. "
-                                   "Without a spec: the embedded cpu rehearsal. Local host only in this version.")
+                                   "on every host (nothing starts if a check fails), ship images to remote hosts over "
+                                   "SSH (only what they lack), start the vLLM server, wait until it lists the model "
+                                   "and generates a token (checked from the trainer's host), start the trainer, print "
+                                   "progress per step, then a summary; stop the run unless --keep. Without a spec: "
+                                   "the embedded cpu rehearsal on this machine.")
     _add_spec(p)
-    p.add_argument("--hosts", help="the spec's hosts, as a check (e.g. spark1,spark2); remote hosts are not built yet")
+    p.add_argument("--hosts", help="the spec's hosts, as a check (e.g. spark1,spark2): refused when they differ")
+    _add_ssh(p)
     p.add_argument("--keep", action="store_true", help="leave the server and trainer containers up at the end")
     p.add_argument("--fresh", action="store_true", help="delete this run's directory on the shared volume first "
                                                          "(default: resume from the newest complete checkpoint)")
     p.set_defaults(fn=cmd_up)
 
     p = sub.add_parser("status", help="steps, reward, adapter syncs, staleness, start-up times of a run",
-                       description="Summarise a running or finished run started from this directory.")
+                       description="Summarise a running or finished run started from this directory: containers "
+                                   "per host and role, steps, reward, completion length, staleness, adapter syncs.")
     _add_spec(p)
     _add_json(p)
+    _add_ssh(p)
     p.add_argument("--plot", metavar="PNG", help="also write reward / length / staleness per step to PNG")
     p.set_defaults(fn=cmd_status)
 
-    p = sub.add_parser("down", help="stop the run's containers (the shared volume is kept)")
+    p = sub.add_parser("down", help="stop the run's containers on every host (the shared volume is kept)")
     _add_spec(p)
+    _add_ssh(p)
     p.add_argument("--volumes", action="store_true", help="also delete the shared volume (checkpoints, adapters)")
     p.set_defaults(fn=cmd_down)
 
-    p = sub.add_parser("logs", help="the run's container logs")
+    p = sub.add_parser("logs", help="the run's container logs, per host")
     _add_spec(p)
+    _add_ssh(p)
     p.add_argument("--follow", action="store_true", help="keep following new lines")
     p.add_argument("--tail", type=int, default=200)
     p.set_defaults(fn=cmd_logs)
@@ -385,6 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The one error path: input errors -> one line each, exit 2; a check that ran and failed -> exit 1."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -394,9 +468,12 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return EXIT_USAGE
-    except CliError as exc:
+    except (CliError, InitError, ProfileError, HostError, RenderError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # output piped into `head` and closed: not an error of the run
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

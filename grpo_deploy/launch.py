@@ -147,8 +147,8 @@ def first_completion(state: RunState) -> threading.Thread:
     its first-request paths while the trainer spawns its rollout worker (the first generation on a cold CPU
     server took ~18 s, later ones ~0.1 s)."""
     res = state.res
-    url = f"http://127.0.0.1:{res.v('vllm', 'port')}/v1/completions"
-    body = json.dumps({"model": res.v("model", "served_name"), "prompt": "ok", "max_tokens": 1}).encode()
+    url = f"http://127.0.0.1:{res.settings.vllm.port}/v1/completions"
+    body = json.dumps({"model": res.settings.model.served_name, "prompt": "ok", "max_tokens": 1}).encode()
 
     def run() -> None:
         start = time.time()
@@ -186,7 +186,7 @@ def fetch_metrics_safe(res: Resolved) -> str | None:
 def follow_trainer(client, state: RunState, log: Callable[[str], None], since: float) -> int:
     """Print a progress line per optimizer step until the trainer exits; return its exit code."""
     res = state.res
-    max_steps = res.v("trl", "max_steps")
+    max_steps = res.settings.trl.max_steps
     seen = 0
     while True:
         trainers = compose.containers(client, res.spec.run.name, "trainer")
@@ -215,7 +215,7 @@ def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout) -
     if state.deploy_log.exists():
         state.deploy_log.unlink()
     state.emit("up_start", run=res.spec.run.name, engine=res.engine)
-    if res.engine != "trl-async":
+    if not res.engine_info.server_role:
         raise LaunchError("`up` for verl is not built yet: use the rendered config/verl-overrides.txt")
     write_render(state)
     log(f"rendered run {res.spec.run.name} into {state.render_dir}")
@@ -302,7 +302,7 @@ def run_events(state: RunState, live: bool = False) -> list[dict]:
 
 def summarize(state: RunState, events: list[dict]) -> status.Summary:
     res = state.res
-    return status.summarize(res.spec.run.name, events, max_steps=res.v("trl", "max_steps"))
+    return status.summarize(res.spec.run.name, events, max_steps=res.settings.trl.max_steps)
 
 
 def down(res: Resolved, volumes: bool = False) -> None:

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import compose, facts
+from .hosts import facts as host_facts
+from .hosts.connect import Host, HostError, SshOptions, connect, on_all
 from .plan import Plan, make_plan
 from .resolve import Resolved
 from .table import table
@@ -21,6 +23,7 @@ from .table import table
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 EXIT_OK, EXIT_FAILED, EXIT_COULD_NOT_RUN = 0, 1, 2
 TRL_VLLM_GATE = ((0, 22, 0), (0, 31, 0))  # trl 1.16.0: vllm>=0.22.0,<=0.31.0
+CLOCK_TOLERANCE_S = 5.0  # hosts whose clocks disagree more than this make logs and checkpoint times misleading
 
 
 @dataclass
@@ -39,8 +42,29 @@ class Context:
     free_space: dict[str, int] = field(default_factory=dict)  # what-if free bytes per host, from --free-space
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     client: Any = None  # the local engine's client when the caller has one already (`up`); else made on first use
+    ssh: SshOptions = field(default_factory=SshOptions)
     _docker_error: str | None = None
     _plan: Plan | None = None
+    _connectors: dict[str, Host] = field(default_factory=dict)
+    _remote: dict[str, Any] | None = None
+
+    def connector(self, host) -> Host:
+        """The connector of a spec host (made once, shared by every check)."""
+        if host.name not in self._connectors:
+            self._connectors[host.name] = connect(host, self.ssh)
+        return self._connectors[host.name]
+
+    def remote(self) -> dict[str, Any]:
+        """Facts of every remote host, read once and in parallel: {host name: facts dict, or the HostError}."""
+        if self._remote is None:
+            hosts = {h.name: h for h in self.res.spec.hosts if h.address != "local"}
+            self._remote = on_all([self.connector(h) for h in hosts.values()],
+                                  lambda conn: _gather(self, hosts[conn.name], conn))
+        return self._remote
+
+    def close(self) -> None:
+        for conn in self._connectors.values():
+            conn.close()
 
     def docker(self):
         """The local engine's client, or None (the reason is kept in docker_error)."""
@@ -60,6 +84,42 @@ class Context:
             free, fs, source = checkpoint_free_space(self)
             self._plan = make_plan(self.res, free, fs, source)
         return self._plan
+
+
+def _gather(ctx: Context, host, conn: Host) -> dict[str, Any]:
+    """Every fact the checks read about one remote host (raises HostError when it cannot be reached)."""
+    res = ctx.res
+    conn.connect()
+    out: dict[str, Any] = {"machine": host_facts.machine(conn), "docker": host_facts.docker_version(conn),
+                           "compose": host_facts.compose_version(conn), "clock": host_facts.clock_offset(conn)}
+    if res.profiles[host.name].accelerator == "cuda":
+        out["gpus"] = host_facts.gpus(conn)
+    if host.shared_dir:
+        out["shared_dir"] = host_facts.owner(conn, host.shared_dir)
+    if "server" in host.roles:
+        out["listening"] = host_facts.listening(conn, res.settings.vllm.port)
+        ps = conn.run(["docker", "ps", "-q", "--filter", f"label={compose.RUN_LABEL}={res.spec.run.name}"])
+        out["running"] = ps.out.split()
+    out["images"] = {role: host_facts.image(conn, res.images[role]) for role in _image_roles(res, host)}
+    if host.name == _storage_host(res).name:
+        out["free"] = host_facts.free_space(conn, _storage_path(res, host, conn))
+    return out
+
+
+def _image_roles(res: Resolved, host) -> list[str]:
+    """The image keys a host needs (its roles' images; verl: the one verl image)."""
+    return [r for r in host.roles if r in res.images] or [k for k in res.images if k not in res.engine_info.roles]
+
+
+def _storage_path(res: Resolved, host, conn: Host) -> str:
+    """Where the checkpoints land on *host*'s own filesystem."""
+    if host.shared_dir:
+        return os.path.join(host.shared_dir, os.path.relpath(res.checkpoint_dir, res.spec.storage.mount))
+    return host_facts.volume_mountpoint(conn, res.spec.storage.volume) or host_facts.docker_root(conn) or "/"
+
+
+def _facts_of(ctx: Context, host) -> dict[str, Any] | HostError:
+    return ctx.remote()[host.name]
 
 
 Check = Callable[[Context], list[Result]]
@@ -86,7 +146,11 @@ def checkpoint_free_space(ctx: Context) -> tuple[int | None, str, str]:
     if host.name in ctx.free_space:
         return ctx.free_space[host.name], f"{host.name}:{res.checkpoint_dir}", "given with --free-space"
     if host.address != "local":
-        return None, f"{host.name}:{res.checkpoint_dir}", "remote host: measured when the deployer reaches it"
+        found = _facts_of(ctx, host)
+        free = found.get("free") if isinstance(found, dict) else None
+        if free is None:
+            return None, f"{host.name}:{res.checkpoint_dir}", "remote host unreachable (see the reachable check)"
+        return free.free_bytes, f"{host.name}:{free.path}", "df on the host that holds the checkpoints"
     if host.shared_dir:
         rel = os.path.relpath(res.checkpoint_dir, res.spec.storage.mount)
         d = facts.disk_free(os.path.join(host.shared_dir, rel))
@@ -131,12 +195,57 @@ def check_identity(ctx: Context) -> list[Result]:
     return [Result("identity", "-", OK, f"both roles run as {first.uid}:{first.gid}, umask {first.umask}")]
 
 
-@check("docker", "The Docker engine answers on every host that runs containers")
+@check("reachable", "Every host answers over SSH with a verified host key (this machine needs none)")
+def check_reachable(ctx: Context) -> list[Result]:
+    out = []
+    for host in ctx.res.spec.hosts:
+        if host.address == "local":
+            out.append(Result("reachable", host.name, OK, "this machine (no SSH)"))
+            continue
+        found = _facts_of(ctx, host)
+        if isinstance(found, HostError):
+            out.append(Result("reachable", host.name, FAIL, found.what, found.fix))
+        else:
+            out.append(Result("reachable", host.name, OK, f"ssh {host.address}: {found['machine']}"))
+    return out
+
+
+@check("clock", f"Host clocks agree within {CLOCK_TOLERANCE_S:.0f} s (logs, checkpoints and metrics are compared "
+                "across hosts)")
+def check_clock(ctx: Context) -> list[Result]:
+    out = []
+    for host in ctx.res.spec.hosts:
+        found = _facts_of(ctx, host) if host.address != "local" else {"clock": 0.0}
+        if isinstance(found, HostError):
+            continue
+        offset = found.get("clock")
+        if offset is None:
+            out.append(Result("clock", host.name, WARN, "could not read the clock (date +%s.%N)"))
+        elif abs(offset) > CLOCK_TOLERANCE_S:
+            out.append(Result("clock", host.name, FAIL, f"clock is {offset:+.1f} s off this machine's",
+                              "enable NTP on every host (timedatectl set-ntp true)"))
+        else:
+            out.append(Result("clock", host.name, OK, f"{offset:+.2f} s from this machine"))
+    return out
+
+
+@check("docker", "The Docker engine (and Compose v2 on remote hosts) answers on every host that runs containers")
 def check_docker(ctx: Context) -> list[Result]:
     out = []
     for host in ctx.res.spec.hosts:
         if host.address != "local":
-            out.append(Result("docker", host.name, SKIP, "remote host: checked by the multi-host deployer"))
+            found = _facts_of(ctx, host)
+            if isinstance(found, HostError):
+                continue
+            version, why = found["docker"]
+            if version is None:
+                out.append(Result("docker", host.name, FAIL, f"no Docker engine answers for the login user: {why}",
+                                  "start Docker there and add the SSH user to the docker group"))
+            elif found["compose"] is None:
+                out.append(Result("docker", host.name, FAIL, f"engine {version} but no `docker compose` (Compose v2)",
+                                  "install the docker-compose-plugin package there"))
+            else:
+                out.append(Result("docker", host.name, OK, f"engine {version}, compose {found['compose']}"))
             continue
         client = ctx.docker()
         if client is None:
@@ -155,7 +264,9 @@ def check_arch(ctx: Context) -> list[Result]:
     for host in ctx.res.spec.hosts:
         profile = ctx.res.profiles[host.name]
         if host.address != "local":
-            out.append(Result("arch", host.name, SKIP, "remote host: checked by the multi-host deployer"))
+            found = _facts_of(ctx, host)
+            if not isinstance(found, HostError):
+                out.append(_remote_arch(host, profile, found))
             continue
         machine = os.uname().machine
         allowed = profile.hardware.get("arch") or []
@@ -170,15 +281,44 @@ def check_arch(ctx: Context) -> list[Result]:
     return out
 
 
-@check("port", "The vLLM server's published port is free on this host")
+def _remote_arch(host, profile, found: dict[str, Any]) -> Result:
+    machine, allowed = found["machine"], profile.hardware.get("arch") or []
+    if machine not in allowed:
+        return Result("arch", host.name, FAIL, f"the host is {machine}; profile {profile.name} is for "
+                                               f"{', '.join(allowed)}", "pick the profile of that hardware")
+    if profile.accelerator != "cuda":
+        return Result("arch", host.name, OK, f"{machine}, no accelerator needed")
+    gpus = found.get("gpus")
+    if not gpus:
+        return Result("arch", host.name, FAIL, f"profile {profile.name} needs an NVIDIA GPU; nvidia-smi found none",
+                      "install the NVIDIA driver and container toolkit (ansible/ roles)")
+    want = profile.hardware.get("gpu_name_contains")
+    if want and not any(want.lower() in g.name.lower() for g in gpus):
+        return Result("arch", host.name, FAIL, f"GPUs are {', '.join(sorted({g.name for g in gpus}))}; profile "
+                                               f"{profile.name} is tuned for {want}", "pick the profile of that GPU")
+    return Result("arch", host.name, OK, f"{machine}, {len(gpus)} x {gpus[0].name} (sm {gpus[0].compute_capability})")
+
+
+@check("port", "The vLLM server's published port is free on the server host")
 def check_port(ctx: Context) -> list[Result]:
     import socket
 
     res = ctx.res
     server = res.host_for("server")
-    if server is None or server.address != "local":
-        return [Result("port", "-", SKIP, "no local server host")]
+    if server is None:
+        return [Result("port", "-", SKIP, f"{res.engine} has no server role")]
     port = res.settings.vllm.port
+    if server.address != "local":
+        found = _facts_of(ctx, server)
+        if isinstance(found, HostError):
+            return []
+        if found.get("running"):
+            return [Result("port", server.name, FAIL, f"run {res.spec.run.name} already has running containers there",
+                           "grpo-deploy down, or grpo-deploy status")]
+        if found.get("listening"):
+            return [Result("port", server.name, FAIL, f"something already listens on port {port} there",
+                           "stop it, or set overrides: {vllm: {port: 8100}}")]
+        return [Result("port", server.name, OK, f"port {port} is free")]
     client = ctx.docker()
     mine = compose.containers(client, res.spec.run.name, all_=False) if client else []
     if mine:
@@ -223,7 +363,8 @@ def check_logger(ctx: Context) -> list[Result]:
                                               "never written to rendered files")]
         return [Result("logger", "-", FAIL,
                        "logger.kind is wandb but no W&B key: WANDB_API_KEY unset and no api.wandb.ai in ~/.netrc. "
-                       "The trainer would load the model first and crash minutes later, after the GPUs were already paid for",
+                       "The trainer would load the model first and crash minutes later, after the GPUs were already "
+                       "paid for",
                        "export WANDB_API_KEY=... (or run `wandb login`), or WANDB_MODE=offline, or logger.kind: jsonl")]
     if kind == "mlflow" and not facts.env_set("MLFLOW_TRACKING_URI", env):
         return [Result("logger", "-", WARN, "MLFLOW_TRACKING_URI unset: metrics go to a local sqlite file",
@@ -244,31 +385,37 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 @check("images", "Images exist (or will be built), run as the run UID, and trainer/server carry the same vLLM")
 def check_images(ctx: Context) -> list[Result]:
     res = ctx.res
-    if not any(h.address == "local" for h in res.spec.hosts):
-        return [Result("images", "-", SKIP, "no local host: checked by the multi-host deployer")]
-    client = ctx.docker()
-    if client is None:
-        return [Result("images", "local", SKIP, "Docker engine unreachable (see the docker check)")]
+    client = ctx.docker()  # this machine's engine: local hosts run from it, remote hosts get images shipped from it
     out, versions = [], {}
-    for role, tag in res.images.items():
-        labels = facts.image_labels(client, tag)
+    for host, role, tag in _images_needed(res):
+        here = facts.image_labels(client, tag) if client is not None else None
+        labels, shipped = here, ""
+        if host.address != "local":
+            found = _facts_of(ctx, host)
+            if isinstance(found, HostError):
+                continue
+            there = (found["images"].get(role) or {}).get("labels") if found["images"].get(role) else None
+            labels = there if there is not None else here
+            shipped = "" if there is not None else f" (not on {host.name} yet: `up` ships it from this machine)"
+        label = f"{role}@{host.name}"
         if labels is None:
             verdict = WARN if res.spec.images.build else FAIL
-            out.append(Result("images", role, verdict, f"{tag} is not on the local engine",
+            where = "this machine's engine" if host.address == "local" else f"{host.name} or this machine"
+            out.append(Result("images", label, verdict, f"{tag} is not on {where}",
                               "`grpo-deploy up` builds it (images.build: true), or `make images`"
                               if res.spec.images.build else "build or load it, or set images.build: true"))
             continue
         uid, gid = labels.get("org.grpo-deploy.uid"), labels.get("org.grpo-deploy.gid")
-        ident = res.identities.get(role) or res.identities["head"]
+        ident = res.identities.get(role) or res.main_identity
         versions[role] = labels.get("org.grpo-deploy.vllm-version", "?")
         if uid is not None and (int(uid), int(gid or -1)) != (ident.uid, ident.gid):
-            out.append(Result("images", role, FAIL,
+            out.append(Result("images", label, FAIL,
                               f"{tag} was built for UID {uid}:{gid}, the run uses {ident.uid}:{ident.gid}: the "
                               "container user would have no passwd entry or HOME (PyTorch's getpass crashes)",
                               f"rebuild with --uid {ident.uid} --gid {ident.gid} or set run.uid/run.gid to the "
                               "image's"))
         else:
-            out.append(Result("images", role, OK, f"{tag}: user {uid}:{gid}, vLLM {versions[role]}"))
+            out.append(Result("images", label, OK, f"{tag}: user {uid}:{gid}, vLLM {versions[role]}{shipped}"))
     if res.engine_info.server_role and len(versions) == 2:
         server_v, trainer_v = versions["server"], versions["trainer"]
         if server_v != trainer_v:
@@ -282,7 +429,8 @@ def check_images(ctx: Context) -> list[Result]:
             if not v or (v < low):
                 out.append(Result("images", "vllm-version", FAIL,
                                   f"vLLM {server_v!r} reads as older than TRL 1.16's minimum 0.22.0 (a dev version "
-                                  "string such as 0.28.0.dev0+g... sorts before the release and TRL picks the wrong weight-sync API)",
+                                  "string such as 0.28.0.dev0+g... sorts before the release and TRL picks the wrong "
+                                  "weight-sync API)",
                                   "use a release build, e.g. vllm/vllm-openai:v0.31.0"))
             elif v > high:
                 out.append(Result("images", "vllm-version", WARN,
@@ -293,56 +441,96 @@ def check_images(ctx: Context) -> list[Result]:
     return out
 
 
-@check("shared-volume", "The trainer's adapter files, written as the trainer identity, read as the server identity")
+def probe_mount(res: Resolved, host) -> list[str]:
+    """`docker run` arguments that mount the run's shared storage on *host* where the containers will see it."""
+    mount, nfs = res.spec.storage.mount, res.spec.storage.nfs
+    if host.shared_dir:
+        return ["-v", f"{host.shared_dir}:{mount}"]
+    if nfs is not None:
+        return ["--mount", f'type=volume,dst={mount},volume-driver=local,volume-opt=type=nfs,'
+                           f'"volume-opt=o=addr={nfs.server},{nfs.options}",volume-opt=device=:{nfs.export}']
+    return ["-v", f"{res.spec.storage.volume}:{mount}"]
+
+
+def _in_container(ctx: Context, host, image: str, ident, argv: list[str]):
+    """Run argv in a throw-away container of *image* on *host*, as *ident*, with the shared storage mounted."""
+    return ctx.connector(host).run(
+        ["docker", "run", "--rm", "--network", "none", "--user", ident.user, "-e", f"GRPO_UMASK={ident.umask}",
+         "--label", "org.grpo-deploy.managed-by=grpo-deploy", *probe_mount(ctx.res, host), image, *argv],
+        timeout=300)
+
+
+@check("shared-volume", "The trainer's adapter files, written as the trainer identity on the trainer host, are read "
+                        "as the server identity on the server host through the real shared storage")
 def check_shared_volume(ctx: Context) -> list[Result]:
     """Writes a real safetensors probe the way the trainer saves adapters, then reads it as the server would."""
     res = ctx.res
     if not res.engine_info.server_role:
         return [Result("shared-volume", "-", SKIP, f"{res.engine} runs trainer and rollout in one process")]
-    if not all(h.address == "local" for h in res.spec.hosts):
-        return [Result("shared-volume", "-", SKIP, "remote hosts: probed by the multi-host deployer")]
-    client = ctx.docker()
-    if client is None:
-        return [Result("shared-volume", "local", SKIP, "Docker engine unreachable (see the docker check)")]
-    missing = [t for t in (res.images["trainer"], res.images["server"]) if facts.image_labels(client, t) is None]
-    if missing:
-        return [Result("shared-volume", "local", SKIP,
-                       f"image {missing[0]} not built yet: probed by `up` after the build")]
+    t_host, s_host = res.host_for("trainer"), res.host_for("server")
+    where = t_host.name if t_host.name == s_host.name else f"{t_host.name}->{s_host.name}"
+    for host, role in ((t_host, "trainer"), (s_host, "server")):
+        present = _image_on(ctx, host, res.images[role])
+        if present is not True:
+            return [Result("shared-volume", where, SKIP, present or f"image {res.images[role]} is not on {host.name} "
+                           "yet: `up` ships it and probes then")]
     trainer, server = res.identities["trainer"], res.identities["server"]
     probe_dir = f"{res.run_dir}/.preflight-probe"
-    volume, mount = res.spec.storage.volume, res.spec.storage.mount
-    code, out, err = compose.run_once(
-        client, res.images["trainer"], ["python", "-m", "grpo_deploy.runtime.probe", "write", "--dir", probe_dir],
-        trainer.user, volume, mount, {"GRPO_UMASK": trainer.umask})
-    if code != 0:
-        return [Result("shared-volume", "local", FAIL,
+    mount = res.spec.storage.mount
+    w = _in_container(ctx, t_host, res.images["trainer"], trainer,
+                      ["python3", "-m", "grpo_deploy.runtime.probe", "write", "--dir", probe_dir])
+    if not w.ok:
+        return [Result("shared-volume", where, FAIL,
                        f"the trainer identity UID {trainer.uid}:{trainer.gid} (umask {trainer.umask}) cannot write "
-                       f"{probe_dir} on volume {volume}: {(err or out).strip().splitlines()[-1:] or ['?']}",
-                       f"make {mount} writable by UID {trainer.uid} (image /shared owner, NFS export owner)")]
-    written = _last_json(out)
+                       f"{probe_dir} on {t_host.name}: {w.line()}",
+                       f"make {t_host.shared_dir or mount} writable by UID {trainer.uid} (directory owner, NFS export "
+                       "owner)")]
+    written = _last_json(w.out)
     # The reader also removes the probe when it can (same identity: the usual case), saving a container start;
     # otherwise the writer's identity cleans up.
-    code, out, err = compose.run_once(
-        client, res.images["server"],
-        ["sh", "-c", 'python -m grpo_deploy.runtime.probe read --dir "$0"; rc=$?; rm -rf "$0" 2>/dev/null; exit $rc',
-         probe_dir], server.user, volume, mount, {"GRPO_UMASK": server.umask})
-    read = _last_json(out)
-    if (trainer.uid, trainer.gid) != (server.uid, server.gid):
-        compose.run_once(client, res.images["trainer"], ["rm", "-rf", probe_dir], trainer.user, volume, mount)
+    r = _in_container(ctx, s_host, res.images["server"], server,
+                      ["sh", "-c", 'python3 -m grpo_deploy.runtime.probe read --dir "$0"; rc=$?; '
+                       'rm -rf "$0" 2>/dev/null; exit $rc', probe_dir])
+    read = _last_json(r.out)
+    if (trainer.uid, trainer.gid) != (server.uid, server.gid) or not r.ok:
+        _in_container(ctx, t_host, res.images["trainer"], trainer, ["rm", "-rf", probe_dir])
     path = written.get("path", probe_dir)
     data = {"written": written, "read": read}
-    if code != 0 or not read.get("ok", False):
-        errors = "; ".join(f"{e.get('path')}: {e.get('error')}" for e in read.get("errors", [])) or (err or out).strip()
+    if not r.ok or not read.get("ok", False):
+        errors = "; ".join(f"{e.get('path')}: {e.get('error')}" for e in read.get("errors", [])) or r.line()
+        missing = "No such file" in errors or "not found" in errors.lower()
+        cause = (f"the server host {s_host.name} does not see the file the trainer host {t_host.name} wrote: the "
+                 "two shared directories are not the same storage" if missing and t_host.name != s_host.name else
+                 f"the server (UID {server.uid}:{server.gid}) cannot read the adapter probe {path} written by the "
+                 f"trainer (UID {trainer.uid}:{trainer.gid}, umask {trainer.umask}, file mode "
+                 f"{written.get('file_mode')}, dir mode {written.get('dir_mode')})")
         return [Result(
-            "shared-volume", "local", FAIL,
-            f"the server (UID {server.uid}:{server.gid}) cannot read the adapter probe {path} written by the trainer "
-            f"(UID {trainer.uid}:{trainer.gid}, umask {trainer.umask}, file mode {written.get('file_mode')}, dir mode "
-            f"{written.get('dir_mode')}): {errors}. vLLM would answer 404 and TRL would misreport it as 'does not "
-            "expose /v1/load_lora_adapter'",
+            "shared-volume", where, FAIL,
+            f"{cause}: {errors}. vLLM would answer 404 and TRL would misreport it as 'does not expose "
+            "/v1/load_lora_adapter'",
+            "mount the same share on both hosts (hosts[].shared_dir or storage.nfs)" if missing else
             "run both roles as the same UID/GID (remove run.roles overrides) with umask 0022", data)]
-    return [Result("shared-volume", "local", OK,
-                   f"probe {path} written as {trainer.uid}:{trainer.gid} (file {written.get('file_mode')}) and read "
-                   f"as {server.uid}:{server.gid}", data=data)]
+    return [Result("shared-volume", where, OK,
+                   f"probe {path} written on {t_host.name} as {trainer.uid}:{trainer.gid} (file "
+                   f"{written.get('file_mode')}) and read on {s_host.name} as {server.uid}:{server.gid}", data=data)]
+
+
+def _images_needed(res: Resolved) -> list[tuple[Any, str, str]]:
+    """(host, image key, tag) for every image every host runs."""
+    return [(host, role, res.images[role]) for host in res.spec.hosts for role in _image_roles(res, host)]
+
+
+def _image_on(ctx: Context, host, tag: str) -> bool | str:
+    """True when *tag* is on *host*'s engine; else why not (a message)."""
+    if host.address != "local":
+        found = _facts_of(ctx, host)
+        if isinstance(found, HostError):
+            return f"{host.name} unreachable (see the reachable check)"
+        return host_facts.image(ctx.connector(host), tag) is not None
+    client = ctx.docker()
+    if client is None:
+        return "Docker engine unreachable (see the docker check)"
+    return facts.image_labels(client, tag) is not None
 
 
 def _last_json(text: str) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import yaml
 
 from .resolve import Resolved, as_dict, gpu_split
 from .runtime.config import RunConfig, config_text
-from .runtime.values import ENV_VALUE_FORBIDDEN
+from .runtime.values import ENV_VALUE_FORBIDDEN, ip_literal, parse_address
 
 COMPOSE_BASE = "compose.yaml"
 COMPOSE_NFS = "compose.nfs.yaml"
@@ -186,7 +186,7 @@ def _dump_yaml(header: str, data: dict[str, Any]) -> str:
     return header + yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=120)
 
 
-def _verl_host_env(res: Resolved, host, config_dir: str, files: dict[str, str]) -> None:
+def _verl_host_env(res: Resolved, host, config_dir: str, files: dict[str, str], publish_ips=None) -> None:
     spec = res.spec
     files[f"hosts/{host.name}.env"] = _template(
         "verl.env.j2", host=host, run_name=spec.run.name, profile=res.profiles[host.name].name, images=res.images,
@@ -195,7 +195,22 @@ def _verl_host_env(res: Resolved, host, config_dir: str, files: dict[str, str]) 
     )
 
 
-def _trl_host_env(res: Resolved, host, config_dir: str, files: dict[str, str]) -> None:
+def publish_address(res: Resolved, server_host, resolved: dict[str, str] | None = None) -> str:
+    """Where the server's port is published: loopback when the trainer shares its host; else the spec's
+    hosts[].publish, the IP the trainer reaches the host by (an IP address, or a name the deployer resolved),
+    and loopback while nothing says (vLLM's LoRA and dev endpoints have no authentication: never all interfaces
+    unless the spec asks)."""
+    if server_host is None or len(server_host.roles) == len(res.engine_info.roles):
+        return "127.0.0.1"
+    if server_host.publish:
+        return server_host.publish
+    if resolved and server_host.name in resolved:
+        return resolved[server_host.name]
+    literal = ip_literal(parse_address(server_host.address).host) if server_host.address != "local" else None
+    return literal or "127.0.0.1"
+
+
+def _trl_host_env(res: Resolved, host, config_dir: str, files: dict[str, str], publish_ips=None) -> None:
     spec = res.spec
     profile = res.profiles[host.name]
     compose_files = [COMPOSE_BASE]
@@ -213,17 +228,16 @@ def _trl_host_env(res: Resolved, host, config_dir: str, files: dict[str, str]) -
         "host.env.j2", host=host, run_name=spec.run.name, profile=profile.name, compose_files=compose_files,
         services=services, images=res.images, identities=res.identities, mount=spec.storage.mount,
         volume=spec.storage.volume, config_dir=config_dir, port=res.settings.vllm.port,
-        # The server port is published on loopback when both roles share the host, on all interfaces otherwise.
-        publish="127.0.0.1" if server_host and len(server_host.roles) == 2 else "0.0.0.0",
+        publish=publish_address(res, server_host, publish_ips),
         shm_size="16g" if gpu else "1g", nfs=spec.storage.nfs, shared_dir=host.shared_dir,
     )
 
 
-def host_files(res: Resolved, config_dir: str) -> dict[str, str]:
+def host_files(res: Resolved, config_dir: str, publish_ips: dict[str, str] | None = None) -> dict[str, str]:
     """Per-host compose environment (and GPU reservation override) for every host of the spec."""
     files: dict[str, str] = {}
     for host in res.spec.hosts:
-        HOST_FILES[res.engine](res, host, config_dir, files)
+        HOST_FILES[res.engine](res, host, config_dir, files, publish_ips)
     return files
 
 
@@ -270,10 +284,12 @@ CONFIG_FILES = {"trl-async": _trl_config_files, "verl": _verl_config_files}
 HOST_FILES = {"trl-async": _trl_host_env, "verl": _verl_host_env}
 
 
-def render_files(res: Resolved, config_dir: str = "/etc/grpo-deploy-render/config") -> dict[str, str]:
-    """Every artifact of the run. *config_dir* is where the config/ folder will be on each host (for compose)."""
+def render_files(res: Resolved, config_dir: str = "/etc/grpo-deploy-render/config",
+                 publish_ips: dict[str, str] | None = None) -> dict[str, str]:
+    """Every artifact of the run. *config_dir* is where the config/ folder will be on each host (for compose);
+    *publish_ips* the server host's IP as the deployer resolved it (`up`)."""
     files = CONFIG_FILES[res.engine](res)
-    files.update(host_files(res, config_dir))
+    files.update(host_files(res, config_dir, publish_ips))
     files["k8s/params.env"] = _k8s_params(res)
     files["resolved.json"] = json.dumps(as_dict(res), indent=2, sort_keys=True, default=str) + "\n"
     return files

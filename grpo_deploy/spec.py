@@ -21,6 +21,7 @@ from .runtime.values import (
     HostAddress,
     HostOnly,
     ImageRef,
+    IpAddress,
     Label,
     ModelRef,
     Name,
@@ -114,6 +115,9 @@ class HostSpec(_Strict):
     """Container mount point of the shared volume on this host (must equal storage.mount)."""
     shared_dir: OwnPath | None = None
     """Host directory where the share is already mounted (bind-mounted at storage.mount)."""
+    publish: IpAddress | None = None
+    """IP on this host the vLLM port is published on; null = the address the trainer reaches it by (never all
+    interfaces unless 0.0.0.0 is written here: vLLM's LoRA and dev endpoints have no authentication)."""
 
 
 class ModelSpec(_Strict):

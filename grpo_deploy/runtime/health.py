@@ -53,9 +53,9 @@ class Heartbeat:
             pass
 
 
-def server_healthy(port: int, model: str, timeout: float = 3.0) -> tuple[bool, str]:
-    """Whether `GET /v1/models` on 127.0.0.1:port lists `model` (readiness, not just a live socket)."""
-    url = f"http://127.0.0.1:{port}/v1/models"
+def server_healthy(port: int, model: str, timeout: float = 3.0, host: str = "127.0.0.1") -> tuple[bool, str]:
+    """Whether `GET /v1/models` on host:port lists `model` (readiness, not just a live socket)."""
+    url = f"http://{_bracketed(host)}:{port}/v1/models"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             payload = json.load(response)
@@ -65,6 +65,24 @@ def server_healthy(port: int, model: str, timeout: float = 3.0) -> tuple[bool, s
     if model in served:
         return True, f"{model} is served"
     return False, f"{model} not in {served}"
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def first_token(port: int, model: str, timeout: float = 300.0, host: str = "127.0.0.1") -> tuple[bool, str]:
+    """Whether a one-token completion of `model` answers (the server generates, not only lists the model)."""
+    url = f"http://{_bracketed(host)}:{port}/v1/completions"
+    body = json.dumps({"model": model, "prompt": "ok", "max_tokens": 1}).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    start = time.time()
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            ok = bool(json.load(response).get("choices"))
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        return False, f"{url}: {error}"
+    return ok, f"one-token completion in {time.time() - start:.2f} s" if ok else f"{url}: no choices in the answer"
 
 
 def trainer_healthy(path: str, max_age: float) -> tuple[bool, str]:
@@ -83,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--role", choices=("server", "trainer"), default=os.environ.get("GRPO_ROLE"))
     parser.add_argument("--model", default=os.environ.get("GRPO_SERVED_MODEL"), help="served model name (server)")
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRPO_SERVER_PORT") or 8000))
+    parser.add_argument("--host", default="127.0.0.1", help="server address (default: this container)")
+    parser.add_argument("--complete", action="store_true", help="also ask for a one-token completion (server)")
     parser.add_argument("--heartbeat", default=None, help=f"trainer heartbeat file (default ${HEARTBEAT_ENV})")
     parser.add_argument("--max-age", type=float, default=120.0, help="trainer heartbeat staleness limit, seconds")
     parser.add_argument("--timeout", type=float, default=3.0)
@@ -91,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.model:
             print("server health needs --model or GRPO_SERVED_MODEL", file=sys.stderr)
             return 2
-        ok, why = server_healthy(args.port, args.model, args.timeout)
+        ok, why = server_healthy(args.port, args.model, args.timeout, args.host)
+        if ok and args.complete:
+            ok, why = first_token(args.port, args.model, host=args.host)
     elif args.role == "trainer":
         ok, why = trainer_healthy(heartbeat_path(args.heartbeat), args.max_age)
     else:

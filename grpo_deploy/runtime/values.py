@@ -169,6 +169,21 @@ def _ipv6(host: str, value: str) -> None:
         raise ValueError(f"{value!r}: {host!r} is not an IPv6 address") from None
 
 
+def _ip(value: str) -> str:
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ValueError(f"{value!r} is not an IPv4 or IPv6 address") from None
+
+
+def ip_literal(host: str) -> str | None:
+    """The host part as an IP address when it is one, else None (a name)."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return None
+
+
 def _address(value: str) -> str:
     if value != "local":
         parse_address(value)
@@ -249,6 +264,7 @@ VolumeName = Annotated[str, AfterValidator(_volume)]
 ImageRef = Annotated[str, AfterValidator(_image)]
 HostAddress = Annotated[str, AfterValidator(_address)]
 HostOnly = Annotated[str, AfterValidator(_host_only)]
+IpAddress = Annotated[str, AfterValidator(_ip)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
 EnvValue = Annotated[str, BeforeValidator(env_text), AfterValidator(_env_value)]
 NfsOptions = Annotated[str, AfterValidator(_nfs_options)]

@@ -1,0 +1,140 @@
+"""Read-only facts about a host, read through its connector (local or SSH): machine, Docker and Compose, GPUs,
+free disk, clock, file owners, listening ports, images. Nothing here changes a host."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+from .connect import Host
+
+
+def machine(host: Host) -> str | None:
+    r = host.run(["uname", "-m"])
+    return r.out.strip() if r.ok else None
+
+
+def docker_version(host: Host) -> tuple[str | None, str]:
+    """(server version, or None with what the engine said)."""
+    r = host.run(["docker", "version", "--format", "{{.Server.Version}}"], timeout=30)
+    return (r.out.strip(), "") if r.ok and r.out.strip() else (None, r.line())
+
+
+def compose_version(host: Host) -> str | None:
+    r = host.run(["docker", "compose", "version", "--short"], timeout=30)
+    return r.out.strip() if r.ok else None
+
+
+def docker_root(host: Host) -> str | None:
+    r = host.run(["docker", "info", "--format", "{{.DockerRootDir}}"], timeout=30)
+    return r.out.strip() if r.ok else None
+
+
+def volume_mountpoint(host: Host, name: str) -> str | None:
+    r = host.run(["docker", "volume", "inspect", "--format", "{{.Mountpoint}}", name], timeout=30)
+    return r.out.strip() if r.ok else None
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    compute_capability: str
+    memory_mib: int | None  # GB10 reports no memory figure ("[N/A]")
+
+
+def gpus(host: Host) -> list[Gpu] | None:
+    """The host's NVIDIA GPUs, or None when nvidia-smi is absent or fails."""
+    r = host.run(["nvidia-smi", "--query-gpu=name,compute_cap,memory.total", "--format=csv,noheader,nounits"])
+    if not r.ok:
+        return None
+    out = []
+    for line in r.out.strip().splitlines():
+        name, cap, mem = ([p.strip() for p in line.split(",")] + ["", ""])[:3]
+        out.append(Gpu(name, cap, int(mem) if mem.isdigit() else None))
+    return out
+
+
+@dataclass(frozen=True)
+class Free:
+    path: str  # the existing directory measured (the nearest existing ancestor of the target)
+    free_bytes: int
+
+
+def free_space(host: Host, target: str) -> Free | None:
+    """Free bytes of the filesystem that holds *target* (or would, once created)."""
+    candidates = [str(p) for p in [PurePosixPath(target), *PurePosixPath(target).parents]]
+    r = host.run(["df", "-P", "-B1", *candidates])
+    rows = [line.split() for line in r.out.strip().splitlines()[1:]]
+    for row in rows:  # df prints the existing ones in order; the first is the nearest
+        if len(row) >= 6 and row[3].isdigit():
+            return Free(candidates[0] if row[5] == candidates[0] else row[5], int(row[3]))
+    return None
+
+
+def clock_offset(host: Host) -> float | None:
+    """Seconds the host's clock is ahead of this machine's (the round trip halved out)."""
+    start = time.time()
+    r = host.run(["date", "+%s.%N"])
+    end = time.time()
+    try:
+        return float(r.out.strip()) - (start + end) / 2
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Owner:
+    uid: int
+    gid: int
+    mode: str
+    kind: str
+
+
+def owner(host: Host, path: str) -> Owner | None:
+    r = host.run(["stat", "-c", "%u %g %a %F", path])
+    if not r.ok:
+        return None
+    uid, gid, mode, *kind = r.out.split()
+    return Owner(int(uid), int(gid), mode, " ".join(kind))
+
+
+def listening(host: Host, port: int) -> bool | None:
+    """Whether something listens on TCP *port* (None when it cannot be told)."""
+    r = host.run(["ss", "-H", "-ltn", f"sport = :{port}"])
+    if not r.ok:
+        return None
+    return bool(r.out.strip())
+
+
+def image(host: Host, tag: str) -> dict[str, Any] | None:
+    """{id, labels, layers (diff ids, base first), arch} of an image on the host's engine, or None."""
+    r = host.run(["docker", "image", "inspect", "--format",
+                  "{{json .Id}} {{json .Config.Labels}} {{json .RootFS.Layers}} {{json .Architecture}}", tag],
+                 timeout=60)
+    if not r.ok:
+        return None
+    image_id, labels, layers, arch = (json.loads(p) for p in r.out.split(" ", 3))
+    return {"id": image_id, "labels": labels or {}, "layers": layers or [], "arch": arch}
+
+
+def layer_chains(host: Host) -> list[list[str]]:
+    """The layer lists (diff ids, base first) of every image on the host's engine."""
+    ids = host.run(["docker", "image", "ls", "-q", "--no-trunc"], timeout=60)
+    if not ids.ok or not ids.out.split():
+        return []
+    r = host.run(["docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}", *sorted(set(ids.out.split()))],
+                 timeout=120)
+    return [json.loads(line) or [] for line in r.out.splitlines() if line.strip()]
+
+
+def home(host: Host) -> str | None:
+    """The login user's home directory (where the run's files go on that host)."""
+    r = host.run(["pwd"]) if not host.is_local else None
+    if r is None:
+        import os
+
+        return os.path.expanduser("~")
+    return r.out.strip() if r.ok else None

@@ -1,0 +1,111 @@
+"""A run's compose project on one host, through that host's connector: put the compose files and the host's render
+in the run's folder there, then `docker compose` up/down/logs/ps, container state and files from containers."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from dataclasses import dataclass
+
+from ..compose import kit_dir
+from .connect import Host, HostError, Result
+
+RUN_LABEL = "org.grpo-deploy.run"
+COMPOSE_FILES = ("compose.yaml", "compose.nfs.yaml", "compose.bind.yaml")
+
+
+def compose_files() -> dict[str, str]:
+    """The kit's compose files (the same ones `docker compose up` uses in compose/)."""
+    folder = kit_dir("compose")
+    return {name: (folder / name).read_text(encoding="utf-8") for name in COMPOSE_FILES}
+
+
+@dataclass
+class RemoteProject:
+    """`docker compose -p grpo-<run>` on *host*, with the compose files and render under *root* on that host."""
+
+    host: Host
+    root: str  # e.g. /home/deploy/.grpo-deploy/<run>
+    run_name: str
+
+    @property
+    def env_file(self) -> str:
+        return f"{self.root}/render/hosts/{self.host.name}.env"
+
+    @property
+    def config_dir(self) -> str:
+        return f"{self.root}/render/config"
+
+    def put(self, render: dict[str, str]) -> int:
+        """Write the compose files and the render (config/ and this host's files) under root; bytes written.
+        Config files are 0644 (containers read them as the run user; they hold no secrets), the rest 0600."""
+        total = 0
+        for name, text in compose_files().items():
+            total += self._write(f"{self.root}/compose/{name}", text, 0o600)
+        for rel, text in render.items():
+            if rel.startswith("config/"):
+                total += self._write(f"{self.root}/render/{rel}", text, 0o644)
+            elif rel.startswith(f"hosts/{self.host.name}."):
+                total += self._write(f"{self.root}/render/{rel}", text, 0o600)
+        self.host.run(["chmod", "0755", self.root, f"{self.root}/render", self.config_dir])
+        return total
+
+    def _write(self, path: str, text: str, mode: int) -> int:
+        data = text.encode("utf-8")
+        self.host.write_file(path, data, mode)
+        return len(data)
+
+    def compose(self, *args: str, timeout: float = 600) -> Result:
+        return self.host.run(["docker", "compose", "--project-directory", f"{self.root}/compose", "--env-file",
+                              self.env_file, "-p", f"grpo-{self.run_name}", *args], timeout=timeout)
+
+    def up(self, service: str) -> None:
+        r = self.compose("up", "-d", "--no-build", "--no-deps", service)
+        if not r.ok:
+            raise HostError(self.host.name, f"docker compose up {service} failed: {r.line()}",
+                            f"see grpo-deploy logs; the compose project is {self.root}/compose")
+
+    def down(self, volumes: bool = False) -> Result:
+        return self.compose("down", "--remove-orphans", *(["--volumes"] if volumes else []))
+
+    def logs(self, tail: int = 200) -> str:
+        r = self.compose("logs", "--no-color", "--timestamps", "--tail", str(tail))
+        return r.out + r.err
+
+    def containers(self) -> list[dict]:
+        """This run's containers on the host: {id, name, role, state, status, health, exit_code}."""
+        r = self.host.run(["docker", "ps", "-a", "-q", "--no-trunc", "--filter", f"label={RUN_LABEL}={self.run_name}"])
+        ids = r.out.split()
+        if not r.ok or not ids:
+            return []
+        fmt = ("{{json .Id}} {{json .Name}} {{json (index .Config.Labels \"org.grpo-deploy.role\")}} "
+               "{{json .State.Status}} {{json .State.ExitCode}} {{json .State.Health}}")
+        r = self.host.run(["docker", "inspect", "--format", fmt, *ids])
+        out = []
+        for line in r.out.strip().splitlines():
+            cid, name, role, status, code, health = (json.loads(p) for p in line.split(" ", 5))
+            out.append({"id": cid, "name": name.lstrip("/"), "role": role, "state": status, "exit_code": code,
+                        "health": (health or {}).get("Status")})
+        return out
+
+    def container(self, role: str) -> dict | None:
+        found = [c for c in self.containers() if c["role"] == role]
+        return found[0] if found else None
+
+    def read(self, container_id: str, path: str) -> str | None:
+        """A file's text from a running or stopped container (docker cp to stdout), or None."""
+        r = self.host.run(["docker", "cp", f"{container_id}:{path}", "-"], timeout=120)
+        if not r.ok:
+            return None
+        data = r.raw
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                member = tar.next()
+                return tar.extractfile(member).read().decode("utf-8", errors="replace") if member else None
+        except tarfile.TarError:
+            return None
+
+    def tail(self, container_id: str, lines: int = 15) -> str:
+        r = self.host.run(["docker", "logs", "--tail", str(lines), container_id])
+        return (r.out + r.err).strip()

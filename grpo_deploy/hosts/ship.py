@@ -1,0 +1,122 @@
+"""Images to hosts without a registry: `docker save` on this machine streamed into `docker load` on a host over its
+connector, sending only what the host lacks. A host that has the image's ID gets nothing; one that has the image's
+base layers (e.g. the cpu dependency image, shipped once) gets only the layers above them, so a code-only change
+sends megabytes, not gigabytes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from . import facts
+from .connect import CHUNK, Host, HostError, LocalHost
+
+
+@dataclass(frozen=True)
+class Shipped:
+    host: str
+    tag: str
+    status: str  # "present" (same image ID there), "shipped"
+    bytes_sent: int = 0
+    seconds: float = 0.0
+    layers_sent: int = 0
+    layers_skipped: int = 0
+
+
+def shared_prefix(layers: list[str], chains: list[list[str]]) -> int:
+    """How many of *layers* (base first) the host already has as a chain: the longest common prefix with any of
+    its images' layer lists (a layer is only reusable with the same layers below it)."""
+    best = 0
+    for chain in chains:
+        n = 0
+        for mine, theirs in zip(layers, chain, strict=False):
+            if mine != theirs:
+                break
+            n += 1
+        best = max(best, n)
+    return best
+
+
+def ship(tag: str, target: Host, progress: Callable[[str], None] | None = None,
+         source: Host | None = None) -> Shipped:
+    """Make *tag* exist on *target* with the same image ID as on this machine, sending only what is missing."""
+    source = source or LocalHost()
+    mine = facts.image(source, tag)
+    if mine is None:
+        raise HostError(source.name, f"image {tag} is not on this machine's engine", "build or load it first")
+    theirs = facts.image(target, tag)
+    if theirs is not None and theirs["id"] == mine["id"]:
+        return Shipped(target.name, tag, "present")
+    skip = shared_prefix(mine["layers"], facts.layer_chains(target))
+    start = time.time()
+    sent = [0]
+
+    def report(total: int) -> None:
+        sent[0] = total
+        if progress:
+            rate = total / max(time.time() - start, 1e-3) / 1e6
+            progress(f"shipping {tag} to {target.name}: {total / 1e6:,.0f} MB ({rate:,.0f} MB/s)")
+
+    result = target.stream(["docker", "load", "-q"], _filtered_save(tag, skip, report))
+    if not result.ok and skip:
+        # A host whose engine wants every layer in the archive after all: send the whole image once.
+        skip = 0
+        result = target.stream(["docker", "load", "-q"], _filtered_save(tag, 0, report))
+    if not result.ok:
+        raise HostError(target.name, f"docker load of {tag} failed: {result.line()}",
+                        "check free space in the host's Docker root and that its engine runs")
+    loaded = facts.image(target, tag)
+    if loaded is None or loaded["id"] != mine["id"]:
+        raise HostError(target.name, f"after docker load, {tag} there is {loaded and loaded['id'][:19]}, "
+                        f"not {mine['id'][:19]}", "remove the host's image and run again")
+    return Shipped(target.name, tag, "shipped", sent[0], round(time.time() - start, 1),
+                   len(mine["layers"]) - skip, skip)
+
+
+def _filtered_save(tag: str, skip_layers: int, progress: Callable[[int], None]) -> Iterator[bytes]:
+    """`docker save tag` as a byte stream, without the first *skip_layers* layer archives (docker save writes the
+    layers base first; docker load does not read a layer the engine already has)."""
+    read_fd, write_fd = os.pipe()
+    save = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    errors: list[BaseException] = []
+
+    def filter_tar() -> None:
+        try:
+            with os.fdopen(write_fd, "wb") as out, tarfile.open(fileobj=save.stdout, mode="r|") as src, \
+                    tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as dst:
+                seen = 0
+                for member in src:
+                    if member.name.endswith("/layer.tar"):
+                        seen += 1
+                        if seen <= skip_layers:
+                            continue
+                    data = src.extractfile(member) if member.isfile() else None
+                    dst.addfile(member, data)
+        except BaseException as exc:  # noqa: BLE001 - handed to the reader
+            errors.append(exc)
+
+    worker = threading.Thread(target=filter_tar, name=f"save-{tag}", daemon=True)
+    worker.start()
+    total = 0
+    with os.fdopen(read_fd, "rb") as stream:
+        last = 0.0
+        while True:
+            chunk = stream.read(CHUNK)
+            if not chunk:
+                break
+            total += len(chunk)
+            if time.time() - last >= 2:
+                progress(total)
+                last = time.time()
+            yield chunk
+    worker.join()
+    save.wait()
+    progress(total)
+    if errors or save.returncode != 0:
+        detail = save.stderr.read().decode(errors="replace").strip() or repr(errors[:1])
+        raise HostError("local", f"docker save {tag} failed: {detail[:300]}", "check the local engine")
