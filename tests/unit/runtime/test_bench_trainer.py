@@ -1,4 +1,4 @@
-"""The trainer bench: FLOP formulas on known shapes, TRL's packing of the synthetic rollouts, a CPU run end to end."""
+"""The trainer bench: FLOP formulas (flops.py) on known shapes, and a tiny run end to end on CPU (and on CUDA)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from grpo_deploy.runtime import bench_trainer, flops
+from grpo_deploy.runtime import bench_trainer, flops, synthetic_rollouts
 
 TINY_SHAPE = flops.ModelShape(hidden=4, layers=2, heads=2, kv_heads=1, head_dim=2, intermediate=8, vocab=10)
 
@@ -39,7 +39,7 @@ def test_trl_flops_is_trls_own_formula():
     from transformers import Qwen2Config
     from trl.trainer.utils import compute_flops_per_token
 
-    config = Qwen2Config(**bench_trainer.QWEN25_15B)
+    config = Qwen2Config(**synthetic_rollouts.QWEN25_15B)
     shape = flops.ModelShape.from_config(config)
     work = flops.Work(forwarded=14600, trained=13000, pairs=0)
     assert flops.trl_flops(shape, work, samples=10) == compute_flops_per_token(config, 1460) * 14600
@@ -49,32 +49,6 @@ def test_peak_lookup_prefers_the_specific_name():
     assert flops.peak_flops("NVIDIA H200") == 989e12
     assert flops.peak_flops("NVIDIA H200 NVL") == 835e12
     assert flops.peak_flops("cpu") is None
-
-
-def test_profile_supplies_lora_and_budget():
-    profile = bench_trainer.load_profile("h200")
-    assert (profile.lora.r, profile.lora.alpha, profile.lora.target_modules) == (1, 2, "all-linear")
-    assert profile.token_budget == 16384 and profile.generations == 8 and profile.completion_max == 3000
-
-
-def test_seed_004_workload_lengths():
-    workload = bench_trainer.seed_004_workload(bench_trainer.load_profile("h200"), tiny=False)
-    lengths = bench_trainer.completion_lengths(workload)
-    assert len(lengths) == 128 and max(lengths) <= 3000
-    assert 1150 < sum(lengths) / len(lengths) < 1450
-
-
-def test_trl_packs_the_rollouts_with_and_without_a_budget():
-    pytest.importorskip("trl")
-    workload = bench_trainer.Workload(groups=2, generations=4, prompt_tokens=8, completion_mean=24, completion_max=48)
-    samples = bench_trainer.synthetic_rollouts(workload, vocab=64)
-    completion_tokens = sum(int(s["completion_mask"].sum()) for s in samples)
-    off = [bench_trainer.work_of(b) for b in bench_trainer.microbatches(samples, 0)]
-    on = [bench_trainer.work_of(b) for b in bench_trainer.microbatches(samples, 96)]
-    assert len(off) == len(samples)
-    assert sum(w.trained for w in off) == sum(w.trained for w in on) == completion_tokens
-    assert all(w.forwarded <= 96 for w in on) and len(on) < len(off)
-    assert sum(w.forwarded for w in on) < sum(w.forwarded for w in off)  # each group's prompt forwarded once per row
 
 
 @pytest.fixture
