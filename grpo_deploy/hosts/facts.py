@@ -112,11 +112,11 @@ def listening(host: Host, port: int) -> bool | None:
 def image(host: Host, tag: str) -> dict[str, Any] | None:
     """{id, labels, layers (diff ids, base first), arch} of an image on the host's engine, or None."""
     r = host.run(["docker", "image", "inspect", "--format",
-                  "{{json .Id}} {{json .Config.Labels}} {{json .RootFS.Layers}} {{json .Architecture}}", tag],
+                  "{{json .Id}}\t{{json .Config.Labels}}\t{{json .RootFS.Layers}}\t{{json .Architecture}}", tag],
                  timeout=60)
     if not r.ok:
         return None
-    image_id, labels, layers, arch = (json.loads(p) for p in r.out.split(" ", 3))
+    image_id, labels, layers, arch = (json.loads(p) for p in r.out.strip().split("\t"))  # JSON never holds a tab
     return {"id": image_id, "labels": labels or {}, "layers": layers or [], "arch": arch}
 
 

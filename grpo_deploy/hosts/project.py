@@ -79,12 +79,12 @@ class RemoteProject:
         ids = r.out.split()
         if not r.ok or not ids:
             return []
-        fmt = ("{{json .Id}} {{json .Name}} {{json (index .Config.Labels \"org.grpo-deploy.role\")}} "
-               "{{json .State.Status}} {{json .State.ExitCode}} {{json .State.Health}}")
+        fmt = ("{{json .Id}}\t{{json .Name}}\t{{json (index .Config.Labels \"org.grpo-deploy.role\")}}\t"
+               "{{json .State.Status}}\t{{json .State.ExitCode}}\t{{json .State.Health}}")
         r = self.host.run(["docker", "inspect", "--format", fmt, *ids])
         out = []
         for line in r.out.strip().splitlines():
-            cid, name, role, status, code, health = (json.loads(p) for p in line.split(" ", 5))
+            cid, name, role, status, code, health = (json.loads(p) for p in line.split("\t"))
             out.append({"id": cid, "name": name.lstrip("/"), "role": role, "state": status, "exit_code": code,
                         "health": (health or {}).get("Status")})
         return out

@@ -5,6 +5,8 @@ sends megabytes, not gigabytes."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import subprocess
 import tarfile
@@ -12,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from . import facts
 from .connect import CHUNK, Host, HostError, LocalHost
@@ -52,7 +55,8 @@ def ship(tag: str, target: Host, progress: Callable[[str], None] | None = None,
     theirs = facts.image(target, tag)
     if theirs is not None and theirs["id"] == mine["id"]:
         return Shipped(target.name, tag, "present")
-    skip = shared_prefix(mine["layers"], facts.layer_chains(target))
+    present = set(mine["layers"][:shared_prefix(mine["layers"], facts.layer_chains(target))])
+    skip = {member for member, diff_id in layer_members(tag, mine["id"]).items() if diff_id in present}
     start = time.time()
     sent = [0]
 
@@ -65,8 +69,8 @@ def ship(tag: str, target: Host, progress: Callable[[str], None] | None = None,
     result = target.stream(["docker", "load", "-q"], _filtered_save(tag, skip, report))
     if not result.ok and skip:
         # A host whose engine wants every layer in the archive after all: send the whole image once.
-        skip = 0
-        result = target.stream(["docker", "load", "-q"], _filtered_save(tag, 0, report))
+        skip = set()
+        result = target.stream(["docker", "load", "-q"], _filtered_save(tag, skip, report))
     if not result.ok:
         raise HostError(target.name, f"docker load of {tag} failed: {result.line()}",
                         "check free space in the host's Docker root and that its engine runs")
@@ -75,12 +79,37 @@ def ship(tag: str, target: Host, progress: Callable[[str], None] | None = None,
         raise HostError(target.name, f"after docker load, {tag} there is {loaded and loaded['id'][:19]}, "
                         f"not {mine['id'][:19]}", "remove the host's image and run again")
     return Shipped(target.name, tag, "shipped", sent[0], round(time.time() - start, 1),
-                   len(mine["layers"]) - skip, skip)
+                   len(mine["layers"]) - len(skip), len(skip))
 
 
-def _filtered_save(tag: str, skip_layers: int, progress: Callable[[int], None]) -> Iterator[bytes]:
-    """`docker save tag` as a byte stream, without the first *skip_layers* layer archives (docker save writes the
-    layers base first; docker load does not read a layer the engine already has)."""
+def layer_members(tag: str, image_id: str) -> dict[str, str]:
+    """{`<dir>/layer.tar` member of `docker save tag`: its diff id}. docker save orders members by name, not by
+    layer, so the mapping comes from one read of the archive hashing each layer (a layer's diff id is the sha256
+    of its uncompressed tar), kept in ~/.cache/grpo-deploy/layers/ by image id."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grpo-deploy" / "layers"
+    path = cache / f"{image_id.replace(':', '-')}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    save = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    members: dict[str, str] = {}
+    with tarfile.open(fileobj=save.stdout, mode="r|") as src:
+        for member in src:
+            if member.name.endswith("/layer.tar") and member.isfile():
+                digest = hashlib.sha256()
+                handle = src.extractfile(member)
+                while chunk := handle.read(CHUNK):
+                    digest.update(chunk)
+                members[member.name] = f"sha256:{digest.hexdigest()}"
+    if save.wait() != 0:
+        raise HostError("local", f"docker save {tag} failed", "check the local engine")
+    cache.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(members))
+    return members
+
+
+def _filtered_save(tag: str, skip: set[str], progress: Callable[[int], None]) -> Iterator[bytes]:
+    """`docker save tag` as a byte stream without the layer archives named in *skip* (docker load does not read a
+    layer the engine already has with the same layers below it)."""
     read_fd, write_fd = os.pipe()
     save = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     errors: list[BaseException] = []
@@ -89,12 +118,9 @@ def _filtered_save(tag: str, skip_layers: int, progress: Callable[[int], None]) 
         try:
             with os.fdopen(write_fd, "wb") as out, tarfile.open(fileobj=save.stdout, mode="r|") as src, \
                     tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as dst:
-                seen = 0
                 for member in src:
-                    if member.name.endswith("/layer.tar"):
-                        seen += 1
-                        if seen <= skip_layers:
-                            continue
+                    if member.name in skip:
+                        continue
                     data = src.extractfile(member) if member.isfile() else None
                     dst.addfile(member, data)
         except BaseException as exc:  # noqa: BLE001 - handed to the reader
