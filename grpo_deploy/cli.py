@@ -10,14 +10,15 @@ import sys
 from pathlib import Path
 
 from . import __version__, preflight, profiles, scaffold
+from .bench import add_bench_parser
 from .hosts.connect import HostError, SshOptions
 from .profiles import ProfileError
 from .render import RenderError, render_files
 from .rendered import WriteRefused, diff_tree, write_tree
 from .resolve import Resolved, resolve
+from .runtime.table import human_bytes, table
 from .scaffold import InitError
 from .spec import ENGINES, SpecError, load
-from .table import human_bytes, table
 
 DEFAULT_SPEC = "grpo-deploy.yaml"
 EXIT_USAGE = 2
@@ -449,6 +450,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", action="store_true", help="keep following new lines")
     p.add_argument("--tail", type=int, default=200)
     p.set_defaults(fn=cmd_logs)
+
+    add_bench_parser(sub)
 
     for verb, text in (("diagnose", "name the bottleneck and the next knob"),
                        ("checkpoints", "list, verify, quarantine, prune checkpoints")):

@@ -18,7 +18,7 @@ from .hosts import facts as host_facts
 from .hosts.connect import Host, HostError, SshOptions, connect, on_all
 from .plan import Plan, make_plan
 from .resolve import Resolved
-from .table import table
+from .runtime.table import table
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 EXIT_OK, EXIT_FAILED, EXIT_COULD_NOT_RUN = 0, 1, 2

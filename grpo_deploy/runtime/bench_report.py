@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..table import table
+from .table import table
 
 
 def _fmt(value, spec: str) -> str:
