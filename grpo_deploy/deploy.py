@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 from . import preflight, status
 from .hosts import facts as host_facts
-from .hosts.connect import Host, HostError, SshOptions, connect, on_all
+from .hosts.connect import Host, HostError, LocalHost, SshOptions, connect, on_all
 from .hosts.project import RemoteProject
-from .hosts.ship import Shipped, ship
+from .hosts.ship import Shipped, layer_map_cached, layer_members, ship
 from .launch import LaunchError, RunState, build_images
 from .render import render_files
 from .resolve import Resolved
@@ -93,14 +93,19 @@ def _ship_all(dep: Deployment, log: Callable[[str], None]) -> list[Shipped]:
               for name, h in ((h.name, h) for h in res.spec.hosts) if not dep.hosts[name].is_local}
     last: dict[str, float] = {}
 
-    def progress(line: str) -> None:
-        key = line.split(":", 1)[0]
+    def progress(key: str, line: str) -> None:
         if time.time() - last.get(key, 0) >= 10:
             last[key] = time.time()
             log(line)
 
+    for tag in sorted({t for tags in wanted.values() for t in tags}):
+        mine = host_facts.image(LocalHost(), tag)
+        if mine is not None and not layer_map_cached(mine["id"]):
+            log(f"reading the layers of {tag} once (so each host gets only the layers it lacks)")
+            layer_members(tag, mine["id"])
+
     def to_host(host: Host) -> list[Shipped]:
-        return [ship(tag, host, progress) for tag in wanted[host.name]]
+        return [ship(tag, host, lambda line: progress(host.name, line)) for tag in wanted[host.name]]
 
     results = on_all([dep.hosts[n] for n in wanted], to_host)
     shipped: list[Shipped] = []

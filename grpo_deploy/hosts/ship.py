@@ -82,12 +82,20 @@ def ship(tag: str, target: Host, progress: Callable[[str], None] | None = None,
                    len(mine["layers"]) - len(skip), len(skip))
 
 
+def _layer_cache(image_id: str) -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grpo-deploy" / "layers"
+    return cache / f"{image_id.replace(':', '-')}.json"
+
+
+def layer_map_cached(image_id: str) -> bool:
+    return _layer_cache(image_id).is_file()
+
+
 def layer_members(tag: str, image_id: str) -> dict[str, str]:
     """{`<dir>/layer.tar` member of `docker save tag`: its diff id}. docker save orders members by name, not by
     layer, so the mapping comes from one read of the archive hashing each layer (a layer's diff id is the sha256
     of its uncompressed tar), kept in ~/.cache/grpo-deploy/layers/ by image id."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grpo-deploy" / "layers"
-    path = cache / f"{image_id.replace(':', '-')}.json"
+    path = _layer_cache(image_id)
     if path.is_file():
         return json.loads(path.read_text())
     save = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -102,8 +110,10 @@ def layer_members(tag: str, image_id: str) -> dict[str, str]:
                 members[member.name] = f"sha256:{digest.hexdigest()}"
     if save.wait() != 0:
         raise HostError("local", f"docker save {tag} failed", "check the local engine")
-    cache.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(members))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(members))
+    tmp.replace(path)
     return members
 
 
