@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 from . import preflight, status
 from .hosts import facts as host_facts
-from .hosts.connect import Host, HostError, LocalHost, SshOptions, connect, on_all
+from .hosts.connect import Host, HostError, SshOptions, connect, on_all
 from .hosts.project import RemoteProject
-from .hosts.ship import Shipped, layer_map_cached, layer_members, ship
+from .hosts.ship import Shipped, ship
 from .launch import LaunchError, RunState, build_images
 from .render import render_files
 from .resolve import Resolved
@@ -25,7 +25,8 @@ from .runtime.values import ip_literal, parse_address
 
 READY_TIMEOUT_S = 900
 POLL_S = 2.0
-# Checks that need the images on the hosts: run after shipping.
+# Checks that need the images on the hosts: run (again) after shipping. `images` also runs before, on the labels of
+# the images here, so a vLLM mismatch is refused before anything is sent.
 AFTER_SHIPPING = ("images", "shared-volume")
 
 
@@ -98,12 +99,6 @@ def _ship_all(dep: Deployment, log: Callable[[str], None]) -> list[Shipped]:
             last[key] = time.time()
             log(line)
 
-    for tag in sorted({t for tags in wanted.values() for t in tags}):
-        mine = host_facts.image(LocalHost(), tag)
-        if mine is not None and not layer_map_cached(mine["id"]):
-            log(f"reading the layers of {tag} once (so each host gets only the layers it lacks)")
-            layer_members(tag, mine["id"])
-
     def to_host(host: Host) -> list[Shipped]:
         return [ship(tag, host, lambda line: progress(host.name, line)) for tag in wanted[host.name]]
 
@@ -154,18 +149,19 @@ def _wait_server(dep: Deployment, log: Callable[[str], None], since: float) -> f
         time.sleep(POLL_S)
 
 
-def _check_from_trainer(dep: Deployment) -> str:
+def _check_from_trainer(dep: Deployment, ips: dict[str, str]) -> str:
     """From the trainer's host, in a container of the trainer image: the server lists the model and generates."""
     res = dep.res
     trainer = dep.role_host("trainer")
-    url_host = parse_address(res.server_url.split("//", 1)[1]).host
+    url = res.server_url_for(ips)
+    url_host = parse_address(url.split("//", 1)[1]).host
     r = dep.hosts[trainer].run(
         ["docker", "run", "--rm", "--label", "org.grpo-deploy.managed-by=grpo-deploy", res.images["trainer"],
          "python3", "-m", "grpo_deploy.runtime.health", "--role", "server", "--host", url_host,
          "--port", str(res.settings.vllm.port), "--model", res.settings.model.served_name, "--complete"],
         timeout=400)
     if not r.ok:
-        raise LaunchError(f"the trainer's host {trainer} cannot use the server at {res.server_url}: {r.line()} "
+        raise LaunchError(f"the trainer's host {trainer} cannot use the server at {url}: {r.line()} "
                           "(a firewall, a wrong hosts[].publish, or the server's address resolving elsewhere there)")
     return r.out.strip().splitlines()[-1] if r.out.strip() else "ok"
 
@@ -233,7 +229,7 @@ def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, 
         log(f"preflight on {', '.join(dep.hosts)} (facts only: nothing is changed)")
         ctx = preflight.Context(res, ssh=ssh)
         ctx._connectors = dep.hosts
-        if _failed(preflight.run_checks(ctx, only=[n for n, _, _ in preflight.CHECKS if n not in AFTER_SHIPPING]),
+        if _failed(preflight.run_checks(ctx, only=[n for n, _, _ in preflight.CHECKS if n != "shared-volume"]),
                    out, log, state):
             return preflight.EXIT_FAILED
         client = ctx.docker()  # images are built (or refreshed) here, then shipped from here
@@ -260,7 +256,7 @@ def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, 
         log(f"server starting on {server_host}")
         ready_s = _wait_server(dep, log, start)
         state.emit("server_ready", seconds=round(ready_s, 2))
-        log(f"server ready in {ready_s:.1f} s; from {trainer_host}: {_check_from_trainer(dep)}")
+        log(f"server ready in {ready_s:.1f} s; from {trainer_host}: {_check_from_trainer(dep, ips)}")
         started.append(trainer_host)
         trainer_start = time.time()
         dep.project(trainer_host).up("trainer")

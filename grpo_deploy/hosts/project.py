@@ -58,9 +58,9 @@ class RemoteProject:
 
     def compose(self, *args: str, timeout: float = 600) -> Result:
         # Run from the project folder: the env file names the compose files relative to it (as compose/.env does).
-        return self.host.run(["env", "-C", f"{self.root}/compose", "docker", "compose", "--project-directory",
-                              f"{self.root}/compose", "--env-file", self.env_file, "-p", f"grpo-{self.run_name}", *args],
-                             timeout=timeout)
+        folder = f"{self.root}/compose"
+        return self.host.run(["env", "-C", folder, "docker", "compose", "--project-directory", folder, "--env-file",
+                              self.env_file, "-p", f"grpo-{self.run_name}", *args], timeout=timeout)
 
     def up(self, service: str) -> None:
         r = self.compose("up", "-d", "--no-build", "--no-deps", service)

@@ -55,8 +55,18 @@ def ship(tag: str, target: Host, progress: Callable[[str], None] | None = None,
     theirs = facts.image(target, tag)
     if theirs is not None and theirs["id"] == mine["id"]:
         return Shipped(target.name, tag, "present")
-    present = set(mine["layers"][:shared_prefix(mine["layers"], facts.layer_chains(target))])
-    skip = {member for member, diff_id in layer_members(tag, mine["id"]).items() if diff_id in present}
+    prefix = shared_prefix(mine["layers"], facts.layer_chains(target))
+    skip: set[str] | None = set()
+    if prefix == len(mine["layers"]):  # every layer is there (e.g. only labels changed): send config and manifest
+        skip = None
+    elif prefix:  # a partial match needs to know which archive is which layer
+        if progress and not layer_map_cached(mine["id"]):
+            progress(f"reading the layers of {tag} once (so {target.name} gets only the {len(mine['layers']) - prefix}"
+                     f" it lacks)")
+        with _map_lock(mine["id"]):
+            members = layer_members(tag, mine["id"])
+        present = set(mine["layers"][:prefix])
+        skip = {member for member, diff_id in members.items() if diff_id in present}
     start = time.time()
     sent = [0]
 
@@ -78,8 +88,19 @@ def ship(tag: str, target: Host, progress: Callable[[str], None] | None = None,
     if loaded is None or loaded["id"] != mine["id"]:
         raise HostError(target.name, f"after docker load, {tag} there is {loaded and loaded['id'][:19]}, "
                         f"not {mine['id'][:19]}", "remove the host's image and run again")
+    skipped = len(mine["layers"]) if skip is None else len(skip)
     return Shipped(target.name, tag, "shipped", sent[0], round(time.time() - start, 1),
-                   len(mine["layers"]) - len(skip), len(skip))
+                   len(mine["layers"]) - skipped, skipped)
+
+
+_MAP_LOCKS: dict[str, threading.Lock] = {}
+_MAP_LOCKS_GUARD = threading.Lock()
+
+
+def _map_lock(image_id: str) -> threading.Lock:
+    """One reader of an image's layers at a time (hosts are shipped to in parallel)."""
+    with _MAP_LOCKS_GUARD:
+        return _MAP_LOCKS.setdefault(image_id, threading.Lock())
 
 
 def _layer_cache(image_id: str) -> Path:
@@ -117,9 +138,9 @@ def layer_members(tag: str, image_id: str) -> dict[str, str]:
     return members
 
 
-def _filtered_save(tag: str, skip: set[str], progress: Callable[[int], None]) -> Iterator[bytes]:
-    """`docker save tag` as a byte stream without the layer archives named in *skip* (docker load does not read a
-    layer the engine already has with the same layers below it)."""
+def _filtered_save(tag: str, skip: set[str] | None, progress: Callable[[int], None]) -> Iterator[bytes]:
+    """`docker save tag` as a byte stream without the layer archives named in *skip* (None: without any) -- docker
+    load does not read a layer the engine already has with the same layers below it."""
     read_fd, write_fd = os.pipe()
     save = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     errors: list[BaseException] = []
@@ -129,7 +150,7 @@ def _filtered_save(tag: str, skip: set[str], progress: Callable[[int], None]) ->
             with os.fdopen(write_fd, "wb") as out, tarfile.open(fileobj=save.stdout, mode="r|") as src, \
                     tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as dst:
                 for member in src:
-                    if member.name in skip:
+                    if member.name.endswith("/layer.tar") and (skip is None or member.name in skip):
                         continue
                     data = src.extractfile(member) if member.isfile() else None
                     dst.addfile(member, data)

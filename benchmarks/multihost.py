@@ -1,0 +1,133 @@
+"""Multi-host figures on real test hosts (tests/testhosts.py), printed, not asserted:
+
+1. preflight wall time for 2 and for 8 hosts (one spec engine, every host checked in parallel; target 8/2 <= 1.5);
+2. bytes and seconds shipped: a host without the image, the same image again (target: nothing sent), and after a
+   code-only change (a new thin layer on the same dependency image; target: under 100 MB);
+3. split `up` -> first optimizer step (trainer and server on two hosts) against the local `up` -> first step of the
+   same image on this machine (target: ratio <= 1.2); images already on the hosts, so shipping is not in the figure.
+
+Run: python benchmarks/multihost.py [--skip-split]   (needs the cpu image: make images)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from grpo_deploy import scaffold  # noqa: E402
+from grpo_deploy.hosts.connect import SshHost, SshOptions  # noqa: E402
+from grpo_deploy.hosts.ship import ship  # noqa: E402
+from tests.testhosts import SHARED_DIR, test_hosts  # noqa: E402
+
+IMAGE = "grpo-deploy/cpu:0.1.0"
+
+
+def cli(*args: str, cwd: Path, timeout: float = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "grpo_deploy.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def verl_spec(path: Path, names: list[str]) -> Path:
+    """A verl spec over the given hosts (head + workers): any host count, every check runs on every host."""
+    data = yaml.safe_load(scaffold.spec_text("a100", "verl", names))
+    data["storage"]["nfs"] = None
+    for host in data["hosts"]:
+        host["shared_dir"] = SHARED_DIR
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def preflight_seconds(n: int, work: Path, repeat: int = 3) -> float:
+    with test_hosts(n, work) as hosts:
+        spec = verl_spec(work / f"verl-{n}.yaml", [h.name for h in hosts])
+        times = []
+        for _ in range(repeat):
+            start = time.time()
+            cli("preflight", "-f", str(spec), "--ssh-config", str(hosts.ssh_config), "--json", cwd=work)
+            times.append(time.time() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def shipping(work: Path) -> list[dict]:
+    rows = []
+    with test_hosts(1, work, fresh=True, volume_prefix="grpo-benchhost") as hosts:
+        target = SshHost("spark1", "spark1", SshOptions(str(hosts.ssh_config)))
+        for case, tag in (("host without the image", IMAGE), ("same image again", IMAGE)):
+            s = ship(tag, target)
+            rows.append({"case": case, "mb": round(s.bytes_sent / 1e6, 1), "seconds": s.seconds,
+                         "layers_sent": s.layers_sent, "layers_skipped": s.layers_skipped})
+        changed = "grpo-deploy/cpu:bench-code-change"
+        subprocess.run(["docker", "build", "-q", "-t", changed, "-"], check=True, capture_output=True, text=True,
+                       input=f"FROM {IMAGE}\nRUN echo '# changed {time.time()}' >> /opt/grpo-deploy/lib/grpo_deploy/"
+                             "__init__.py\n")
+        start = time.time()
+        s = ship(changed, target)
+        rows.append({"case": "after a code-only change", "mb": round(s.bytes_sent / 1e6, 1),
+                     "seconds": round(time.time() - start, 1), "ship_seconds": s.seconds,
+                     "layers_sent": s.layers_sent, "layers_skipped": s.layers_skipped})
+        target.close()
+        subprocess.run(["docker", "rmi", changed], capture_output=True)
+    return rows
+
+
+def first_step_seconds(cwd: Path, *args: str) -> float | None:
+    proc = cli("up", "--fresh", *args, cwd=cwd)
+    status = cli("status", "--json", *args, cwd=cwd, timeout=300)
+    cli("down", *args, cwd=cwd, timeout=300)
+    if proc.returncode != 0 or status.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-2000:])
+        return None
+    return json.loads(status.stdout).get("up_to_first_step_s")
+
+
+def split_vs_local(work: Path) -> dict:
+    local = first_step_seconds(work / "local")
+    with test_hosts(2, work) as hosts:
+        data = yaml.safe_load(scaffold.spec_text("cpu", "trl-async", ["spark1", "spark2"]))
+        data["run"]["name"] = "bench-split"
+        data["storage"]["nfs"] = None
+        for host in data["hosts"]:
+            host["shared_dir"] = SHARED_DIR
+        spec = work / "split" / "split.yaml"
+        spec.write_text(yaml.safe_dump(data, sort_keys=False))
+        ssh = ["-f", str(spec), "--ssh-config", str(hosts.ssh_config)]
+        cli("preflight", *ssh, cwd=spec.parent)  # warm-up of the SSH path is not what is measured
+        for h in hosts:  # images present before the timed run: shipping is measured above
+            ship(IMAGE, SshHost(h.name, h.name, SshOptions(str(hosts.ssh_config))))
+        split = first_step_seconds(spec.parent, *ssh)
+    return {"local_s": local, "split_s": split,
+            "ratio": round(split / local, 2) if split and local else None}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--skip-split", action="store_true", help="leave out the two `up` runs (minutes)")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="grpo-bench-multihost-"))
+    for sub in ("local", "split"):
+        (work / sub).mkdir()
+    two, eight = preflight_seconds(2, work), preflight_seconds(8, work)
+    print(f"preflight: 2 hosts {two:.2f} s, 8 hosts {eight:.2f} s (median of 3), ratio {eight / two:.2f} "
+          f"(target <= 1.5)", flush=True)
+    for row in shipping(work):
+        print(f"shipping, {row['case']}: {row['mb']:,} MB in {row['seconds']} s "
+              f"({row['layers_sent']} layer(s) sent, {row['layers_skipped']} already there)", flush=True)
+    if not args.skip_split:
+        r = split_vs_local(work)
+        print(f"up -> first step: local {r['local_s']} s, split over two hosts {r['split_s']} s, ratio {r['ratio']} "
+              "(target <= 1.2)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
