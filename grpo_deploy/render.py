@@ -26,7 +26,7 @@ import yaml
 
 from .resolve import Resolved, as_dict, gpu_split
 from .runtime.config import RunConfig, config_text
-from .runtime.values import ENV_VALUE_FORBIDDEN, ip_literal, parse_address
+from .runtime.values import CONTROL, ENV_VALUE_FORBIDDEN, ip_literal, parse_address
 
 COMPOSE_BASE = "compose.yaml"
 COMPOSE_NFS = "compose.nfs.yaml"
@@ -37,7 +37,7 @@ class RenderError(RuntimeError):
     """A value reached a renderer that its format cannot hold (the spec types should have refused it first)."""
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL = CONTROL
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -74,7 +74,7 @@ def check_env_file(text: str, name: str) -> str:
         if not line or line.startswith("#"):
             continue
         key, sep, value = line.partition("=")
-        if not sep or not _ENV_KEY.match(key) or ENV_VALUE_FORBIDDEN & set(value):
+        if not sep or not _ENV_KEY.fullmatch(key) or ENV_VALUE_FORBIDDEN & set(value):
             raise RenderError(f"{name}:{number}: refusing to render {line!r}: not a plain KEY=VALUE line")
     return text
 
@@ -158,12 +158,15 @@ def verl_overrides(res: Resolved) -> list[str]:
 _VERL_LOGGERS = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow", "jsonl": "file"}
 # Hydra's unquoted values: identifiers, numbers, paths, hub ids (no whitespace, quotes, brackets, commas, '$' ...).
 _HYDRA_PLAIN = re.compile(r"^[A-Za-z0-9_./@+-]+$")
+# Unquoted text Hydra reads as a number, a boolean or null rather than as a string.
+_HYDRA_TYPED = re.compile(r"[+-]?(\d[\d_]*\.?[\d_]*([eE][+-]?\d[\d_]*)?|\.\d[\d_]*([eE][+-]?\d[\d_]*)?|inf|nan)"
+                          r"|true|false|null", re.IGNORECASE)
 
 
 def hydra_value(value: Any, nested: bool = False) -> str:
-    """A value as Hydra's override grammar reads it back: booleans True/False, None null, lists ["a","b"] (items
-    double-quoted), strings plain when they hold only safe characters, else single-quoted with quotes and
-    backslashes escaped."""
+    """A value as Hydra's override grammar (and OmegaConf after it) reads it back: booleans True/False, None null,
+    lists ["a","b"] (items double-quoted), strings plain when they hold only safe characters and would not read as a
+    number, boolean or null, else single-quoted (see _hydra_quoted)."""
     if isinstance(value, bool):
         return "True" if value else "False"
     if value is None:
@@ -175,11 +178,18 @@ def hydra_value(value: Any, nested: bool = False) -> str:
     text = str(value)
     if _CONTROL.search(text):
         raise RenderError(f"refusing to render {text!r} into a Hydra override: it holds a control character")
-    if nested:
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if _HYDRA_PLAIN.match(text) and text.lower() not in ("true", "false", "null"):
+    if not nested and _HYDRA_PLAIN.fullmatch(text) and not _HYDRA_TYPED.fullmatch(text):
         return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return _hydra_quoted(text, '"' if nested else "'")
+
+
+def _hydra_quoted(text: str, quote: str) -> str:
+    """*text* quoted for Hydra: a quote inside is escaped as \\' and only backslashes that precede a quote (or the
+    closing one) are doubled, the rest Hydra keeps as they are; '${' is escaped for OmegaConf (a literal, never an
+    interpolation such as ${oc.env:WANDB_API_KEY}), with the backslashes before it doubled."""
+    text = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)
+    text = re.sub(rf"(\\*)({quote}|$)", lambda m: m.group(1) * 2 + ("\\" + quote if m.group(2) else ""), text)
+    return quote + text + quote
 
 
 def _dump_yaml(header: str, data: dict[str, Any]) -> str:

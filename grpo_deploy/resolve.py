@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import profiles
 from .engines import ENGINES, Engine
-from .runtime.values import describe_error, error_location, parse_address
+from .runtime.values import MAX_STEPS, describe_error, error_location, parse_address
 from .settings import OWNED, SECTIONS, SERVER_PORT, VLLM_LORA_RANKS, Settings, unknown_key_hint
 from .spec import LoadedSpec, Problem, SpecError, key_str
 
@@ -155,7 +155,8 @@ class _Layers:
             # A mapping (e.g. vllm.env) adds to the profile's key by key rather than replacing it: a user who adds a
             # logging variable keeps the profile's tuned ones.
             value, why = {**earlier, **value}, f"{why}, merged over {self.origins[section][key].source}"
-        self.put(section, key, value, Origin("override", why, path))
+        # A null written in overrides is a value (the section's type decides whether it may be null), not "unset".
+        self.put(section, key, value, Origin("override", why, path), none_sets=True)
 
     def validate(self, section: str) -> BaseModel | None:
         try:
@@ -167,9 +168,17 @@ class _Layers:
 
     def _report(self, section: str, err: dict) -> None:
         loc, message = error_location(err)
-        key = str(loc[0]) if loc else ""
+        if message is not None or not loc:
+            # A section rule names its key first ("trainer.x y: not a Hydra key"): the key as given, which may hold
+            # spaces or ': ' itself, so matched against the keys set rather than split at the first ': '.
+            text = describe_error(err)
+            key = next((k for k in sorted(self.origins[section], key=len, reverse=True) if text.startswith(f"{k}: ")),
+                       None)
+            if key is not None:
+                loc, message = (key,), text[len(key) + 2:]
         if message is None:
             message = describe_error(err)
+        key = str(loc[0]) if loc else ""
         if err["type"] == "extra_forbidden":
             message = f"unknown {section} setting{unknown_key_hint(section, key)}"
         origin = self.origins[section].get(key)
@@ -202,8 +211,10 @@ def resolve(loaded: LoadedSpec) -> Resolved:
         layers.put(section, key, value, Origin("spec", f"set in the spec ({'.'.join(path)})", path))
 
     spec_field("model", "path", spec.model.path, ("model", "path"))
+    # A path is not a name to serve under: a served name taken from one is model.served_name's to fix.
+    named = spec.model.served_name or (spec.model.path or "").startswith("/")
     spec_field("model", "served_name", spec.model.served_name or spec.model.path,
-               ("model", "served_name" if spec.model.served_name else "path"))
+               ("model", "served_name" if named else "path"))
     spec_field("data", "dataset", spec.dataset.name, ("dataset", "name"))
     spec_field("data", "path", spec.dataset.path, ("dataset", "path"))
     ck = spec.checkpoints
@@ -242,7 +253,8 @@ def resolve(loaded: LoadedSpec) -> Resolved:
     for key in engine.image_roles:
         profile = server_profile if key == engine.server_role else main_profile
         res.images[key] = getattr(spec.images, key) or profile.images.get(key, "")
-    res.architecture = spec.model.architecture or known_models().get(res.settings.model.path)
+    given = spec.model.architecture
+    res.architecture = given.model_dump() if given else known_models().get(res.settings.model.path)
 
     derived: list[tuple[str, str, Any, str]] = []
     DERIVE[spec.engine](res, layers.problem, derived)
@@ -363,6 +375,11 @@ def _derive_verl(res: Resolved, problem, derived: list) -> None:
     if (tbs * n) % world:
         problem(_override("verl", "data.train_batch_size"),
                 f"data.train_batch_size x rollout.n = {tbs * n} is not divisible by the {world} GPUs")
+    size = res.spec.dataset.size or DATASET_SIZES.get(res.settings.data.dataset, 0)
+    if verl.total_training_steps is None and size // tbs * verl.total_epochs > MAX_STEPS:
+        problem(("dataset", "size") if res.spec.dataset.size else _override("verl", "trainer.total_epochs"),
+                f"{size} prompts / data.train_batch_size {tbs} x trainer.total_epochs {verl.total_epochs} is more "
+                f"than {MAX_STEPS} steps; set overrides.verl.trainer.total_training_steps")
     if tbs < mini:
         problem(_override("verl", "actor_rollout_ref.actor.ppo_mini_batch_size"),
                 f"ppo_mini_batch_size {mini} > data.train_batch_size {tbs}")

@@ -4,6 +4,7 @@ the trainer-side sections (lora, runtime, trl) are the trainer config's own (grp
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -20,6 +21,8 @@ from .runtime.config import (
 )
 from .runtime.data import DATASETS
 from .runtime.values import (
+    MAX_DISK_GB,
+    MAX_STEPS,
     AbsPath,
     Count,
     EnvName,
@@ -74,7 +77,8 @@ VLLM_OWNED_FLAGS = {
     "--max-model-len": "overrides.vllm.max_model_len",
     "--gpu-memory-utilization": "overrides.vllm.gpu_memory_utilization",
     "--max-num-seqs": "overrides.vllm.max_num_seqs", "--tensor-parallel-size": "(one GPU per server)",
-    "--data-parallel-size": "(one GPU per server)", "--seed": "run.seed",
+    "--data-parallel-size": "(one GPU per server)", "-tp": "(one GPU per server)", "-dp": "(one GPU per server)",
+    "--seed": "run.seed",
     "--enforce-eager": "overrides.vllm.enforce_eager",
     "--enable-prefix-caching": "overrides.vllm.enable_prefix_caching",
     "--no-enable-prefix-caching": "overrides.vllm.enable_prefix_caching",
@@ -85,9 +89,17 @@ VLLM_OWNED_FLAGS = {
 
 
 def _vllm_arg(value: str) -> str:
-    flag = value.split("=", 1)[0]
-    if flag in VLLM_OWNED_FLAGS:
-        raise ValueError(f"{flag} is rendered by the kit; set {VLLM_OWNED_FLAGS[flag]} instead")
+    """An extra server argument, never one of the kit's flags however vLLM would read it: `--flag=value` and
+    `--flag value` (one item), `--max_model_len` (vLLM reads '_' as '-'), and a prefix argparse would expand."""
+    flag = re.split(r"[=\s]", value.strip(), maxsplit=1)[0]
+    if flag.startswith("--"):
+        flag = "--" + flag[2:].replace("_", "-")
+    owned = flag if flag in VLLM_OWNED_FLAGS else next(
+        (f for f in VLLM_OWNED_FLAGS if len(flag) > 3 and flag.startswith("--") and f.startswith(flag)), None)
+    if owned:
+        why = VLLM_OWNED_FLAGS[owned]
+        fix = f"remove it {why}" if why.startswith("(") else f"set {why} instead"
+        raise ValueError(f"{value.strip()!r} is read by vLLM as {owned}, which the kit renders; {fix}")
     return value
 
 
@@ -167,9 +179,9 @@ class VerlSettings(BaseModel):
     """Prompts per step."""
     ppo_mini_batch_size: Count | None = Field(None, alias="actor_rollout_ref.actor.ppo_mini_batch_size")
     """Prompts per PPO update; null = data.train_batch_size."""
-    total_epochs: Count = Field(1, alias="trainer.total_epochs")
+    total_epochs: Count = Field(1, le=MAX_STEPS, alias="trainer.total_epochs")
     """Passes over the dataset."""
-    total_training_steps: Count | None = Field(None, alias="trainer.total_training_steps")
+    total_training_steps: Count | None = Field(None, le=MAX_STEPS, alias="trainer.total_training_steps")
     """Steps; null = derived from the dataset size, batch and epochs."""
     model_dtype: Literal["bf16", "bfloat16", "fp32", "float32"] | None = Field(
         None, alias="actor_rollout_ref.actor.fsdp_config.model_dtype")
@@ -221,7 +233,7 @@ class CheckpointSettings(Strict):
     """Optimizer steps between saves; null = never."""
     resume: Annotated[str, AfterValidator(_resume)] = "auto"
     """auto (the newest complete checkpoint) | never | an absolute checkpoint path."""
-    disk_margin_gb: Finite = Field(2.0, ge=0)
+    disk_margin_gb: Finite = Field(2.0, ge=0, le=MAX_DISK_GB)
     """Free space left over at the peak of checkpoints + adapters."""
 
 

@@ -15,6 +15,7 @@ from .engines import ENGINE_NAMES, ENGINES, ROLE_LIMIT_WHY
 from .runtime.config import did_you_mean
 from .runtime.data import DATASETS
 from .runtime.values import (
+    MAX_DISK_GB,
     AbsPath,
     Count,
     Finite,
@@ -35,7 +36,7 @@ from .runtime.values import (
     describe_error,
     error_location,
 )
-from .yamlpos import Located, YamlSyntaxError, load_file, load_text
+from .yamlpos import Located, YamlSyntaxError, load_file, load_text, shown_path
 
 Role = Literal["server", "trainer", "head", "worker"]
 # Environment variables whose values are credentials: a spec holding one of their values is refused.
@@ -52,12 +53,6 @@ def _umask(value: str) -> str:
 
 def _resume(value: str) -> str:
     return value if value in ("auto", "never") else abs_path(value)
-
-
-def _field_name(value: str) -> str:
-    if not value.isidentifier():
-        raise ValueError(f"{value!r} is not a config field name")
-    return value
 
 
 Umask = Annotated[str, AfterValidator(_umask)]
@@ -92,7 +87,7 @@ class RunSpec(_Strict):
     """GID of every process of the run, on every host (non-root)."""
     umask: Umask = "0022"
     """umask of every process (quoted)."""
-    seed: NonNegative = 0
+    seed: NonNegative = Field(0, le=2**32 - 1)
     """Seed of the trainer and the server's sampling."""
     roles: dict[Role, RoleIdentity] = {}
     """Per-role {uid, gid, umask} overrides: leave empty (preflight refuses a split that breaks the hand-over)."""
@@ -120,6 +115,22 @@ class HostSpec(_Strict):
     interfaces unless 0.0.0.0 is written here: vLLM's LoRA and dev endpoints have no authentication)."""
 
 
+Dim = Annotated[Count, Field(le=2**24)]
+
+
+class ArchitectureSpec(_Strict):
+    """A model's shape (its config.json), for plan's memory and checkpoint estimates."""
+
+    hidden_size: Dim
+    intermediate_size: Dim
+    num_hidden_layers: Dim
+    num_attention_heads: Dim
+    num_key_value_heads: Dim
+    vocab_size: Dim
+    tie_word_embeddings: bool = True
+    head_dim: Dim | None = None
+
+
 class ModelSpec(_Strict):
     """The base model."""
 
@@ -127,7 +138,7 @@ class ModelSpec(_Strict):
     """null = the profile's; a hub id or an absolute path inside the containers."""
     served_name: ServedName | None = None
     """null = model.path."""
-    architecture: dict[Annotated[str, AfterValidator(_field_name)], int | bool] | None = None
+    architecture: ArchitectureSpec | None = None
     """Only for models plan does not know: {hidden_size, intermediate_size, num_hidden_layers, ...}."""
 
 
@@ -199,7 +210,7 @@ class CheckpointsSpec(_Strict):
     """null = the profile's cadence, in steps."""
     resume: Resume = "auto"
     """auto (newest complete checkpoint) | never | an absolute checkpoint path."""
-    disk_margin_gb: Finite = Field(2.0, ge=0)
+    disk_margin_gb: Finite = Field(2.0, ge=0, le=MAX_DISK_GB)
     """Free space left over after the peak of checkpoints + adapters."""
 
 
@@ -241,9 +252,11 @@ class SpecError(ValueError):
 
 
 def key_str(path: tuple[Any, ...]) -> str:
+    """`a.b[0].c`; a key that is not printable text (a newline, NUL ...) quoted, so a problem stays one line."""
     out = ""
     for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+        text = part if isinstance(part, str) and part.isprintable() else repr(part)
+        out += f"[{part}]" if isinstance(part, int) else (f".{text}" if out else text)
     return out or "<top>"
 
 
@@ -308,8 +321,10 @@ def _secret_problems(doc: Located, secrets: dict[str, str]) -> list[Problem]:
     def walk(node: Any, path: tuple[Any, ...]) -> None:
         if isinstance(node, dict):
             for key, value in node.items():
-                walk(key, path + (key,))
-                walk(value, path + (key,))
+                # A key that holds a secret is shown by its place, never by its text.
+                shown = "<a key>" if isinstance(key, str) and any(s in key for s in secrets) else key
+                walk(key, path + ("<a key>",))
+                walk(value, path + (shown,))
         elif isinstance(node, list):
             for i, item in enumerate(node):
                 walk(item, path + (i,))
@@ -349,7 +364,7 @@ def load(path: str | Path) -> LoadedSpec:
     try:
         doc = load_file(Path(path))
     except YamlSyntaxError as exc:
-        raise SpecError([Problem(str(path), "<file>", str(exc))]) from None
+        raise SpecError([Problem(shown_path(path), "<file>", str(exc))]) from None
     return parse(doc)
 
 

@@ -184,10 +184,19 @@ def load_text(text: str, source: str = "<string>") -> Located:
     return Located(data=data, source=source, lines=lines)
 
 
+def shown_path(path: str | Path) -> str:
+    """A path as an error shows it: as it is, or quoted when it holds a newline, NUL or other unprintable character
+    (so that an error stays one line)."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
 def load_file(path: str | Path) -> Located:
     """Read *path* as a UTF-8 YAML spec: size checked before reading all of it, then decoded, then parsed."""
     path = Path(path)
-    source = str(path)
+    source = shown_path(path)
+    if "\x00" in str(path):
+        raise YamlSyntaxError(f"{source}: a path cannot hold a NUL byte; check the -f argument")
     try:
         with path.open("rb") as fh:
             size = os.fstat(fh.fileno()).st_size

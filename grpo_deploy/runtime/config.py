@@ -15,6 +15,7 @@ from . import rewards as rewards_module
 from .adapters import LORA_SUBDIR
 from .data import DatasetSpec
 from .values import (
+    MAX_STEPS,
     AbsPath,
     Count,
     Finite,
@@ -127,7 +128,7 @@ class AsyncGrpoArgs(BaseModel):
     """The vLLM server the rollout worker talks to (set by the kit)."""
     vllm_server_timeout: Finite = Field(900.0, gt=0)
     """Seconds to wait for the server at start (TRL's own default, 240 s, is shorter than a large model's load)."""
-    max_steps: int = Field(-1, ge=-1)
+    max_steps: int = Field(-1, ge=-1, le=MAX_STEPS)
     """Optimizer steps; -1 = epoch-driven."""
     max_staleness: NonNegative = 4
     """Rollouts more than this many adapter syncs old are dropped."""

@@ -8,14 +8,22 @@ whose validator raises ValueError with a user-facing reason; the spec loader add
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
-# Control characters (newline, NUL, escape ...) never belong in a value that reaches a rendered file.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Control characters (newline, NUL, escape ...) never belong in a value that reaches a rendered file; nor do the
+# C1 controls and Unicode line/paragraph separators, where Python's str.splitlines() (the kit's own readers of
+# server.args and env files) would split a line that compose and Kubernetes read as one.
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL = CONTROL
+# Optimizer steps a plan can schedule (a run of a million steps is far past any GRPO recipe).
+MAX_STEPS = 10**6
+# Gigabytes a disk margin may ask for (a petabyte: past that a float stops being a byte count).
+MAX_DISK_GB = 10**6
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
@@ -55,13 +63,13 @@ def _text(value: str, what: str) -> str:
 
 
 def _name(value: str) -> str:
-    if not NAME_RE.match(value):
+    if not NAME_RE.fullmatch(value):
         raise ValueError("must be 1-42 lowercase letters, digits or '-', starting and ending with a letter or digit")
     return value
 
 
 def _label(value: str) -> str:
-    if not LABEL_RE.match(value):
+    if not LABEL_RE.fullmatch(value):
         raise ValueError("must be letters, digits, '_', '.' or '-' (up to 128), starting with a letter or digit")
     return value
 
@@ -71,8 +79,8 @@ def abs_path(value: str) -> str:
     if not value.startswith("/"):
         raise ValueError(f"{value!r} is not an absolute path (it must start with '/')")
     trimmed = value.rstrip("/") or "/"
-    if trimmed != "/" and not PATH_CHARS.match(trimmed):
-        bad = sorted({c for c in trimmed if not PATH_CHARS.match(c)})
+    if trimmed != "/" and not PATH_CHARS.fullmatch(trimmed):
+        bad = sorted({c for c in trimmed if not PATH_CHARS.fullmatch(c)})
         raise ValueError(f"{value!r} contains {' '.join(repr(c) for c in bad)}: paths may hold letters, digits and "
                          "._+@=-/ only (':' and ',' split mount options, '$' is expanded by compose, spaces split "
                          "arguments)")
@@ -96,27 +104,27 @@ def _model_ref(value: str) -> str:
     _text(value, "the model")
     if value.startswith("/"):
         return abs_path(value)
-    if not HUB_ID_RE.match(value) or ".." in value:
+    if not HUB_ID_RE.fullmatch(value) or ".." in value:
         raise ValueError(f"{value!r} is neither an absolute path nor a hub id such as Qwen/Qwen2.5-Math-1.5B")
     return value
 
 
 def _served_name(value: str) -> str:
     _text(value, "the served name")
-    if not HUB_ID_RE.match(value) or ".." in value:
+    if not HUB_ID_RE.fullmatch(value) or ".." in value:
         raise ValueError(f"{value!r} is not a model name (letters, digits, '._-', at most one '/')")
     return value
 
 
 def _volume(value: str) -> str:
-    if not VOLUME_RE.match(value):
+    if not VOLUME_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a Docker volume name (letters, digits, '_', '.', '-')")
     return value
 
 
 def _image(value: str) -> str:
     _text(value, "the image reference")
-    if not IMAGE_RE.match(value):
+    if not IMAGE_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not an image reference ([registry/]name[:tag][@sha256:digest], "
                          "lowercase name)")
     return value
@@ -138,7 +146,7 @@ def parse_address(value: str) -> SshTarget:
         raise ValueError(f"{value!r} starts with '-': it would be read as an option")
     user, sep, rest = value.rpartition("@")
     user = user if sep else None
-    if user is not None and not SSH_USER_RE.match(user):
+    if user is not None and not SSH_USER_RE.fullmatch(user):
         raise ValueError(f"{user!r} is not a user name")
     port: int | None = None
     if rest.startswith("["):
@@ -153,7 +161,7 @@ def parse_address(value: str) -> SshTarget:
     else:
         host, colon, port_text = rest.partition(":")
         port_text = port_text if colon else None
-        if not HOSTNAME_RE.match(host):
+        if not HOSTNAME_RE.fullmatch(host):
             raise ValueError(f"{value!r}: {host!r} is not a host name, SSH alias or IP address")
     if port_text is not None:
         if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
@@ -198,7 +206,7 @@ def _host_only(value: str) -> str:
 
 
 def _env_name(value: str) -> str:
-    if not ENV_NAME_RE.match(value):
+    if not ENV_NAME_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not an environment variable name (upper case letters, digits and _)")
     if any(word in value for word in SECRET_WORDS):
         raise ValueError(f"{value!r} looks like a credential: rendered files must not hold secrets; export it in the "
@@ -210,6 +218,8 @@ def env_text(value: Any) -> str:
     """An env value as its text: YAML booleans become 1/0, numbers their decimal form."""
     if isinstance(value, bool):
         return "1" if value else "0"
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"expected a string or a finite number, got {value!r}")
     if isinstance(value, (int, float)):
         return str(value)
     if not isinstance(value, str):
@@ -228,19 +238,19 @@ def _env_value(value: str) -> str:
 
 
 def _nfs_options(value: str) -> str:
-    if not NFS_OPTIONS_RE.match(value):
+    if not NFS_OPTIONS_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a comma-separated list of mount options such as nfsvers=4.1,hard")
     return value
 
 
 def _hydra_key(value: str) -> str:
-    if not HYDRA_KEY_RE.match(value):
+    if not HYDRA_KEY_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a Hydra key (dotted identifiers, optionally prefixed by + or ++)")
     return value
 
 
 def _module(value: str) -> str:
-    if not MODULE_RE.match(value):
+    if not MODULE_RE.fullmatch(value):
         raise ValueError(f"{value!r} is not a module name (letters, digits, '_' and '.')")
     return value
 
@@ -308,10 +318,14 @@ def _looks_numeric(text: str) -> bool:
     return True
 
 
+# How pydantic names the member of a union (or a validator) in an error's loc: not a key of the spec.
+_UNION_TAGS = ("literal[", "function-", "list[", "dict[", "nullable[", "union[")
+
+
 def error_location(err: dict) -> tuple[tuple[Any, ...], str | None]:
     """Where a pydantic error points (its loc, without pydantic's union/validator tags) and, when a model-level rule
     named its own key as "key: reason", that key appended and the reason alone; else (loc, None)."""
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("literal[", "function-"))))
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(_UNION_TAGS)))
     if err["type"] == "value_error":
         message = describe_error(err)
         key, sep, rest = message.partition(": ")

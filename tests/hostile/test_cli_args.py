@@ -1,0 +1,156 @@
+"""Hostile command-line arguments: init --hosts (an accepted list is written exactly, a refused one writes nothing),
+preflight --only, and the arguments whose refusal belongs to cli.py / rendered.py (xfail, strict: each says the fix);
+a traceback checked in a subprocess too, where the interpreter would print it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from grpo_deploy import preflight
+from grpo_deploy import spec as spec_module
+from tests.hostile.helpers import assert_refused, base_data, changed, cli, write_spec
+
+INIT = ["init", "--profile", "gb10", "--engine", "trl-async"]
+
+
+@pytest.mark.parametrize(("hosts", "words"), [
+    ("spark1\n    shared_dir: /", ("--hosts", "control character")),
+    ("-oProxyCommand=x", ("--hosts", "starts with '-'")),
+    ("spark1,-oProxyCommand=x", ("--hosts", "starts with '-'")),
+    ("user@@h", ("--hosts", "not a user name")),
+    ("h:0", ("port must be a number from 1 to 65535",)),
+    ("a b", ("not a host name",)),
+    ("spark1;id", ("not a host name",)),
+    ("$(id)", ("not a host name",)),
+    ("spark1,spark2,spark3", ("at most 2 hosts",)),
+    ("a,a", ("duplicate host name 'a'",)),
+])
+def test_init_refuses_bad_hosts_and_writes_nothing(tmp_path, hosts, words):
+    run = cli(INIT + [f"--hosts={hosts}", "-o", "s.yaml"], tmp_path)
+    assert_refused(run, words=words)
+    assert not (tmp_path / "s.yaml").exists()
+
+
+def test_init_hosts_value_that_looks_like_an_option_is_a_usage_error(tmp_path):
+    run = cli(INIT + ["--hosts", "-oProxyCommand=x", "-o", "s.yaml"], tmp_path)
+    assert run.code == 2 and "expected one argument" in run.err and "Traceback" not in run.err
+    assert not (tmp_path / "s.yaml").exists()
+
+
+@pytest.mark.parametrize(("hosts", "expected"), [
+    ("a,,b", [("a", "a"), ("b", "b")]),
+    (" spark1 , spark2 ", [("spark1", "spark1"), ("spark2", "spark2")]),
+    ("fe80::1", [("fe80--1", "fe80::1")]),
+    ("[fe80::1]:2222", [("fe80--1", "[fe80::1]:2222")]),
+    ("ubuntu@10.0.0.5:2222,spark2", [("10-0-0-5", "ubuntu@10.0.0.5:2222"), ("spark2", "spark2")]),
+    (",", [("local", "local")]),
+])
+def test_init_writes_exactly_the_hosts_given(tmp_path, hosts, expected):
+    run = cli(INIT + [f"--hosts={hosts}", "-o", "s.yaml"], tmp_path)
+    assert run.code == 0, run.err
+    loaded = spec_module.load(tmp_path / "s.yaml")
+    assert [(h.name, h.address) for h in loaded.spec.hosts] == expected
+    assert cli(["plan", "--json", "-f", "s.yaml"], tmp_path).code in (0, 1)
+
+
+def test_preflight_only_typo_names_the_known_checks(tmp_path):
+    spec = write_spec(tmp_path, base_data("cpu"))
+    run = cli(["preflight", "--json", "-f", str(spec), "--only", "spce"], tmp_path)
+    assert run.code == 2 and "Traceback" not in run.err
+    assert "--only" in run.err and "'spce'" in run.err
+    for name, _, _ in preflight.CHECKS:
+        assert f"'{name}'" in run.err, name
+
+
+@pytest.mark.parametrize("value", ["local=lots", "local=-5", "local=1e400", "local=nan", "nohost=5GB", "=5",
+                                   "local=5XB", "local"])
+def test_free_space_refused_with_the_flag(tmp_path, value):
+    spec = write_spec(tmp_path, base_data("cpu"))
+    run = cli(["plan", "-f", str(spec), f"--free-space={value}"], tmp_path)
+    assert_refused(run, words=("--free-space",))
+
+
+# ------------------------------------------------------------------ fixes that belong to cli.py / rendered.py
+
+CLI_FIX = "cli.py (being rebuilt in parallel): "
+
+
+@pytest.mark.xfail(strict=True, raises=OverflowError,
+                   reason=CLI_FIX + "_parse_size must refuse a size whose float is not finite (int(inf) raises)")
+def test_free_space_too_large_a_number(tmp_path):
+    spec = write_spec(tmp_path, base_data("cpu"))
+    run = cli(["plan", "-f", str(spec), f"--free-space=local={'9' * 400}"], tmp_path)
+    assert_refused(run, words=("--free-space",))
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError,
+                   reason=CLI_FIX + "_render_dir must refuse an -o holding NUL (os.path/Path raise ValueError)")
+def test_render_output_with_nul(tmp_path):
+    spec = write_spec(tmp_path, base_data("cpu"))
+    assert_refused(cli(["render", "-f", str(spec), "-o", "a\x00b"], tmp_path), words=("-o",))
+
+
+@pytest.mark.xfail(strict=True, raises=OSError,
+                   reason=CLI_FIX + "_render_dir must turn OSError (ENAMETOOLONG from Path.resolve) into one line")
+def test_render_output_name_too_long(tmp_path):
+    spec = write_spec(tmp_path, base_data("cpu"))
+    assert_refused(cli(["render", "-f", str(spec), "-o", "x" * 300], tmp_path), words=("-o",))
+
+
+@pytest.mark.xfail(strict=True, raises=NotADirectoryError,
+                   reason="rendered.py (being rebuilt in parallel): write_tree must refuse an -o under a regular file "
+                          "(os.lstat raises NotADirectoryError) as WriteRefused")
+def test_render_output_under_a_file(tmp_path):
+    spec = write_spec(tmp_path, base_data("cpu"))
+    assert_refused(cli(["render", "-f", str(spec), "-o", "spec.yaml/x"], tmp_path), words=("-o",))
+
+
+@pytest.mark.xfail(strict=True, raises=pytest.fail.Exception,
+                   reason="rendered.py/cli.py: an -o thousands of levels deep recurses past Python's limit in "
+                          "write_tree; refuse paths longer than PATH_MAX (4096) up front")
+def test_render_output_too_deep(tmp_path):
+    spec = write_spec(tmp_path, base_data("cpu"))
+    try:
+        run = cli(["render", "-f", str(spec), "-o", "x/" * 2000], tmp_path)
+    except RecursionError:
+        run = None
+    if run is None:  # failed outside the except: pytest would format the thousand chained frames (minutes)
+        pytest.fail("RecursionError", pytrace=False)
+    assert_refused(run, words=("-o",))
+
+
+@pytest.mark.xfail(strict=True, raises=TypeError,
+                   reason=CLI_FIX + "argparse turns `--output=--` into [] (it drops a lone '--'); _render_dir must "
+                          "refuse a value that is not a path")
+def test_render_output_double_dash(tmp_path):
+    spec = write_spec(tmp_path, base_data("cpu"))
+    assert_refused(cli(["render", "-f", str(spec), "--output=--"], tmp_path), words=("-o",))
+
+
+@pytest.mark.xfail(strict=True, raises=ValueError,
+                   reason=CLI_FIX + "cmd_init must refuse an -o holding NUL before Path.is_dir/open raise ValueError")
+def test_init_output_with_nul(tmp_path):
+    assert_refused(cli(INIT + ["-o", "a\x00b"], tmp_path), words=("-o",))
+
+
+@pytest.mark.xfail(strict=True, raises=OSError,
+                   reason=CLI_FIX + "cmd_init must turn OSError from Path.is_dir (ENAMETOOLONG) into one line")
+def test_init_output_name_too_long(tmp_path):
+    assert_refused(cli(INIT + ["-o", "y" * 300], tmp_path), words=("-o",))
+
+
+# ------------------------------------------------------------------ as a subprocess
+
+def test_no_traceback_from_the_real_command(tmp_path):
+    """One real process (each pays the CLI's imports, seconds): plan on numbers that used to overflow plan's
+    arithmetic, where Python itself would print a traceback."""
+    spec = write_spec(tmp_path, changed("cpu", {("overrides", "trl", "max_steps"): 10**30}))
+    proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "plan", "--json", "-f", str(spec)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("error: ") and all(line.startswith("  ") for line in lines[1:]), proc.stderr
+    assert any(": overrides.trl.max_steps: " in line for line in lines), proc.stderr
