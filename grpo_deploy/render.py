@@ -91,11 +91,12 @@ def server_args(res: Resolved) -> list[str]:
     return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def trainer_config(res: Resolved) -> RunConfig:
+def trainer_config(res: Resolved, publish_ips: dict[str, str] | None = None) -> RunConfig:
     """The trainer entrypoint's config (grpo_deploy.runtime.config's schema, validated here as in the container);
     async_grpo goes to TRL's AsyncGRPOConfig."""
     s, spec = res.settings, res.spec
-    kit = {"output_dir": res.checkpoint_dir, "vllm_server_base_url": res.server_url, "seed": spec.run.seed,
+    kit = {"output_dir": res.checkpoint_dir, "vllm_server_base_url": res.server_url_for(publish_ips),
+           "seed": spec.run.seed,
            "report_to": _report_to(spec.logger.kind), "vllm_server_timeout": s.trl.vllm_server_timeout}
     if spec.logger.kind != "none" and s.trl.run_name is None:
         kit["run_name"] = spec.run.name
@@ -268,7 +269,7 @@ def _gpu_override(res: Resolved, host) -> str:
     return _dump_yaml(header, {"services": services})
 
 
-def _trl_config_files(res: Resolved) -> dict[str, str]:
+def _trl_config_files(res: Resolved, publish_ips: dict[str, str] | None = None) -> dict[str, str]:
     spec, s = res.spec, res.settings
     common = dict(run_name=spec.run.name, model_path=s.model.path, served_name=s.model.served_name,
                   vllm=_vllm_context(res), seed=spec.run.seed, device=s.runtime.device)
@@ -279,12 +280,12 @@ def _trl_config_files(res: Resolved) -> dict[str, str]:
             "trainer.env.j2", umask=res.identities["trainer"].umask, logger=spec.logger.kind,
             logger_project=spec.logger.project or "grpo-deploy", logger_entity=spec.logger.entity, **common),
         "config/trainer.yaml": config_text(
-            trainer_config(res),
+            trainer_config(res, publish_ips),
             f"# Trainer config for run {spec.run.name}, rendered by grpo-deploy; read by grpo_deploy.runtime.train.\n"),
     }
 
 
-def _verl_config_files(res: Resolved) -> dict[str, str]:
+def _verl_config_files(res: Resolved, publish_ips: dict[str, str] | None = None) -> dict[str, str]:
     return {"config/verl-overrides.txt": (
         f"# Hydra overrides for verl 0.9.1 (python -m verl.trainer.main_ppo), run {res.spec.run.name}.\n"
         + "\n".join(verl_overrides(res)) + "\n")}
@@ -298,7 +299,7 @@ def render_files(res: Resolved, config_dir: str = "/etc/grpo-deploy-render/confi
                  publish_ips: dict[str, str] | None = None) -> dict[str, str]:
     """Every artifact of the run. *config_dir* is where the config/ folder will be on each host (for compose);
     *publish_ips* the server host's IP as the deployer resolved it (`up`)."""
-    files = CONFIG_FILES[res.engine](res)
+    files = CONFIG_FILES[res.engine](res, publish_ips)
     files.update(host_files(res, config_dir, publish_ips))
     files["k8s/params.env"] = _k8s_params(res)
     files["resolved.json"] = json.dumps(as_dict(res), indent=2, sort_keys=True, default=str) + "\n"

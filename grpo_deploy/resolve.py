@@ -92,6 +92,12 @@ class Resolved:
 
     @property
     def server_url(self) -> str:
+        return self.server_url_for()
+
+    def server_url_for(self, resolved: dict[str, str] | None = None) -> str:
+        """The URL the trainer reaches the server by: the compose service on a shared host; else the server's IP as
+        the deployer resolved it on the trainer's host (*resolved*: containers do not see /etc/hosts or ssh_config
+        aliases), else the address in the spec."""
         server = self.host_for("server")
         trainer = self.host_for("trainer")
         if server is None:
@@ -99,9 +105,12 @@ class Resolved:
         port = self.settings.vllm.port
         if trainer is not None and trainer.name == server.name:
             return f"http://server:{port}"  # the compose service name, same host
-        if server.address == "local":
-            return f"http://{server.name}:{port}"
-        host = parse_address(server.address).host
+        if resolved and server.name in resolved:
+            host = resolved[server.name]
+        elif server.address == "local":
+            host = server.name
+        else:
+            host = parse_address(server.address).host
         return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
     @property

@@ -311,7 +311,7 @@ def test_server_probes(overlay):
     for src in server.get("envFrom", []):
         (cm,) = [o for o in objects(overlay, "ConfigMap") if o["metadata"]["name"] == src["configMapRef"]["name"]]
         env.update(cm["data"])
-    assert env.get("GRPO_SERVED_MODEL") == resolved(overlay).v("model", "served_name")
+    assert env.get("GRPO_SERVED_MODEL") == resolved(overlay).settings.model.served_name
     assert env.get("GRPO_SERVER_PORT") == str(ports["http"]), "the readiness check would ask another port"
     startup = server["startupProbe"]
     budget = startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3)
@@ -335,7 +335,7 @@ def test_trainer_reaches_the_server_service(overlay):
     (init,) = [c for c in one(overlay, "Job", "trainer")["spec"]["template"]["spec"]["initContainers"]
                if c["name"] == "wait-for-server"]
     env = {e["name"]: e.get("value") for e in init["env"]}
-    assert env["GRPO_SERVED_MODEL"] == resolved(overlay).v("model", "served_name")
+    assert env["GRPO_SERVED_MODEL"] == resolved(overlay).settings.model.served_name
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

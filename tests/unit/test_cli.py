@@ -33,7 +33,7 @@ def test_render_refuses_a_foreign_directory(tmp_path, capsys):
 
 
 def test_not_built_verbs_say_so(capsys):
-    assert main(["diagnose"]) == 2 and "not built yet" in capsys.readouterr().err
+    assert main(["checkpoints"]) == 2 and "not built yet" in capsys.readouterr().err
 
 
 def test_up_with_remote_hosts_is_refused_clearly(tmp_path, capsys):
