@@ -3,7 +3,7 @@ PYTHON ?= python3
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-unit test-static test-integration images images-static bench render-defaults clean
+.PHONY: help setup demo test test-unit test-static test-integration images images-static bench bench-split render-defaults clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -32,8 +32,12 @@ images: ## build the cpu image (debootstrap base, host wheelhouse, --no-index in
 images-static: ## hadolint every Dockerfile (GPU images cannot be built here)
 	bash images/build.sh all-static
 
-bench: ## start-up ratio (median of 3 bare server starts) and adapter hand-off of the rehearsal (needs `make demo`)
+bench: ## start-up ratio and hand-off of the rehearsal (needs `make demo`); multi-host preflight and shipping figures
 	$(PYTHON) benchmarks/rehearsal_startup.py --repeat 3
+	$(PYTHON) benchmarks/multihost.py --skip-split
+
+bench-split: ## split `up` -> first step over two test hosts against the local one (minutes)
+	$(PYTHON) benchmarks/multihost.py
 
 render-defaults: ## rewrite the committed renders: compose/.env, compose/rendered/, k8s/*/generated/
 	$(PYTHON) -m grpo_deploy.committed
