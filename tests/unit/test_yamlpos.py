@@ -259,17 +259,32 @@ def test_utf8_with_bom_and_non_ascii_loads(tmp_path):
     assert doc.data == {"name": "café", "b": 2} and doc.lines[("b",)] == 2 and doc.source == str(f)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
 def test_permission_denied(tmp_path):
+    """Read by a user who may not: root reads any file, so a forked child drops to nobody first."""
     f = tmp_path / "secret.yaml"
     f.write_text("a: 1\n")
     f.chmod(0)
-    try:
-        with pytest.raises(YamlSyntaxError) as info:
-            load_file(f)
-    finally:
-        f.chmod(0o600)
-    assert str(info.value).startswith(f"{f}: permission denied reading the file; make it readable")
+    tmp_path.chmod(0o755)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            try:
+                load_file(f)
+                message = "loaded"
+            except YamlSyntaxError as exc:
+                message = str(exc)
+            os.write(write_fd, message.encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    message = os.read(read_fd, 4096).decode()
+    os.waitpid(pid, 0)
+    os.close(read_fd)
+    assert message.startswith(f"{f}: permission denied reading the file; make it readable"), message
 
 
 def test_unbounded_device_read_is_bounded():
