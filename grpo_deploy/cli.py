@@ -350,6 +350,24 @@ def cmd_logs(args) -> int:
         raise CliError(str(exc)) from None
 
 
+def cmd_check(args) -> int:
+    """testinfra checks of every spec host (grpo_deploy.hostchecks) through pytest; exit 0 / 1 / 2."""
+    from .hostchecks import runner
+
+    path = args.file or os.environ.get("GRPO_DEPLOY_SPEC") or (DEFAULT_SPEC if Path(DEFAULT_SPEC).exists() else None)
+    if path is None:
+        raise CliError(f"no spec to check: pass -f SPEC, set GRPO_DEPLOY_SPEC, or write ./{DEFAULT_SPEC} "
+                       "(grpo-deploy init)")
+    res = resolve(load(path))
+    ssh = _ssh(args)
+    extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
+    try:
+        return runner.run(res, os.path.abspath(path), ssh.config_path and os.path.abspath(ssh.config_path),
+                          args.run, ssh.accept_new_host_keys, extra)
+    except runner.CheckUnavailable as exc:
+        raise CliError(str(exc)) from None
+
+
 def cmd_not_built(args) -> int:
     print(f"grpo-deploy {args.verb}: not built yet in this version ({__version__}). "
           "See README.md, 'What works today'.", file=sys.stderr)
@@ -450,6 +468,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", action="store_true", help="keep following new lines")
     p.add_argument("--tail", type=int, default=200)
     p.set_defaults(fn=cmd_logs)
+
+    p = sub.add_parser("check", help="testinfra health checks of the spec's hosts (--run: and of the running run)",
+                       description="Check every host of the spec with pytest-testinfra (grpo_deploy.hostchecks): run "
+                                   "UID owns the shared directory, NFS mount and options, a cross-host write/read as "
+                                   "the run identities, Docker and Compose, NVIDIA runtime and GPUs where the profile "
+                                   "wants CUDA, checkpoint disk headroom against plan; with --run also the server's "
+                                   "health, model, runtime LoRA loading, trainer progress and adapter permissions. "
+                                   "One line per check per host; exit 0 all passed, 1 a check failed, 2 could not "
+                                   "run. Arguments after -- go to pytest (e.g. -- -k shared_dir).")
+    p.add_argument("-f", "--file", metavar="SPEC",
+                   help=f"deployment spec (default: $GRPO_DEPLOY_SPEC, else ./{DEFAULT_SPEC})")
+    _add_ssh(p)
+    p.add_argument("--run", action="store_true", help="also check the running run (pytest --run-checks)")
+    p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="extra pytest arguments, after --")
+    p.set_defaults(fn=cmd_check)
 
     add_bench_parser(sub)
 
