@@ -22,6 +22,14 @@ from .spec import ENGINES, SpecError, load
 
 DEFAULT_SPEC = "grpo-deploy.yaml"
 EXIT_USAGE = 2
+MAX_SIZE = 1e21  # bytes: a zettabyte; --free-space beyond that is a typo
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the kit's error format: one line, exit 2 (the usage is one `--help` away)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
 class CliError(Exception):
@@ -48,7 +56,19 @@ def _parse_size(text: str) -> int:
         raise CliError(f"--free-space: cannot read size {text!r} (use e.g. 500GB, 1.5TB, 800GiB)")
     unit = (m.group(2) or "B").upper().rstrip("B") or "B"
     factor = {"B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
-    return int(float(m.group(1)) * factor)
+    size = float(m.group(1)) * factor
+    if not size < MAX_SIZE:
+        raise CliError(f"--free-space: {text!r} is more than any filesystem holds (use e.g. 500GB, 1.5TB)")
+    return int(size)
+
+
+def _output_path(text: str) -> str:
+    """-o as given: a usable path name (argparse turns a refusal into one line and exit 2)."""
+    if not text or "\x00" in text or len(text) > 4096 or text.count("/") > 64 or \
+            any(len(part.encode("utf-8", "surrogateescape")) > 255 for part in text.split("/")):
+        raise argparse.ArgumentTypeError(f"{text[:80]!r} is not a usable path (empty, a NUL byte, a name over 255 "
+                                         "bytes, or over 64 folders / 4096 characters)")
+    return text
 
 
 def _free_space(values: list[str] | None, res: Resolved) -> dict[str, int]:
@@ -120,6 +140,15 @@ SYSTEM_DIRS = tuple(Path(p) for p in ("/etc", "/usr", "/proc", "/sys", "/dev", "
 
 
 def cmd_render(args) -> int:
+    if not isinstance(args.output, str):  # argparse hands `--output=--` over as []
+        raise CliError("-o needs a directory name")
+    try:
+        return _render(args)
+    except OSError as exc:  # a path the OS refuses (a file on the way, a name too long)
+        raise CliError(f"-o {args.output}: {exc.strerror or exc}") from None
+
+
+def _render(args) -> int:
     res = _load(args)
     if args.check:
         out = Path(args.output).resolve()
@@ -280,21 +309,19 @@ def _remote(res: Resolved) -> bool:
 
 
 def cmd_status(args) -> int:
-    from . import launch, status
+    from . import status
 
     res = _load(args)
     hosts = []
+    events = _run_events(res, args)
     if _remote(res):
         from . import deploy
 
         dep = deploy.Deployment(res, _ssh(args))
         try:
-            events = deploy.run_events(dep, live=True)
             hosts = deploy.host_states(dep)
         finally:
             dep.close()
-    else:
-        events = launch.run_events(launch.RunState(res), live=True)
     summary = status.summarize(res.spec.run.name, events, max_steps=res.settings.trl.max_steps)
     if args.plot:
         status.plot(events, args.plot, title=status.plot_title(res.spec.run.name))
@@ -368,6 +395,32 @@ def cmd_check(args) -> int:
         raise CliError(str(exc)) from None
 
 
+def _run_events(res: Resolved, args) -> list[dict]:
+    """The run's events (the deployer's and the trainer's), from the hosts when they are remote."""
+    from . import launch
+
+    if not _remote(res):
+        return launch.run_events(launch.RunState(res), live=True)
+    from . import deploy
+
+    dep = deploy.Deployment(res, _ssh(args))
+    try:
+        return deploy.run_events(dep, live=True)
+    finally:
+        dep.close()
+
+
+def cmd_diagnose(args) -> int:
+    from . import diagnose
+
+    res = _load(args)
+    if not res.engine_info.server_role:
+        raise CliError(f"diagnose reads TRL's async metrics; engine {res.engine} has none (use verl's own logs)")
+    d = diagnose.diagnose(_run_events(res, args), diagnose.settings_hint(res))
+    print(json.dumps(d.to_dict(), indent=2) if args.json else diagnose.diagnosis_text(d))
+    return 1 if d.side == "not enough data" else 0
+
+
 def cmd_not_built(args) -> int:
     print(f"grpo-deploy {args.verb}: not built yet in this version ({__version__}). "
           "See README.md, 'What works today'.", file=sys.stderr)
@@ -377,7 +430,7 @@ def cmd_not_built(args) -> int:
 # ---------------------------------------------------------------- parser
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="grpo-deploy",
         description="Render, check and launch GRPO + LoRA post-training deployments "
                     "(TRL async GRPO + vLLM server, or verl) from one spec and hardware profiles.",
@@ -393,7 +446,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", help="comma-separated SSH hosts; trl-async: 'trainer,server' (e.g. spark1,spark2) or one "
                                    "host for both roles; verl: head first, then workers. Default: this machine")
     p.add_argument("--name", help="run name (default: from profile and engine)")
-    p.add_argument("-o", "--output", default=DEFAULT_SPEC, help=f"file to write (default {DEFAULT_SPEC})")
+    p.add_argument("-o", "--output", default=DEFAULT_SPEC, type=_output_path,
+                   help=f"file to write (default {DEFAULT_SPEC})")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(fn=cmd_init)
 
@@ -404,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "the directory with a fresh render and exit 1 on any "
                                    "difference.")
     _add_spec(p)
-    p.add_argument("-o", "--output", required=True, metavar="DIR", help="output directory")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", type=_output_path, help="output directory")
     p.add_argument("--check", action="store_true", help="diff DIR against a fresh render instead of writing")
     p.set_defaults(fn=cmd_render)
 
@@ -486,8 +540,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
 
-    for verb, text in (("diagnose", "name the bottleneck and the next knob"),
-                       ("checkpoints", "list, verify, quarantine, prune checkpoints")):
+    p = sub.add_parser("diagnose", help="name the bottleneck (trainer, generation, adapter sync) and the next setting "
+                                        "to change",
+                       description="Reads the run's own TRL step metrics (forward/backward time, queue fill vs "
+                                   "queue_maxsize, time waiting for rollouts, backpressure, adapter-sync time); names "
+                                   "the bound side with figures, reward per wall-clock hour and completion length "
+                                   "beside tokens/s, and the spec settings to change, in order. Needs 5 timed steps.")
+    _add_spec(p)
+    _add_json(p)
+    _add_ssh(p)
+    p.set_defaults(fn=cmd_diagnose)
+
+    for verb, text in (("checkpoints", "list, verify, quarantine, prune checkpoints"),):
         p = sub.add_parser(verb, help=f"{text} [not built yet]", description=f"{text}. Not built yet.")
         p.set_defaults(fn=cmd_not_built)
     return parser
