@@ -6,7 +6,6 @@ started on every host. Also status, logs and down across hosts."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from .hosts import facts as host_facts
 from .hosts.connect import Host, HostError, SshOptions, connect, on_all
 from .hosts.project import RemoteProject
 from .hosts.ship import Shipped, ship
-from .launch import LaunchError, RunState, build_images
+from .launch import LaunchError, RunState, build_images, report
 from .render import render_files
 from .resolve import Resolved
 from .runtime.metrics import parse_events
@@ -273,11 +272,7 @@ def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, 
         raise
     _save_logs(dep)
     state.emit("up_end", status="ok" if code == 0 else "failed", trainer_exit=code)
-    events = run_events(dep)
-    summary = status.summarize(res.spec.run.name, events, max_steps=res.settings.trl.max_steps)
-    (state.dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
-    print("\n" + status.summary_text(summary), file=out)
-    print(f"\nsummary: {state.dir / 'summary.json'}\nlogs:    {state.dir / 'logs.txt'}", file=out)
+    report(state, run_events(dep), out)
     if keep:
         log("--keep: the run stays up (grpo-deploy down stops it on every host)")
     else:

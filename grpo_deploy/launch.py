@@ -265,12 +265,7 @@ def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout) -
         raise
     _save_logs(project, state)
     state.emit("up_end", status="ok" if code == 0 else "failed", trainer_exit=code)
-    events = run_events(state)
-    summary = summarize(state, events)
-    (state.dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
-    png = status.plot(events, str(state.dir / f"{res.spec.run.name}.png"), title=status.plot_title(res.spec.run.name))
-    print("\n" + status.summary_text(summary), file=out)
-    print(f"\nsummary: {state.dir / 'summary.json'}\nplot:    {png}\nlogs:    {state.dir / 'logs.txt'}", file=out)
+    report(state, run_events(state), out)
     if keep:
         log("--keep: the stack stays up (grpo-deploy down stops it)")
     else:
@@ -280,6 +275,16 @@ def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout) -
         log(f"the trainer exited with code {code}: see {state.dir / 'logs.txt'}")
         return 1
     return 0
+
+
+def report(state: RunState, events: list[dict], out) -> None:
+    """The end of an `up`: summary.json, the plot and the summary text, with where each file is."""
+    name = state.res.spec.run.name
+    summary = summarize(state, events)
+    (state.dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
+    png = status.plot(events, str(state.dir / f"{name}.png"), title=status.plot_title(name))
+    print("\n" + status.summary_text(summary), file=out)
+    print(f"\nsummary: {state.dir / 'summary.json'}\nplot:    {png}\nlogs:    {state.dir / 'logs.txt'}", file=out)
 
 
 def _save_logs(project: compose.Project, state: RunState) -> None:
