@@ -1,5 +1,6 @@
-"""Seed 004's failure caught before training: a trainer writing adapters as another UID with umask 077 is refused
-by preflight (real probe through the real shared volume), naming UID, umask and path; nothing is started."""
+"""The Spark field run's failure caught before training: a trainer writing adapters as another UID with umask 077 is
+refused by preflight (real probe through the real shared volume), naming UID, umask and path; nothing is started.
+(Root as the trainer, the field run's case, is refused earlier: the spec allows no UID 0.)"""
 
 from __future__ import annotations
 
@@ -30,17 +31,19 @@ def test_probe_passes_with_one_identity(tmp_path, cpu_image):
     assert '"verdict": "ok"' in proc.stdout
 
 
-def test_root_trainer_with_umask_077_is_refused_by_the_real_probe(tmp_path, cpu_image):
-    spec_path = _spec(tmp_path, "{trainer: {uid: 0, gid: 0, umask: '0077'}}")
-    proc = _preflight(tmp_path, spec_path, "--only", "shared-volume")
+def test_other_uid_trainer_with_umask_077_is_refused_by_the_real_probe(tmp_path, cpu_image):
+    spec_path = _spec(tmp_path, "{trainer: {uid: 2000, gid: 2000, umask: '0077'}}")
+    proc = _preflight(tmp_path, spec_path, "--only", "shared-volume", "--only", "identity")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = " ".join(proc.stdout.split())
-    assert "UID 0:0" in out and "umask 0077" in out and f"/shared/runs/{RUN}/" in out
+    assert "UID 2000:2000" in out and "umask 0077" in out and f"/shared/runs/{RUN}/" in out
     assert "does not expose" in out  # names TRL's misleading message as what this prevents
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("shared-volume")]
+    assert rows and "FAIL" in rows[0], proc.stdout  # the real probe, not only the rule
 
 
 def test_up_refuses_and_starts_nothing(tmp_path, cpu_image, docker_client):
-    spec_path = _spec(tmp_path, "{trainer: {uid: 0, gid: 0, umask: '0077'}}")
+    spec_path = _spec(tmp_path, "{trainer: {uid: 2000, gid: 2000, umask: '0077'}}")
     proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "up", "-f", spec_path], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stdout + proc.stderr
