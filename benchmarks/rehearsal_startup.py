@@ -36,7 +36,7 @@ def bare_server_start(res, timeout: float = 900.0) -> float:
         volumes={str(state.render_dir / "config"): {"bind": "/etc/grpo-deploy", "mode": "ro"}},
         environment=parse_env((state.render_dir / "config" / "server.env").read_text()), shm_size="1g",
         labels={"org.grpo-deploy.managed-by": "grpo-deploy-bench"})
-    model = res.v("model", "served_name")
+    model = res.settings.model.served_name
     try:
         while time.time() - start < timeout:
             if server_healthy(port, model, timeout=2)[0]:  # the server's own healthcheck rule, which `up` waits on
