@@ -28,6 +28,9 @@ def bare_server_start(res, timeout: float = 900.0) -> float:
     state = RunState(res)
     write_render(state)
     port = 18000
+    model = res.settings.model.served_name
+    for stale in client.containers.list(all=True, filters={"label": "org.grpo-deploy.managed-by=grpo-deploy-bench"}):
+        stale.remove(force=True)  # an earlier bench that died before its cleanup
     start = time.time()
     container = client.containers.run(
         res.images["server"],
@@ -36,7 +39,6 @@ def bare_server_start(res, timeout: float = 900.0) -> float:
         volumes={str(state.render_dir / "config"): {"bind": "/etc/grpo-deploy", "mode": "ro"}},
         environment=parse_env((state.render_dir / "config" / "server.env").read_text()), shm_size="1g",
         labels={"org.grpo-deploy.managed-by": "grpo-deploy-bench"})
-    model = res.settings.model.served_name
     try:
         while time.time() - start < timeout:
             if server_healthy(port, model, timeout=2)[0]:  # the server's own healthcheck rule, which `up` waits on
