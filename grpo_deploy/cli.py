@@ -106,7 +106,7 @@ def _add_ssh(p: argparse.ArgumentParser) -> None:
 def _ssh(args) -> SshOptions:
     config = getattr(args, "ssh_config", None)
     if config is not None and not Path(config).is_file():
-        raise CliError(f"--ssh-config {config}: no such file")
+        raise CliError(f"--ssh-config {config!r}: no such file")
     return SshOptions(config, getattr(args, "accept_new_host_keys", False))
 
 
