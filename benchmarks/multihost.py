@@ -67,9 +67,15 @@ def shipping(work: Path) -> list[dict]:
             rows.append({"case": case, "mb": round(s.bytes_sent / 1e6, 1), "seconds": s.seconds,
                          "layers_sent": s.layers_sent, "layers_skipped": s.layers_skipped})
         changed = "grpo-deploy/cpu:bench-code-change"
-        subprocess.run(["docker", "build", "-q", "-t", changed, "-"], check=True, capture_output=True, text=True,
-                       input=f"FROM {IMAGE}\nRUN echo '# changed {time.time()}' >> /opt/grpo-deploy/lib/grpo_deploy/"
-                             "__init__.py\n")
+        # The image runs as its non-root user and the kit's files are root's: the edit is made as root, and the
+        # image's own user is restored after it.
+        user = subprocess.run(["docker", "image", "inspect", "-f", "{{.Config.User}}", IMAGE], check=True,
+                              capture_output=True, text=True).stdout.strip() or "0"
+        built = subprocess.run(["docker", "build", "-q", "-t", changed, "-"], capture_output=True, text=True,
+                               input=f"FROM {IMAGE}\nUSER 0\nRUN echo '# changed {time.time()}' >> "
+                                     f"/opt/grpo-deploy/lib/grpo_deploy/__init__.py\nUSER {user}\n")
+        if built.returncode != 0:
+            raise SystemExit(f"building the code-change image failed:\n{built.stderr[-2000:]}")
         start = time.time()
         s = ship(changed, target)
         rows.append({"case": "after a code-only change", "mb": round(s.bytes_sent / 1e6, 1),
