@@ -24,7 +24,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from grpo_deploy import scaffold  # noqa: E402
+from grpo_deploy import new_spec  # noqa: E402
 from grpo_deploy.hosts.connect import SshHost, SshOptions  # noqa: E402
 from grpo_deploy.hosts.ship import ship  # noqa: E402
 from tests.testhosts import SHARED_DIR, test_hosts  # noqa: E402
@@ -39,7 +39,7 @@ def cli(*args: str, cwd: Path, timeout: float = 1800) -> subprocess.CompletedPro
 
 def verl_spec(path: Path, names: list[str]) -> Path:
     """A verl spec over the given hosts (head + workers): any host count, every check runs on every host."""
-    data = yaml.safe_load(scaffold.spec_text("a100", "verl", names))
+    data = yaml.safe_load(new_spec.spec_text("a100", "verl", names))
     data["storage"]["nfs"] = None
     for host in data["hosts"]:
         host["shared_dir"] = SHARED_DIR
@@ -53,8 +53,15 @@ def preflight_seconds(n: int, work: Path, repeat: int = 3) -> float:
         times = []
         for _ in range(repeat):
             start = time.time()
-            cli("preflight", "-f", str(spec), "--ssh-config", str(hosts.ssh_config), "--json", cwd=work)
+            proc = cli("preflight", "-f", str(spec), "--ssh-config", str(hosts.ssh_config), "--json", cwd=work)
             times.append(time.time() - start)
+            # A figure counts only when every check ran on every host (exit 0 or 1 with a full table), not when
+            # preflight stopped at the door.
+            checked = {row.get("host") for row in json.loads(proc.stdout or "{}").get("checks", [])} \
+                if proc.returncode in (0, 1) else set()
+            if not {h.name for h in hosts} <= checked:
+                raise SystemExit(f"preflight over {n} hosts did not check every host (exit {proc.returncode}):\n"
+                                 f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     return sorted(times)[len(times) // 2]
 
 
@@ -99,7 +106,7 @@ def first_step_seconds(cwd: Path, *args: str) -> float | None:
 def split_vs_local(work: Path) -> dict:
     local = first_step_seconds(work / "local")
     with test_hosts(2, work) as hosts:
-        data = yaml.safe_load(scaffold.spec_text("cpu", "trl-async", ["spark1", "spark2"]))
+        data = yaml.safe_load(new_spec.spec_text("cpu", "trl-async", ["spark1", "spark2"]))
         data["run"]["name"] = "bench-split"
         data["storage"]["nfs"] = None
         for host in data["hosts"]:

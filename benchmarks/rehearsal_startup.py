@@ -14,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_deploy import facts, resolve, scaffold
+from grpo_deploy import facts, new_spec, resolve
 from grpo_deploy.launch import RunState, write_render
-from grpo_deploy.rendered import parse_env
+from grpo_deploy.render_folder import parse_env
 from grpo_deploy.runtime.health import server_healthy
 
 TARGET_RATIO = 2.0
@@ -62,7 +62,7 @@ def main() -> int:
         print(f"{summary_path} not found: run `make demo` first", file=sys.stderr)
         return 2
     summary = json.loads(summary_path.read_text())
-    res = resolve.resolve(scaffold.embedded_default())
+    res = resolve.resolve(new_spec.embedded_default())
     bare = sorted(bare_server_start(res) for _ in range(args.repeat))
     bare_s = bare[len(bare) // 2]
     up_s = summary["up_to_first_step_s"]

@@ -9,15 +9,15 @@ import re
 import sys
 from pathlib import Path
 
-from . import __version__, preflight, profiles, scaffold
+from . import __version__, new_spec, preflight, profiles
 from .bench import add_bench_parser
 from .hosts.connect import HostError, SshOptions
+from .new_spec import InitError
 from .profiles import ProfileError
 from .render import RenderError, render_files
-from .rendered import WriteRefused, diff_tree, write_tree
+from .render_folder import WriteRefused, diff_tree, write_tree
 from .resolve import Resolved, resolve
 from .runtime.table import human_bytes, table
-from .scaffold import InitError
 from .spec import ENGINES, SpecError, load
 
 DEFAULT_SPEC = "grpo-deploy.yaml"
@@ -46,7 +46,7 @@ def _load(args) -> Resolved:
         else:
             print(f"note: no -f and no ./{DEFAULT_SPEC}: using the embedded default (cpu rehearsal on this host)",
                   file=sys.stderr)
-            return resolve(scaffold.embedded_default())
+            return resolve(new_spec.embedded_default())
     return resolve(load(path))
 
 
@@ -118,7 +118,7 @@ def _add_free_space(p: argparse.ArgumentParser) -> None:
 # ---------------------------------------------------------------- verbs
 
 def cmd_init(args) -> int:
-    text = scaffold.spec_text(args.profile, args.engine, _host_list(args.hosts), args.name)
+    text = new_spec.spec_text(args.profile, args.engine, _host_list(args.hosts), args.name)
     out = Path(args.output)
     if out.is_dir() or out.is_symlink():
         raise CliError(f"-o {args.output} is a directory or a link; give a file name such as {DEFAULT_SPEC}")

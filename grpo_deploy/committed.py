@@ -7,11 +7,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .compose import KIT_ROOT
+from .compose import CHECKOUT_DIR
+from .new_spec import embedded_default
 from .render import render_files
-from .rendered import WriteRefused, check_tree, write_tree
+from .render_folder import WriteRefused, check_tree, write_tree
 from .resolve import resolve
-from .scaffold import embedded_default
 from .spec import load
 
 COMPOSE_CONFIG_DIR = "./rendered/config"  # relative to compose/, where `docker compose up` runs
@@ -25,7 +25,7 @@ def compose_files() -> dict[str, str]:
     return out
 
 
-def k8s_overlays(root: Path = KIT_ROOT / "k8s") -> list[Path]:
+def k8s_overlays(root: Path = CHECKOUT_DIR / "k8s") -> list[Path]:
     return sorted(p for p in root.iterdir() if (p / "spec.yaml").exists()) if root.is_dir() else []
 
 
@@ -40,7 +40,7 @@ def k8s_generated(overlay: Path) -> dict[str, str]:
 def renders() -> dict[Path, dict[str, str]]:
     """Each folder the committed renders are written to (its record, rendered.RECORD, lands there) -> its files. An
     overlay's record sits in the overlay, beside generated/, which holds only the render."""
-    out = {KIT_ROOT / "compose": compose_files()}
+    out = {CHECKOUT_DIR / "compose": compose_files()}
     for overlay in k8s_overlays():
         out[overlay] = {f"generated/{rel}": text for rel, text in k8s_generated(overlay).items()}
     return out
@@ -55,7 +55,7 @@ def main() -> int:
             check_tree(files, folder, adopt=True)
         for folder, files in folders.items():
             for path in write_tree(files, folder, adopt=True):
-                print(f"wrote {path.relative_to(KIT_ROOT)}")
+                print(f"wrote {path.relative_to(CHECKOUT_DIR)}")
     except WriteRefused as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

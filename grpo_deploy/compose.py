@@ -8,7 +8,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-KIT_ROOT = Path(__file__).resolve().parents[1]  # the kit checkout (compose/, images/, k8s/)
+CHECKOUT_DIR = Path(__file__).resolve().parents[1]  # the kit checkout (compose/, images/, k8s/)
 RUN_LABEL = "org.grpo-deploy.run"
 
 
@@ -18,7 +18,7 @@ class ComposeError(RuntimeError):
 
 def kit_dir(name: str) -> Path:
     """A folder of the kit checkout (compose/, images/); clear error when grpo-deploy runs outside one."""
-    path = KIT_ROOT / name
+    path = CHECKOUT_DIR / name
     if not path.is_dir():
         raise ComposeError(f"{path} not found: run grpo-deploy from a checkout of the kit (pip install -e .)")
     return path

@@ -359,7 +359,7 @@ def _notes(side: str, ev: dict[str, Any]) -> list[str]:
     notes = []
     if side == "trainer-bound":
         notes.append("not now: overrides.trl.max_inflight_tasks, overrides.vllm.max_num_seqs or more replicas: the "
-                     "trainer never waits on generation (seed 004: that knob did nothing on a Spark)")
+                     "trainer never waits on generation (on a DGX Spark field run raising them changed nothing)")
     if ev["dropped_stale_total"]:
         notes.append(f"{ev['dropped_stale_total']} samples were dropped as stale: generation is ahead by more than "
                      "max_staleness syncs (overrides.trl.max_staleness, queue_maxsize)")

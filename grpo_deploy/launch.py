@@ -16,7 +16,7 @@ from pathlib import Path
 
 from . import compose, facts, preflight, status
 from .render import render_files
-from .rendered import WriteRefused, write_tree
+from .render_folder import WriteRefused, write_tree
 from .resolve import Resolved
 from .runtime.metrics import event_line, event_record, parse_events
 
@@ -65,7 +65,7 @@ class RunState:
 
 def write_render(state: RunState) -> None:
     """The render into the run's folder; files of the earlier render that this one no longer has are removed, nothing
-    else (grpo_deploy.rendered.write_tree). File by file, in place: the config/ folder may be bind-mounted by
+    else (grpo_deploy.render_folder.write_tree). File by file, in place: the config/ folder may be bind-mounted by
     containers of this run still up (`up --keep`)."""
     try:
         write_tree(render_files(state.res, config_dir=str(state.render_dir / "config")), state.render_dir)

@@ -1,5 +1,5 @@
 """Pure builders: a resolved spec -> every artifact of the run, as {relative path: text}. No I/O but package data
-(writing a render to a folder, comparing one, reading its env files back: grpo_deploy.rendered).
+(writing a render to a folder, comparing one, reading its env files back: grpo_deploy.render_folder).
 
 Layout of a render:
   config/            mounted read-only at /etc/grpo-deploy in every container of the run

@@ -6,13 +6,13 @@ from typing import Any
 
 import yaml
 
-from grpo_deploy import scaffold, spec
+from grpo_deploy import new_spec, spec
 
 
 def spec_data(profile: str = "gb10", engine: str = "trl-async", hosts=("a", "b"), **changes: Any) -> dict:
     """init's spec as data, with *changes* applied: dotted keys (`checkpoints__keep` or "checkpoints.keep" via
     `**{"checkpoints.keep": 3}`), list items by index (`hosts.0.gpus`)."""
-    data = yaml.safe_load(scaffold.spec_text(profile, engine, list(hosts)))
+    data = yaml.safe_load(new_spec.spec_text(profile, engine, list(hosts)))
     for dotted, value in changes.items():
         *parents, last = dotted.replace("__", ".").split(".")
         node = data

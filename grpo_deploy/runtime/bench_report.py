@@ -50,8 +50,8 @@ MFU 6N   = (6 x decoder linear params x forwarded tokens + 6 x hidden x vocab x 
             + 3 x attention forward) / s / peak; attention forward = 4 x heads x head_dim x causal pairs x layers
 MFU LoRA = the FLOPs LoRA really executes: 4x instead of 6x for frozen weights (no weight gradient),
            + 6 x LoRA params x tokens, same attention term
-MFU TRL  = TRL 1.16 perf/mfu_fwd_bwd (seed 004's 3.9%/19%): 6N with the LM head on every forwarded token and
-           non-causal attention over the mean sample length
+MFU TRL  = TRL 1.16 perf/mfu_fwd_bwd (the 3.9%/19% of the H200 field run): 6N with the LM head on every
+           forwarded token and non-causal attention over the mean sample length
 peak     = dense bf16 of the device (H200/H100 SXM 989 TFLOP/s: NVIDIA datasheet 1,979 with sparsity, halved;
            TRL's table). Checkpointing's recomputation is not counted. samples/h = completions / s x 3600."""
 

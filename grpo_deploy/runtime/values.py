@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -116,18 +117,16 @@ def _served_name(value: str) -> str:
     return value
 
 
-def _volume(value: str) -> str:
-    if not VOLUME_RE.fullmatch(value):
-        raise ValueError(f"{value!r} is not a Docker volume name (letters, digits, '_', '.', '-')")
-    return value
+def _matching(pattern: re.Pattern, what: str, form: str) -> Callable[[str], str]:
+    """A validator: the whole value matches pattern, else "<value> is not <what> (<form>)"."""
 
+    def check(value: str) -> str:
+        _text(value, what)
+        if not pattern.fullmatch(value):
+            raise ValueError(f"{value!r} is not {what} ({form})")
+        return value
 
-def _image(value: str) -> str:
-    _text(value, "the image reference")
-    if not IMAGE_RE.fullmatch(value):
-        raise ValueError(f"{value!r} is not an image reference ([registry/]name[:tag][@sha256:digest], "
-                         "lowercase name)")
-    return value
+    return check
 
 
 @dataclass(frozen=True)
@@ -237,23 +236,6 @@ def _env_value(value: str) -> str:
     return value
 
 
-def _nfs_options(value: str) -> str:
-    if not NFS_OPTIONS_RE.fullmatch(value):
-        raise ValueError(f"{value!r} is not a comma-separated list of mount options such as nfsvers=4.1,hard")
-    return value
-
-
-def _hydra_key(value: str) -> str:
-    if not HYDRA_KEY_RE.fullmatch(value):
-        raise ValueError(f"{value!r} is not a Hydra key (dotted identifiers, optionally prefixed by + or ++)")
-    return value
-
-
-def _module(value: str) -> str:
-    if not MODULE_RE.fullmatch(value):
-        raise ValueError(f"{value!r} is not a module name (letters, digits, '_' and '.')")
-    return value
-
 
 def _no_bool(value: Any) -> Any:
     """Before a number or enum: a YAML boolean here was almost always an unquoted on/off/yes/no."""
@@ -270,16 +252,20 @@ AbsPath = Annotated[str, AfterValidator(abs_path)]
 OwnPath = Annotated[str, AfterValidator(abs_path), AfterValidator(_not_system)]
 ModelRef = Annotated[str, AfterValidator(_model_ref)]
 ServedName = Annotated[str, AfterValidator(_served_name)]
-VolumeName = Annotated[str, AfterValidator(_volume)]
-ImageRef = Annotated[str, AfterValidator(_image)]
+VolumeName = Annotated[str, AfterValidator(_matching(
+    VOLUME_RE, "a Docker volume name", "letters, digits, '_', '.', '-'"))]
+ImageRef = Annotated[str, AfterValidator(_matching(
+    IMAGE_RE, "an image reference", "[registry/]name[:tag][@sha256:digest], lowercase name"))]
 HostAddress = Annotated[str, AfterValidator(_address)]
 HostOnly = Annotated[str, AfterValidator(_host_only)]
 IpAddress = Annotated[str, AfterValidator(_ip)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
 EnvValue = Annotated[str, BeforeValidator(env_text), AfterValidator(_env_value)]
-NfsOptions = Annotated[str, AfterValidator(_nfs_options)]
-HydraKey = Annotated[str, AfterValidator(_hydra_key)]
-ModuleName = Annotated[str, AfterValidator(_module)]
+NfsOptions = Annotated[str, AfterValidator(_matching(
+    NFS_OPTIONS_RE, "a comma-separated list of mount options", "such as nfsvers=4.1,hard"))]
+HydraKey = Annotated[str, AfterValidator(_matching(
+    HYDRA_KEY_RE, "a Hydra key", "dotted identifiers, optionally prefixed by + or ++"))]
+ModuleName = Annotated[str, AfterValidator(_matching(MODULE_RE, "a module name", "letters, digits, '_' and '.'"))]
 Uid = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=2**31 - 2)]
 Finite = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
 Count = Annotated[int, BeforeValidator(_no_bool), Field(ge=1)]

@@ -73,7 +73,7 @@ def test_free_space_refused_with_the_flag(tmp_path, value):
     assert_refused(run, words=("--free-space",))
 
 
-# ------------------------------------------------------------------ fixes that belong to cli.py / rendered.py
+# ------------------------------------------------------------------ fixes that belong to cli.py / render_folder.py
 
 
 

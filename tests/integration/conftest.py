@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy import facts, launch, resolve, scaffold
+from grpo_deploy import facts, launch, new_spec, resolve
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -20,7 +20,7 @@ def docker_client():
 def cpu_image(docker_client):
     """The embedded default's cpu image, built or refreshed the way `up` does it (debootstrap base + host wheelhouse +
     --no-index install; only the code layer is rebuilt when the kit's code changed)."""
-    res = resolve.resolve(scaffold.embedded_default())
+    res = resolve.resolve(new_spec.embedded_default())
     launch.build_images(docker_client, res, print)
     tag = res.images["server"]
     assert facts.image_labels(docker_client, tag) is not None

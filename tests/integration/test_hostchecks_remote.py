@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import scaffold
+from grpo_deploy import new_spec
 from grpo_deploy.hosts.connect import SshHost, SshOptions
 from grpo_deploy.hosts.ship import ship
 from tests.testhosts import SHARED_DIR, hosts_fixture
@@ -44,7 +44,7 @@ def lines(out: str) -> dict[tuple[str, str], str]:
 @pytest.fixture(scope="module")
 def spec(hosts, tmp_path_factory) -> Path:
     """cpu profile, trainer on spark1, server on spark2, hosts[].shared_dir /srv/grpo-shared, addresses = aliases."""
-    data = yaml.safe_load(scaffold.spec_text("cpu", "trl-async", ["spark1", "spark2"]))
+    data = yaml.safe_load(new_spec.spec_text("cpu", "trl-async", ["spark1", "spark2"]))
     data["storage"]["nfs"] = None
     for host in data["hosts"]:
         host["shared_dir"] = SHARED_DIR

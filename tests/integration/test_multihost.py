@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import scaffold
+from grpo_deploy import new_spec
 from tests.testhosts import SHARED_DIR, SMALL_DIR, test_hosts
 
 pytestmark = pytest.mark.docker
@@ -29,7 +29,7 @@ def cli(*args: str, cwd: Path, timeout: float = 1800) -> subprocess.CompletedPro
 
 def split_spec(path: Path, **changes) -> Path:
     """The cpu rehearsal split over spark1 (trainer) and spark2 (server), sharing SHARED_DIR."""
-    data = yaml.safe_load(scaffold.spec_text("cpu", "trl-async", ["spark1", "spark2"]))
+    data = yaml.safe_load(new_spec.spec_text("cpu", "trl-async", ["spark1", "spark2"]))
     data["run"]["name"] = RUN
     data["storage"]["nfs"] = None
     for host in data["hosts"]:

@@ -8,13 +8,13 @@ import subprocess
 import sys
 
 from grpo_deploy import compose as compose_mod
-from grpo_deploy import scaffold
+from grpo_deploy import new_spec
 
 RUN = "probe-split"
 
 
 def _spec(tmp_path, roles: str) -> str:
-    text = scaffold.spec_text("cpu", "trl-async", run_name=RUN).replace("  roles: {}", f"  roles: {roles}")
+    text = new_spec.spec_text("cpu", "trl-async", run_name=RUN).replace("  roles: {}", f"  roles: {roles}")
     path = tmp_path / "spec.yaml"
     path.write_text(text)
     return str(path)

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from grpo_deploy import compose as compose_mod
-from grpo_deploy import resolve, scaffold
+from grpo_deploy import new_spec, resolve
 
 RUN = "rehearsal"
 
@@ -55,7 +55,7 @@ def test_containers_ran_as_the_non_root_run_user(rehearsal, docker_client):
 
 
 def test_adapters_on_the_volume_are_readable_by_the_server_uid(rehearsal, docker_client):
-    res = resolve.resolve(scaffold.embedded_default())
+    res = resolve.resolve(new_spec.embedded_default())
     script = ("import os,sys; bad=[]; n=0\n"
               f"for root,_,files in os.walk('{res.checkpoint_dir}'):\n"
               "  for f in files:\n"

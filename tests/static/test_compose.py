@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import committed, render, resolve, scaffold, spec
+from grpo_deploy import committed, new_spec, render, resolve, spec
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose"
 
@@ -56,7 +56,7 @@ def test_default_compose_is_the_cpu_rehearsal():
 
 @pytest.mark.parametrize("profile,hosts", [("cpu", []), ("gb10", ["spark1", "spark2"]), ("h200", ["h200a"])])
 def test_rendered_host_env_files_are_accepted(tmp_path, profile, hosts):
-    res = resolve.resolve(spec.loads(scaffold.spec_text(profile, "trl-async", hosts)))
+    res = resolve.resolve(spec.loads(new_spec.spec_text(profile, "trl-async", hosts)))
     files = render.render_files(res, config_dir=str(tmp_path / "config"))
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)

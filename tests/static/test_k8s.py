@@ -30,7 +30,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from grpo_deploy import committed, render, rendered, resolve, spec
+from grpo_deploy import committed, render, render_folder, resolve, spec
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
@@ -136,7 +136,8 @@ def trainer_config(overlay: str) -> dict:
 
 
 def verl_overrides(overlay: str) -> dict[str, str]:
-    return rendered.parse_env(expected_generated(overlay)["verl-overrides.txt"])  # KEY=VALUE lines, like an env file
+    # KEY=VALUE lines, like an env file
+    return render_folder.parse_env(expected_generated(overlay)["verl-overrides.txt"])
 
 
 # --- discovery ---------------------------------------------------------------------------------------------
@@ -405,7 +406,7 @@ def test_config_mounted_read_only_with_the_rendered_files(overlay):
                 if ref:
                     (env_cm,) = [o for o in objects(overlay, "ConfigMap") if o["metadata"]["name"] == ref["name"]]
                     role_env = f"{c['name']}.env"
-                    if env_cm["data"] != rendered.parse_env(expected[role_env]):
+                    if env_cm["data"] != render_folder.parse_env(expected[role_env]):
                         problems.append(f"{where}/{c['name']}: env ConfigMap != rendered {role_env}")
     assert not problems, "\n".join(problems)
 

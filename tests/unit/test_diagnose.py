@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy import diagnose, resolve, scaffold
+from grpo_deploy import diagnose, new_spec, resolve
 from grpo_deploy.runtime.metrics import read_events
 from tests import specs
 
@@ -166,7 +166,7 @@ def test_the_cpu_rehearsal_stream_is_trainer_bound_by_backpressure():
     events = _events("cpu_rehearsal")
     steps = [e for e in events if e["event"] == "step"]
     timed = [e for e in steps if "perf/step_s" in e]
-    d = diagnose.diagnose(events, diagnose.settings_hint(resolve.resolve(scaffold.embedded_default())))
+    d = diagnose.diagnose(events, diagnose.settings_hint(resolve.resolve(new_spec.embedded_default())))
     ev = d.evidence
     assert d.side == "trainer-bound" and d.not_recorded == []  # every key the rules read is in our step events
     assert ev["steps"] == 40 and len(timed) == 39
@@ -201,7 +201,7 @@ def test_text_and_json():
 
 
 def test_settings_hint_from_resolved_specs():
-    cpu = diagnose.settings_hint(resolve.resolve(scaffold.embedded_default()))
+    cpu = diagnose.settings_hint(resolve.resolve(new_spec.embedded_default()))
     assert cpu == {"queue_maxsize": 16, "max_inflight_tasks": 8, "max_num_seqs": 32, "weight_sync_steps": 1,
                    "token_budget": 0, "gradient_checkpointing": False}  # 0 GB per GPU on cpu: no memory figure
     gb10 = diagnose.settings_hint(resolve.resolve(specs.loaded("gb10", "trl-async", ("a", "b"))))

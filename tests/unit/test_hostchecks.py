@@ -15,7 +15,7 @@ import pytest
 import testinfra
 import yaml
 
-from grpo_deploy import resolve, scaffold, spec
+from grpo_deploy import new_spec, resolve, spec
 from grpo_deploy.cli import main
 from grpo_deploy.hostchecks import mounts, runner
 from grpo_deploy.hostchecks.targets import hostspec, hostspecs, spec_host_of
@@ -30,7 +30,7 @@ def _run_ids() -> tuple[int, int]:
 
 def write_spec(tmp_path: Path, shared: Path | None = None, **changes) -> Path:
     """The embedded cpu rehearsal (one host, address local) with hosts[0].shared_dir = *shared*."""
-    data = yaml.safe_load(scaffold.spec_text("cpu", "trl-async", []))
+    data = yaml.safe_load(new_spec.spec_text("cpu", "trl-async", []))
     uid, gid = _run_ids()
     data["run"].update(uid=uid, gid=gid)
     data["storage"]["nfs"] = None
@@ -173,12 +173,12 @@ def test_hostspecs_from_addresses():
     assert hostspec("spark1") == "paramiko://spark1"
     assert hostspec("deploy@10.0.0.2:2222") == "paramiko://deploy@10.0.0.2:2222"
     assert hostspec("fe80::1") == "paramiko://[fe80::1]"
-    res = resolve.resolve(spec.loads(scaffold.spec_text("cpu", "trl-async", ["spark1", "deploy@10.0.0.9:2222"])))
+    res = resolve.resolve(spec.loads(new_spec.spec_text("cpu", "trl-async", ["spark1", "deploy@10.0.0.9:2222"])))
     assert hostspecs(res) == ["paramiko://spark1", "paramiko://deploy@10.0.0.9:2222"]
 
 
 def test_a_testinfra_host_maps_to_the_spec_host_it_is():
-    res = resolve.resolve(spec.loads(scaffold.spec_text("cpu", "trl-async", ["spark1", "deploy@10.0.0.9:2222"])))
+    res = resolve.resolve(spec.loads(new_spec.spec_text("cpu", "trl-async", ["spark1", "deploy@10.0.0.9:2222"])))
     names = {s: getattr(spec_host_of(res, testinfra.get_host(s)), "name", None)
              for s in ("paramiko://spark1", "paramiko://10.0.0.9", "paramiko://deploy@10.0.0.9:2222",
                        "paramiko://10.0.0.9:22", "paramiko://other", "local://")}

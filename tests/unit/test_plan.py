@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from grpo_deploy import plan, resolve, scaffold, spec
+from grpo_deploy import new_spec, plan, resolve, spec
 from grpo_deploy.cli import main
 from tests.specs import spec_yaml
 
 
 def seed000_text(keep: str = "all") -> str:
     """Seed 000: Qwen2.5-3B, LoRA r64, 15 epochs of GSM8K at batch 1024 = 105 steps, save every 20."""
-    text = scaffold.spec_text("a100", "verl", ["node1"])
+    text = new_spec.spec_text("a100", "verl", ["node1"])
     text = text.replace("  keep: null ", f"  keep: {keep} ").replace("overrides: {}",
                                                                      "overrides: {verl: {trainer.total_epochs: 15}}")
     return text
@@ -66,7 +66,7 @@ def test_verl_checkpoint_is_dominated_by_fp32_base_weights():
 
 
 def test_trl_checkpoint_counts_adapters_kept_on_the_volume():
-    res = _resolved(scaffold.spec_text("gb10", "trl-async", ["a", "b"]))
+    res = _resolved(new_spec.spec_text("gb10", "trl-async", ["a", "b"]))
     p = plan.make_plan(res, free_bytes=10**12)
     assert p.disk.adapters_kept == 6 and p.disk.adapter_bytes > 0 and p.disk.fits
 

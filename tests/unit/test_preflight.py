@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from grpo_deploy import preflight, resolve, scaffold, spec
+from grpo_deploy import new_spec, preflight, resolve, spec
 from grpo_deploy.cli import main
 
 
@@ -12,7 +12,7 @@ def ctx_for(text: str, **kw) -> preflight.Context:
     return preflight.Context(resolve.resolve(spec.loads(text)), **kw)
 
 
-CPU = scaffold.spec_text("cpu", "trl-async")
+CPU = new_spec.spec_text("cpu", "trl-async")
 
 
 def _only(ctx, name):
@@ -61,7 +61,7 @@ def test_arch_mismatch_fails_for_gpu_profile_here():
     """This machine has no NVIDIA GPU: an h200 profile on the local host must fail the arch check."""
     import os
 
-    (r,) = _only(ctx_for(scaffold.spec_text("h200", "trl-async")), "arch")
+    (r,) = _only(ctx_for(new_spec.spec_text("h200", "trl-async")), "arch")
     if os.uname().machine == "x86_64":
         assert r.verdict == "fail" and "GPU" in r.fact
     else:

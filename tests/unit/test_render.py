@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import render, resolve, scaffold, spec
+from grpo_deploy import new_spec, render, resolve, spec
 from tests.render.regen import CASES, render_case
 
 CASE_DIRS = sorted(p for p in CASES.iterdir() if (p / "spec.yaml").exists())
@@ -29,7 +29,7 @@ def test_render_matches_golden(case: Path):
 
 
 def _render(profile: str, engine: str, hosts=None, overrides: str | None = None) -> dict[str, str]:
-    text = scaffold.spec_text(profile, engine, hosts or [])
+    text = new_spec.spec_text(profile, engine, hosts or [])
     if overrides:
         text = text.replace("overrides: {}", f"overrides: {overrides}")
     return render.render_files(resolve.resolve(spec.loads(text)))
@@ -86,7 +86,7 @@ def test_gb10_server_memory_fraction_is_0_6():
 def test_no_secret_values_in_rendered_files(monkeypatch):
     monkeypatch.setenv("WANDB_API_KEY", "wandb-secret-123456")
     monkeypatch.setenv("HF_TOKEN", "hf_secret_abcdef")
-    text = scaffold.spec_text("h200", "trl-async", ["h200a"]).replace("kind: none", "kind: wandb")
+    text = new_spec.spec_text("h200", "trl-async", ["h200a"]).replace("kind: none", "kind: wandb")
     files = render.render_files(resolve.resolve(spec.loads(text)))
     for rel, body in files.items():
         assert "wandb-secret-123456" not in body and "hf_secret_abcdef" not in body, rel
@@ -112,7 +112,7 @@ def test_gb10_installs_the_attention_shim():
 
 
 def test_unquoted_on_in_yaml_is_caught():
-    text = scaffold.spec_text("cpu", "trl-async").replace("overrides: {}", "overrides: {runtime: {attention_shim: on}}")
+    text = new_spec.spec_text("cpu", "trl-async").replace("overrides: {}", "overrides: {runtime: {attention_shim: on}}")
     with pytest.raises(spec.SpecError) as info:
         resolve.resolve(spec.loads(text))
     assert "overrides.runtime.attention_shim" in str(info.value) and "quote" in str(info.value)

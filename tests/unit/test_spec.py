@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_deploy import resolve, scaffold, spec
+from grpo_deploy import new_spec, resolve, spec
 from grpo_deploy.cli import main
 from tests.specs import loaded, spec_yaml
 
-PAIR = scaffold.spec_text("gb10", "trl-async", ["spark1", "spark2"])
+PAIR = new_spec.spec_text("gb10", "trl-async", ["spark1", "spark2"])
 
 
 def _problems(text: str) -> list[spec.Problem]:
@@ -24,7 +24,7 @@ def _line_of(text: str, needle: str) -> int:
 def test_init_specs_validate_for_every_supported_pair():
     for profile, engine, hosts in [("cpu", "trl-async", []), ("gb10", "trl-async", ["a", "b"]),
                                    ("h200", "trl-async", ["h"]), ("a100", "verl", ["n1", "n2"])]:
-        resolve.resolve(spec.loads(scaffold.spec_text(profile, engine, hosts)))
+        resolve.resolve(spec.loads(new_spec.spec_text(profile, engine, hosts)))
 
 
 def test_unknown_key_names_file_line_and_key():
@@ -72,7 +72,7 @@ def test_checkpoint_dir_off_the_shared_volume_rejected():
 
 
 def test_verl_save_total_limit_rejected_with_the_key_to_use():
-    text = scaffold.spec_text("a100", "verl", ["n1"]).replace("overrides: {}",
+    text = new_spec.spec_text("a100", "verl", ["n1"]).replace("overrides: {}",
                                                               "overrides: {verl: {trainer.save_total_limit: 3}}")
     (p,) = _problems(text)
     assert p.key == "overrides.verl.trainer.save_total_limit" and "checkpoints.keep" in p.message

@@ -60,9 +60,9 @@ def test_plot_title():
 
 
 def test_deployer_events_use_the_runtime_envelope(tmp_path):
-    from grpo_deploy import launch, resolve, scaffold
+    from grpo_deploy import launch, new_spec, resolve
 
-    state = launch.RunState(resolve.resolve(scaffold.embedded_default()), root=tmp_path)
+    state = launch.RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path)
     state.emit("up_start", run="rehearsal", seconds=float("nan"))
     (line,) = state.deploy_log.read_text().splitlines()
     record = json.loads(line)

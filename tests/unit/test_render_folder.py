@@ -1,4 +1,4 @@
-"""Tests of grpo_deploy.rendered: writing a render to a folder (the record, what is refused, what stays), diffing,
+"""Tests of grpo_deploy.render_folder: writing a render to a folder (the record, what is refused, what stays), diffing,
 reading env files."""
 
 from __future__ import annotations
@@ -9,21 +9,21 @@ import shutil
 
 import pytest
 
-from grpo_deploy import render, rendered, resolve, scaffold, spec
+from grpo_deploy import new_spec, render, render_folder, resolve, spec
 
 
 def test_parse_env_round_trips_a_rendered_server_env():
-    text = scaffold.spec_text("gb10", "trl-async", []).replace(
+    text = new_spec.spec_text("gb10", "trl-async", []).replace(
         "overrides: {}", "overrides: {vllm: {env: {XFLAGS: 'a=b c', FLAG: true}}}")
     text = render.render_files(resolve.resolve(spec.loads(text)))["config/server.env"]
-    env = rendered.parse_env(text)
+    env = render_folder.parse_env(text)
     assert env["GRPO_ROLE"] == "server" and env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
     assert env["XFLAGS"] == "a=b c" and env["FLAG"] == "1"  # split on the first '=' only
     kept = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     assert [f"{k}={v}" for k, v in env.items()] == kept  # every KEY=VALUE line, in order, nothing else
-    assert rendered.parse_env("# c\n\nA=1\n") == {"A": "1"}
+    assert render_folder.parse_env("# c\n\nA=1\n") == {"A": "1"}
     with pytest.raises(ValueError, match="line 2"):
-        rendered.parse_env("A=1\nnot an assignment\n")
+        render_folder.parse_env("A=1\nnot an assignment\n")
 
 
 def tree(folder) -> dict[str, str]:
@@ -38,20 +38,20 @@ def digests(files: dict[str, str]) -> dict[str, str]:
 
 def record_of(files: dict[str, str]) -> str:
     """The record write_tree leaves after writing *files*."""
-    return rendered.RECORD_HEADER + "\n" + "".join(f"{d}  {rel}\n" for rel, d in sorted(digests(files).items()))
+    return render_folder.RECORD_HEADER + "\n" + "".join(f"{d}  {rel}\n" for rel, d in sorted(digests(files).items()))
 
 
 def test_write_tree_records_what_it_wrote_in_a_new_or_empty_folder(tmp_path):
     files = {"b/c.txt": "2\n", "a.txt": "1\n"}
     out = tmp_path / "new" / "out"
-    assert rendered.write_tree(files, out) == [out / "b" / "c.txt", out / "a.txt"]
-    assert tree(out) == {**files, rendered.RECORD: record_of(files)}
-    assert (out / rendered.RECORD).read_text().splitlines()[0] == "# grpo-deploy render record, format 1"
-    assert rendered.read_record(out) == digests(files)
+    assert render_folder.write_tree(files, out) == [out / "b" / "c.txt", out / "a.txt"]
+    assert tree(out) == {**files, render_folder.RECORD: record_of(files)}
+    assert (out / render_folder.RECORD).read_text().splitlines()[0] == "# grpo-deploy render record, format 1"
+    assert render_folder.read_record(out) == digests(files)
     assert oct((out / "a.txt").stat().st_mode & 0o777) == oct(0o666 & ~_umask())  # like open(): the umask applies
     empty = tmp_path / "empty"
     empty.mkdir()
-    rendered.write_tree(files, empty)
+    render_folder.write_tree(files, empty)
     assert tree(empty) == tree(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "new"]  # no temporary file left anywhere
     assert not [p for p in tmp_path.rglob("*.tmp")]
@@ -65,16 +65,17 @@ def _umask() -> int:
 
 def test_rerender_removes_only_listed_stale_files_in_place_and_keeps_everything_else(tmp_path):
     out = tmp_path / "out"
-    rendered.write_tree({"config/a": "1", "hosts/x.env": "x", "hosts/y.env": "y", "top": "t", "deep/er/f": "f"}, out)
+    render_folder.write_tree({"config/a": "1", "hosts/x.env": "x", "hosts/y.env": "y", "top": "t", "deep/er/f": "f"},
+                             out)
     config_inode = (out / "config").stat().st_ino
     (out / "hosts" / "mine.txt").write_text("the user's")  # added by the user: kept
     (out / "notes").mkdir()  # the user's empty folder: kept
     (out / "hosts" / "y.env").write_text("edited by the user")  # listed but changed since: kept, no longer listed
     (out / "top").chmod(0o600)
-    written = rendered.write_tree({"config/a": "2", "top": "t2"}, out)
+    written = render_folder.write_tree({"config/a": "2", "top": "t2"}, out)
     assert written == [out / "config" / "a", out / "top"]
     assert tree(out) == {"config/a": "2", "hosts/mine.txt": "the user's", "hosts/y.env": "edited by the user",
-                         "top": "t2", rendered.RECORD: record_of({"config/a": "2", "top": "t2"})}
+                         "top": "t2", render_folder.RECORD: record_of({"config/a": "2", "top": "t2"})}
     assert (out / "notes").is_dir() and not (out / "deep").exists()  # emptied by the removal: gone; the user's stays
     assert (out / "config").stat().st_ino == config_inode  # written in place: a bind mount keeps seeing it
     assert (out / "top").stat().st_mode & 0o777 == 0o600  # a rewritten file keeps its mode
@@ -90,8 +91,8 @@ def test_a_foreign_folder_is_refused_even_with_a_manifest(tmp_path, kind):
     else:
         (out / "MANIFEST").mkdir()
     before = tree(out)
-    with pytest.raises(rendered.WriteRefused, match="is not empty and holds no earlier grpo-deploy render"):
-        rendered.write_tree({"mine.txt": "x", "a": "1"}, out)
+    with pytest.raises(render_folder.WriteRefused, match="is not empty and holds no earlier grpo-deploy render"):
+        render_folder.write_tree({"mine.txt": "x", "a": "1"}, out)
     assert tree(out) == before and (out / "MANIFEST").exists()
 
 
@@ -100,33 +101,33 @@ def test_a_record_that_is_not_this_kits_is_refused(tmp_path, record):
     out = tmp_path / "out"
     out.mkdir()
     target = tmp_path / "elsewhere"
-    target.write_text(rendered.RECORD_HEADER + "\n")
+    target.write_text(render_folder.RECORD_HEADER + "\n")
     if record == "link":
-        (out / rendered.RECORD).symlink_to(target)  # a link, even to a valid record, is not a record
+        (out / render_folder.RECORD).symlink_to(target)  # a link, even to a valid record, is not a record
     elif record == "folder":
-        (out / rendered.RECORD).mkdir()
+        (out / render_folder.RECORD).mkdir()
     else:
-        (out / rendered.RECORD).write_text(record)
-    with pytest.raises(rendered.WriteRefused, match="is not a grpo-deploy render record"):
-        rendered.write_tree({"a": "1"}, out, adopt=True)
-    assert not (out / "a").exists() and target.read_text() == rendered.RECORD_HEADER + "\n"
+        (out / render_folder.RECORD).write_text(record)
+    with pytest.raises(render_folder.WriteRefused, match="is not a grpo-deploy render record"):
+        render_folder.write_tree({"a": "1"}, out, adopt=True)
+    assert not (out / "a").exists() and target.read_text() == render_folder.RECORD_HEADER + "\n"
     if record == "folder":
-        (out / rendered.RECORD).rmdir()
+        (out / render_folder.RECORD).rmdir()
     else:
-        (out / rendered.RECORD).unlink()
-    (out / rendered.RECORD).write_text("# grpo-deploy render record, format 9\n")
-    with pytest.raises(rendered.WriteRefused, match="another version of grpo-deploy"):
-        rendered.write_tree({"a": "1"}, out)
+        (out / render_folder.RECORD).unlink()
+    (out / render_folder.RECORD).write_text("# grpo-deploy render record, format 9\n")
+    with pytest.raises(render_folder.WriteRefused, match="another version of grpo-deploy"):
+        render_folder.write_tree({"a": "1"}, out)
 
 
 @pytest.mark.parametrize("line", ["abc  a", "0" * 64 + "  ../outside", "0" * 64 + "  /etc/passwd", "0" * 64 + " a"])
 def test_a_damaged_or_hostile_record_is_refused(tmp_path, line):
     out = tmp_path / "out"
-    rendered.write_tree({"a": "1"}, out)
+    render_folder.write_tree({"a": "1"}, out)
     (tmp_path / "outside").write_text("not the kit's")
-    (out / rendered.RECORD).write_text(f"{rendered.RECORD_HEADER}\n{line}\n")
-    with pytest.raises(rendered.WriteRefused, match="line 2 is not '<sha256>  <relative path>'"):
-        rendered.write_tree({"b": "2"}, out)
+    (out / render_folder.RECORD).write_text(f"{render_folder.RECORD_HEADER}\n{line}\n")
+    with pytest.raises(render_folder.WriteRefused, match="line 2 is not '<sha256>  <relative path>'"):
+        render_folder.write_tree({"b": "2"}, out)
     assert (tmp_path / "outside").read_text() == "not the kit's" and tree(out)["a"] == "1" and "b" not in tree(out)
 
 
@@ -136,50 +137,52 @@ def test_links_are_never_written_through_nor_removed(tmp_path):
     (elsewhere / "a").write_text("pointee")
     link = tmp_path / "link"
     link.symlink_to(elsewhere)
-    with pytest.raises(rendered.WriteRefused, match="is a symbolic link; grpo-deploy does not write through links"):
-        rendered.write_tree({"a": "1"}, link)
+    with pytest.raises(render_folder.WriteRefused,
+                       match="is a symbolic link; grpo-deploy does not write through links"):
+        render_folder.write_tree({"a": "1"}, link)
     out = tmp_path / "out"
-    rendered.write_tree({"a": "1", "sub/b": "2", "sub/c": "3", "d": "4"}, out)
+    render_folder.write_tree({"a": "1", "sub/b": "2", "sub/c": "3", "d": "4"}, out)
     (out / "a").unlink()
     (out / "a").symlink_to(elsewhere / "a")  # a render file replaced by a link
-    with pytest.raises(rendered.WriteRefused, match="a symbolic link where the render writes a file"):
-        rendered.write_tree({"a": "1", "sub/b": "2"}, out)
+    with pytest.raises(render_folder.WriteRefused, match="a symbolic link where the render writes a file"):
+        render_folder.write_tree({"a": "1", "sub/b": "2"}, out)
     (out / "a").unlink()
     (out / "a").write_text("1")
     shutil.rmtree(out / "sub")
     (out / "sub").symlink_to(elsewhere)  # a folder of the render replaced by a link
-    with pytest.raises(rendered.WriteRefused, match="a symbolic link where the render needs a folder"):
-        rendered.write_tree({"a": "1", "sub/b": "2"}, out)
+    with pytest.raises(render_folder.WriteRefused, match="a symbolic link where the render needs a folder"):
+        render_folder.write_tree({"a": "1", "sub/b": "2"}, out)
     (out / "d").unlink()
     (out / "d").symlink_to(elsewhere / "a")  # a stale listed file replaced by a link: left alone, pointee too
-    rendered.write_tree({"a": "1"}, out)
+    render_folder.write_tree({"a": "1"}, out)
     assert (out / "d").is_symlink() and (out / "sub").is_symlink()
     assert tree(elsewhere) == {"a": "pointee"}
 
 
 def test_an_unlisted_file_in_the_way_is_refused_before_anything_is_written(tmp_path):
     out = tmp_path / "out"
-    rendered.write_tree({"a": "1"}, out)
+    render_folder.write_tree({"a": "1"}, out)
     (out / "b").write_text("the user's b")
     before = tree(out)
-    with pytest.raises(rendered.WriteRefused, match=r"out/b exists and is not a file this kit wrote \(the earlier"):
-        rendered.write_tree({"a": "2", "new/c": "3", "b": "2"}, out)
+    with pytest.raises(render_folder.WriteRefused,
+                       match=r"out/b exists and is not a file this kit wrote \(the earlier"):
+        render_folder.write_tree({"a": "2", "new/c": "3", "b": "2"}, out)
     assert tree(out) == before and not (out / "new").exists()  # nothing half-written
     (out / "b").unlink()
     (out / "b").mkdir()
-    with pytest.raises(rendered.WriteRefused, match="is not a regular file"):
-        rendered.write_tree({"b": "2"}, out)
+    with pytest.raises(render_folder.WriteRefused, match="is not a regular file"):
+        render_folder.write_tree({"b": "2"}, out)
     (out / "b").rmdir()
     (out / "b").write_text("a file")
-    with pytest.raises(rendered.WriteRefused, match="is a file where the render needs a folder"):
-        rendered.write_tree({"a": "1", "b/c": "2"}, out)
+    with pytest.raises(render_folder.WriteRefused, match="is a file where the render needs a folder"):
+        render_folder.write_tree({"a": "1", "b/c": "2"}, out)
     file = tmp_path / "file"
     file.write_text("x")
-    with pytest.raises(rendered.WriteRefused, match="exists and is not a directory"):
-        rendered.write_tree({"a": "1"}, file)
+    with pytest.raises(render_folder.WriteRefused, match="exists and is not a directory"):
+        render_folder.write_tree({"a": "1"}, file)
     assert file.read_text() == "x"
     with pytest.raises(ValueError, match="not a relative path"):
-        rendered.write_tree({"../a": "1"}, out)
+        render_folder.write_tree({"../a": "1"}, out)
 
 
 def test_adopt_takes_over_equal_files_of_a_folder_without_record_only(tmp_path):
@@ -188,47 +191,49 @@ def test_adopt_takes_over_equal_files_of_a_folder_without_record_only(tmp_path):
     (out / "compose.yaml").write_text("not rendered")  # not in the render: untouched, not listed
     (out / "a").write_text("1")
     (out / "b").write_text("old")
-    with pytest.raises(rendered.WriteRefused, match="b exists and is not a file this kit wrote \\(its content differs"):
-        rendered.write_tree({"a": "1", "b": "new"}, out, adopt=True)
-    assert not (out / rendered.RECORD).exists()
-    rendered.write_tree({"a": "1", "b": "old"}, out, adopt=True)
-    assert tree(out) == {"a": "1", "b": "old", "compose.yaml": "not rendered", rendered.RECORD: record_of(
+    with pytest.raises(render_folder.WriteRefused,
+                       match="b exists and is not a file this kit wrote \\(its content differs"):
+        render_folder.write_tree({"a": "1", "b": "new"}, out, adopt=True)
+    assert not (out / render_folder.RECORD).exists()
+    render_folder.write_tree({"a": "1", "b": "old"}, out, adopt=True)
+    assert tree(out) == {"a": "1", "b": "old", "compose.yaml": "not rendered", render_folder.RECORD: record_of(
         {"a": "1", "b": "old"})}
-    rendered.write_tree({"a": "1", "b": "new"}, out, adopt=True)  # now listed: rewritten
-    rendered.write_tree({"a": "1"}, out, adopt=True)
-    assert sorted(tree(out)) == [rendered.RECORD, "a", "compose.yaml"]
+    render_folder.write_tree({"a": "1", "b": "new"}, out, adopt=True)  # now listed: rewritten
+    render_folder.write_tree({"a": "1"}, out, adopt=True)
+    assert sorted(tree(out)) == [render_folder.RECORD, "a", "compose.yaml"]
 
 
 def test_committed_renders_carry_a_current_record():
     from grpo_deploy import committed
 
     for folder, files in committed.renders().items():
-        assert rendered.read_record(folder) == digests(files), f"{folder}/{rendered.RECORD}: make render-defaults"
-        rendered.check_tree(files, folder)  # a rewrite is accepted without adopting anything
+        assert render_folder.read_record(folder) == digests(files), \
+            f"{folder}/{render_folder.RECORD}: make render-defaults"
+        render_folder.check_tree(files, folder)  # a rewrite is accepted without adopting anything
 
 
 def test_diff_tree_names_missing_differing_and_extra_files(tmp_path):
     files = {"a": "1", "d/b": "2", "c": "3"}
-    rendered.write_tree(files, tmp_path)
-    assert rendered.diff_tree(files, tmp_path) == []  # the record is neither a render file nor extra
+    render_folder.write_tree(files, tmp_path)
+    assert render_folder.diff_tree(files, tmp_path) == []  # the record is neither a render file nor extra
     (tmp_path / "d" / "b").write_text("changed")
     (tmp_path / "c").unlink()
     (tmp_path / "d" / "extra").write_text("")
-    assert rendered.diff_tree(files, tmp_path) == ["missing  c", "differs  d/b", "extra    d/extra"]
-    assert rendered.diff_tree(files, tmp_path / "absent") == ["missing  a", "missing  c", "missing  d/b"]
+    assert render_folder.diff_tree(files, tmp_path) == ["missing  c", "differs  d/b", "extra    d/extra"]
+    assert render_folder.diff_tree(files, tmp_path / "absent") == ["missing  a", "missing  c", "missing  d/b"]
 
 
 def test_run_render_folder_loses_files_of_an_earlier_render_only(tmp_path):
     from grpo_deploy.launch import LaunchError, RunState, write_render
 
-    state = RunState(resolve.resolve(scaffold.embedded_default()), root=tmp_path)
+    state = RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path)
     write_render(state)
     config_inode = (state.render_dir / "config").stat().st_ino
     files = render.render_files(state.res, config_dir=str(state.render_dir / "config"))
-    assert rendered.diff_tree(files, state.render_dir) == []
+    assert render_folder.diff_tree(files, state.render_dir) == []
     stale = state.render_dir / "hosts" / "gone.env"  # a file an earlier spec rendered: listed in the record
     stale.write_text("from an earlier spec\n")
-    record = state.render_dir / rendered.RECORD
+    record = state.render_dir / render_folder.RECORD
     record.write_text(record_of({**files, "hosts/gone.env": "from an earlier spec\n"}))
     mine = state.render_dir / "config" / "mine.txt"
     mine.write_text("the user's\n")

@@ -1,23 +1,23 @@
-"""Tests of grpo_deploy.scaffold: init specs per profile/engine and host list; the embedded default."""
+"""Tests of grpo_deploy.new_spec: init specs per profile/engine and host list; the embedded default."""
 
 import pytest
 
-from grpo_deploy import scaffold, spec
+from grpo_deploy import new_spec, spec
 
 
 def test_pair_puts_trainer_first_and_server_second_with_nfs():
-    s = spec.loads(scaffold.spec_text("gb10", "trl-async", ["spark1", "spark2"])).spec
+    s = spec.loads(new_spec.spec_text("gb10", "trl-async", ["spark1", "spark2"])).spec
     assert [(h.name, h.roles) for h in s.hosts] == [("spark1", ["trainer"]), ("spark2", ["server"])]
     assert s.storage.nfs.server == "spark1"
 
 
 def test_verl_hosts_head_then_workers():
-    s = spec.loads(scaffold.spec_text("a100", "verl", ["n1", "n2", "n3"])).spec
+    s = spec.loads(new_spec.spec_text("a100", "verl", ["n1", "n2", "n3"])).spec
     assert [h.roles for h in s.hosts] == [["head"], ["worker"], ["worker"]]
 
 
 def test_embedded_default_is_the_local_cpu_rehearsal():
-    s = scaffold.embedded_default().spec
+    s = new_spec.embedded_default().spec
     assert s.engine == "trl-async" and s.run.name == "rehearsal"
     assert [(h.address, h.profile, h.roles) for h in s.hosts] == [("local", "cpu", ["server", "trainer"])]
 
@@ -29,12 +29,12 @@ def test_embedded_default_is_the_local_cpu_rehearsal():
     ("nope", "verl", [], "unknown profile"),
 ])
 def test_init_errors(profile, engine, hosts, match):
-    with pytest.raises(scaffold.InitError, match=match):
-        scaffold.spec_text(profile, engine, hosts)
+    with pytest.raises(new_spec.InitError, match=match):
+        new_spec.spec_text(profile, engine, hosts)
 
 
 def test_every_key_is_commented():
-    text = scaffold.spec_text("cpu", "trl-async")
+    text = new_spec.spec_text("cpu", "trl-async")
     keys = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith(("#", "-")) and ":" in ln
             and not ln.rstrip().endswith(":")]
     uncommented = [ln for ln in keys if "#" not in ln and not ln.startswith(("version", "engine"))
@@ -43,7 +43,7 @@ def test_every_key_is_commented():
 
 
 def test_host_names_come_from_the_address_host_part():
-    assert scaffold.host_name("user@Node-1.example:2222") == "node-1-example"
-    assert scaffold.host_name("fe80::1") == scaffold.host_name("[fe80::1]:22") == "fe80--1"
-    with pytest.raises(scaffold.InitError, match="would be read as an option"):
-        scaffold.spec_text("gb10", "trl-async", ["-oProxyCommand=x", "b"])
+    assert new_spec.host_name("user@Node-1.example:2222") == "node-1-example"
+    assert new_spec.host_name("fe80::1") == new_spec.host_name("[fe80::1]:22") == "fe80--1"
+    with pytest.raises(new_spec.InitError, match="would be read as an option"):
+        new_spec.spec_text("gb10", "trl-async", ["-oProxyCommand=x", "b"])
