@@ -16,7 +16,7 @@ from .hosts import facts as host_facts
 from .hosts.connect import Host, HostError, SshOptions, connect, on_all
 from .hosts.project import RemoteProject
 from .hosts.ship import Shipped, ship
-from .launch import LaunchError, RunState, build_images, report
+from .launch import LaunchError, RunState, build_images, finish
 from .render import render_files
 from .resolve import Resolved
 from .runtime.metrics import parse_events
@@ -126,14 +126,20 @@ def _put_render(dep: Deployment, ips: dict[str, str]) -> None:
             raise result
 
 
+def _container(project, role: str) -> dict:
+    """The role's container on its host (running or stopped); LaunchError when it is gone."""
+    c = project.container(role)
+    if c is None:
+        raise LaunchError(f"the {role} container is gone on {project.host.name}")
+    return c
+
+
 def _wait_server(dep: Deployment, log: Callable[[str], None], since: float) -> float:
     """Until the server container's health check passes (model listed); fail at once if it exits."""
     project = dep.project(dep.role_host("server"))
     last_note = 0.0
     while True:
-        c = project.container("server")
-        if c is None:
-            raise LaunchError(f"the server container is gone on {project.host.name}")
+        c = _container(project, "server")
         if c["state"] in ("exited", "dead"):
             raise LaunchError(f"the vLLM server exited on {project.host.name} before it was ready "
                               f"(exit {c['exit_code']}):\n{project.tail(c['id'])}")
@@ -177,9 +183,7 @@ def _follow(dep: Deployment, log: Callable[[str], None], since: float) -> int:
     project = dep.project(dep.role_host("trainer"))
     seen = 0
     while True:
-        c = project.container("trainer")
-        if c is None:
-            raise LaunchError(f"the trainer container is gone on {project.host.name}")
+        c = _container(project, "trainer")
         text = project.read(c["id"], f"{res.run_dir}/metrics.jsonl") or ""
         steps = [e for e in parse_events(text) if e["event"] == "step" and e["time"] >= since]
         for e in steps[seen:]:
@@ -271,15 +275,10 @@ def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, 
         dep.close()
         raise
     _save_logs(dep)
-    state.emit("up_end", status="ok" if code == 0 else "failed", trainer_exit=code)
-    report(state, run_events(dep), out)
-    if keep:
-        log("--keep: the run stays up (grpo-deploy down stops it on every host)")
-    else:
-        log("stopping the run on every host (the shared storage and its checkpoints are kept)")
-        down_all(dep)
-    dep.close()
-    return 0 if code == 0 else 1
+    try:
+        return finish(state, code, run_events(dep), out, log, keep, lambda: down_all(dep), "the run on every host")
+    finally:
+        dep.close()
 
 
 def _failed(results, out, log, state) -> bool:

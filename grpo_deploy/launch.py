@@ -264,13 +264,19 @@ def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout) -
             raise LaunchError(f"{exc}\nnothing of this run is left running") from None
         raise
     _save_logs(project, state)
+    return finish(state, code, run_events(state), out, log, keep, project.down, "the stack")
+
+
+def finish(state: RunState, code: int, events: list[dict], out, log: Callable[[str], None], keep: bool,
+           stop: Callable[[], None], what: str) -> int:
+    """The end of an `up` whose trainer exited: the record, the report, then stop `what` unless --keep."""
     state.emit("up_end", status="ok" if code == 0 else "failed", trainer_exit=code)
-    report(state, run_events(state), out)
+    report(state, events, out)
     if keep:
-        log("--keep: the stack stays up (grpo-deploy down stops it)")
+        log(f"--keep: {what} stays up (grpo-deploy down stops it)")
     else:
-        log("stopping the stack (the shared volume and its checkpoints are kept)")
-        project.down()
+        log(f"stopping {what} (the shared storage and its checkpoints are kept)")
+        stop()
     if code != 0:
         log(f"the trainer exited with code {code}: see {state.dir / 'logs.txt'}")
         return 1

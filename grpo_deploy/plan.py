@@ -12,25 +12,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .resolve import DATASET_SIZES, Resolved, as_dict, gpu_split
+from .spec import ArchitectureSpec
 
 GB = 1e9
 CKPT_EXTRA_BYTES = 8 * 1024**2  # trainer state, RNG, scheduler, dataloader state: a few MB
 
 
-@dataclass
-class Architecture:
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    vocab_size: int
-    tie_word_embeddings: bool = True
-    head_dim: int | None = None
+class Architecture(ArchitectureSpec):
+    """A model's shape (the spec's type) and the sizes plan derives from it."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Architecture:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        return cls(**{k: d[k] for k in cls.model_fields if k in d})
 
     @property
     def hd(self) -> int:

@@ -263,31 +263,33 @@ CLI_TEXT = st.one_of(
 @FAST
 @given(CLI_TEXT)
 def test_init_hosts_never_a_traceback(hosts):
-    with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        run = cli(["init", "--profile", "gb10", "--engine", "trl-async", f"--hosts={hosts}", "-o", "s.yaml"], tmp)
-        assert run.code in (0, 2) and "Traceback" not in run.err, run.err
-        if run.code == 2:
-            assert run.err.startswith(("error: ", "usage: ")), run.err
-            assert not (tmp / "s.yaml").exists()
-            return
+    loaded = _init(["--profile", "gb10", "--engine", "trl-async", f"--hosts={hosts}"])
+    if loaded is not None:
         given = [h.strip() for h in hosts.split(",") if h.strip()]
-        loaded = spec_module.load(tmp / "s.yaml")
         assert [h.address for h in loaded.spec.hosts] == (given or ["local"])
 
 
 @FAST
 @given(CLI_TEXT)
 def test_init_name_never_a_traceback(name):
+    loaded = _init(["--profile", "cpu", "--engine", "trl-async", f"--name={name}"])
+    if loaded is not None:
+        # argparse drops a lone "--" value: init then uses the default name, as with no --name
+        assert loaded.spec.run.name == (name if name not in ("", "--") else "rehearsal")
+
+
+def _init(args: list[str]):
+    """`init ARGS -o s.yaml` in a new folder: exit 0 and the spec it wrote loaded, or exit 2 with one error line
+    and nothing written (None)."""
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        run = cli(["init", "--profile", "cpu", "--engine", "trl-async", f"--name={name}", "-o", "s.yaml"], tmp)
+        run = cli(["init", *args, "-o", "s.yaml"], tmp)
         assert run.code in (0, 2) and "Traceback" not in run.err, run.err
-        if run.code == 0:
-            # argparse drops a lone "--" value: init then uses the default name, as with no --name
-            assert spec_module.load(tmp / "s.yaml").spec.run.name == (name if name not in ("", "--") else "rehearsal")
-        else:
+        if run.code == 2:
+            assert run.err.startswith(("error: ", "usage: ")), run.err
             assert not (tmp / "s.yaml").exists()
+            return None
+        return spec_module.load(tmp / "s.yaml")
 
 
 def _inside(root: Path, cwd: Path, output: str) -> bool:

@@ -15,6 +15,7 @@ import yaml
 from grpo_deploy import new_spec
 from grpo_deploy.hosts.connect import SshHost, SshOptions
 from grpo_deploy.hosts.ship import ship
+from tests.check_output import check_lines
 from tests.testhosts import SHARED_DIR, hosts_fixture
 
 pytestmark = pytest.mark.docker
@@ -32,13 +33,6 @@ def cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProc
     return proc
 
 
-def lines(out: str) -> dict[tuple[str, str], str]:
-    found = {}
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) >= 3 and parts[0] in ("PASS", "FAIL", "SKIP"):
-            found[(parts[1], parts[2])] = line
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +66,7 @@ def check(spec: Path, hosts, *extra: str, ssh_config: Path | None = None) -> sub
 
 def test_check_passes_on_two_hosts(spec, hosts, shipped):
     proc = check(spec, hosts)
-    got = lines(proc.stdout)
+    got = check_lines(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for name in HOST_CHECKS:
         assert got[("spark1", name)].startswith("PASS") and got[("spark2", name)].startswith("PASS"), name
@@ -98,7 +92,7 @@ def test_a_shared_dir_owned_by_another_uid_fails_on_every_host(spec, hosts, ship
         proc = check(spec, hosts)
     finally:
         hosts["spark1"].exec(["chown", "1000:1000", SHARED_DIR])
-    got = lines(proc.stdout)
+    got = check_lines(proc.stdout)
     assert proc.returncode == 1
     for name in ("spark1", "spark2"):
         line = got[(name, "shared_dir_owner")]
@@ -116,7 +110,7 @@ def test_a_host_with_its_own_shared_dir_fails_that_host_and_the_probe(spec, host
         proc = check(spec, hosts)
     finally:
         hosts["spark2"].exec(["umount", SHARED_DIR])
-    got = lines(proc.stdout)
+    got = check_lines(proc.stdout)
     assert proc.returncode == 1
     assert got[("spark2", "shared_dir_owner")].startswith("FAIL")
     assert f"spark2: {SHARED_DIR} is owned by 0:0" in got[("spark2", "shared_dir_owner")]
@@ -129,7 +123,7 @@ def test_an_unknown_host_key_fails_that_host_only(spec, hosts):
     known = hosts.write_ssh_files(known=[hosts["spark1"]], path=hosts.dir / "known_hosts-spark1-only")
     config = hosts.config_for(known)
     proc = check(spec, hosts, "--", "-k", "docker_engine", ssh_config=config)
-    got = lines(proc.stdout)
+    got = check_lines(proc.stdout)
     assert proc.returncode == 1
     assert got[("spark1", "docker_engine_answers")].startswith("PASS")
     line = got[("spark2", "docker_engine_answers")]

@@ -19,6 +19,7 @@ from grpo_deploy import new_spec, resolve, spec
 from grpo_deploy.cli import main
 from grpo_deploy.hostchecks import mounts, runner
 from grpo_deploy.hostchecks.targets import hostspec, hostspecs, spec_host_of
+from tests.check_output import check_lines
 
 NO_ENGINE = ["--", "-k", "shared_dir or headroom or nfs or gpus or nvidia"]  # what needs no Docker engine
 
@@ -63,19 +64,11 @@ def check(tmp_path, monkeypatch, capsys, spec_path, *args) -> tuple[int, str, st
     return code, out, err
 
 
-def lines(out: str) -> dict[tuple[str, str], str]:
-    """{(host, check): the line} of `grpo-deploy check` output."""
-    found = {}
-    for line in out.splitlines():
-        parts = line.split()
-        if len(parts) >= 3 and parts[0] in ("PASS", "FAIL", "SKIP"):
-            found[(parts[1], parts[2])] = line
-    return found
 
 
 def test_check_passes_on_a_shared_dir_made_as_the_spec_wants(tmp_path, monkeypatch, capsys, shared):
     code, out, _ = check(tmp_path, monkeypatch, capsys, write_spec(tmp_path, shared), *NO_ENGINE)
-    got = lines(out)
+    got = check_lines(out)
     assert code == 0
     for name in ("shared_dir_present", "shared_dir_owner", "shared_dir_mode", "checkpoint_disk_headroom"):
         assert got[("local", name)].startswith("PASS"), out
@@ -90,30 +83,30 @@ def test_check_names_host_check_and_fix_when_the_owner_is_wrong(tmp_path, monkey
         pytest.skip("chown to another UID needs root")  # CI runs as root (GRPO_NO_SKIPS makes this skip fail there)
     os.chown(shared, 4242, 1000)
     code, out, _ = check(tmp_path, monkeypatch, capsys, write_spec(tmp_path, shared), *NO_ENGINE)
-    line = lines(out)[("local", "shared_dir_owner")]
+    line = check_lines(out)[("local", "shared_dir_owner")]
     assert code == 1
     assert line.startswith("FAIL") and f"{shared} is owned by 4242:1000" in line and "chown 1000:1000" in line
-    assert lines(out)[("local", "shared_dir_present")].startswith("PASS")
+    assert check_lines(out)[("local", "shared_dir_present")].startswith("PASS")
 
 
 def test_check_fails_when_the_shared_dir_is_missing(tmp_path, monkeypatch, capsys):
     missing = tmp_path / "not-mounted"
     code, out, _ = check(tmp_path, monkeypatch, capsys, write_spec(tmp_path, missing), *NO_ENGINE)
-    line = lines(out)[("local", "shared_dir_present")]
+    line = check_lines(out)[("local", "shared_dir_present")]
     assert code == 1 and line.startswith("FAIL") and f"{missing} does not exist" in line
 
 
 def test_check_fails_when_the_run_user_cannot_write(tmp_path, monkeypatch, capsys, shared):
     shared.chmod(0o555)
     code, out, _ = check(tmp_path, monkeypatch, capsys, write_spec(tmp_path, shared), *NO_ENGINE)
-    line = lines(out)[("local", "shared_dir_mode")]
+    line = check_lines(out)[("local", "shared_dir_mode")]
     assert code == 1 and line.startswith("FAIL") and "mode 0555" in line and "chmod u+rwx" in line
 
 
 def test_check_fails_when_the_disk_cannot_hold_the_plan(tmp_path, monkeypatch, capsys, shared):
     spec_path = write_spec(tmp_path, shared, **{"checkpoints.disk_margin_gb": 10.0**6})
     code, out, _ = check(tmp_path, monkeypatch, capsys, spec_path, "--", "-k", "headroom")
-    line = lines(out)[("local", "checkpoint_disk_headroom")]
+    line = check_lines(out)[("local", "checkpoint_disk_headroom")]
     assert code == 1 and line.startswith("FAIL") and "GB free on" in line and "1000000.0 GB at peak" in line
     assert "add at least" in line
 
@@ -122,7 +115,7 @@ def test_nfs_mount_fails_where_the_share_is_not_mounted(tmp_path, monkeypatch, c
     nfs = {"server": "nfs1", "export": "/srv/grpo", "options": "nfsvers=4.1,hard"}
     code, out, _ = check(tmp_path, monkeypatch, capsys, write_spec(tmp_path, shared, **{"storage.nfs": nfs}),
                          "--", "-k", "nfs")
-    line = lines(out)[("local", "nfs_mount")]
+    line = check_lines(out)[("local", "nfs_mount")]
     assert code == 1 and line.startswith("FAIL") and f"nothing is mounted at {shared}" in line
     assert "nfs1:/srv/grpo" in line
 
@@ -132,7 +125,7 @@ def test_run_checks_only_with_run_and_fail_without_a_run(tmp_path, monkeypatch, 
     code, out, _ = check(tmp_path, monkeypatch, capsys, spec_path, "--", "-k", "server_container")
     assert code == 2 and "server_container_healthy" not in out  # not selected without --run: nothing ran
     code, out, _ = check(tmp_path, monkeypatch, capsys, spec_path, "--run", "--", "-k", "server_container")
-    line = lines(out)[("local", "server_container_healthy")]
+    line = check_lines(out)[("local", "server_container_healthy")]
     assert code == 1 and line.startswith("FAIL") and "no server container of run hostcheck-none" in line
 
 

@@ -236,20 +236,16 @@ def test_binary_control_characters(tmp_path):
     assert str(info.value).startswith(f"{f}:2: holds the control character 0x7f, which YAML text cannot contain")
 
 
-def test_latin1_bytes(tmp_path):
-    f = tmp_path / "latin1.yaml"
-    f.write_bytes("a: 1\nname: café\n".encode("latin-1"))
+@pytest.mark.parametrize(("data", "message"), [
+    ("a: 1\nname: café\n".encode("latin-1"), ":2: not UTF-8 text (byte 0xe9 at offset 14); save the spec as UTF-8"),
+    ("a: 1\n".encode("utf-16"), ": the file is UTF-16 encoded; save the spec as UTF-8"),
+])
+def test_not_utf8(tmp_path, data, message):
+    f = tmp_path / "spec.yaml"
+    f.write_bytes(data)
     with pytest.raises(YamlSyntaxError) as info:
         load_file(f)
-    assert str(info.value) == f"{f}:2: not UTF-8 text (byte 0xe9 at offset 14); save the spec as UTF-8"
-
-
-def test_utf16_file(tmp_path):
-    f = tmp_path / "u16.yaml"
-    f.write_bytes("a: 1\n".encode("utf-16"))
-    with pytest.raises(YamlSyntaxError) as info:
-        load_file(f)
-    assert str(info.value) == f"{f}: the file is UTF-16 encoded; save the spec as UTF-8"
+    assert str(info.value) == f"{f}{message}"
 
 
 def test_utf8_with_bom_and_non_ascii_loads(tmp_path):
