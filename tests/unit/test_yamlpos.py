@@ -219,33 +219,18 @@ def test_directory_path(tmp_path):
     assert str(info.value) == f"{tmp_path}: is a directory, not a spec file; pass the path of the spec's YAML file"
 
 
-def test_nul_byte(tmp_path):
-    f = tmp_path / "nul.yaml"
-    f.write_bytes(b"a: 1\nb: x\x00y\n")
-    with pytest.raises(YamlSyntaxError) as info:
-        load_file(f)
-    assert str(info.value) == f"{f}:2: holds a NUL byte, so it is a binary file, not YAML text; " \
-                              "pass the spec's YAML file"
-
-
-def test_binary_control_characters(tmp_path):
-    f = tmp_path / "bin.yaml"
-    f.write_bytes(b"a: 1\n\x7fELF\x01\x02\n")
-    with pytest.raises(YamlSyntaxError) as info:
-        load_file(f)
-    assert str(info.value).startswith(f"{f}:2: holds the control character 0x7f, which YAML text cannot contain")
-
-
 @pytest.mark.parametrize(("data", "message"), [
+    (b"a: 1\nb: x\x00y\n", ":2: holds a NUL byte, so it is a binary file, not YAML text; pass the spec's YAML file"),
+    (b"a: 1\n\x7fELF\x01\x02\n", ":2: holds the control character 0x7f, which YAML text cannot contain"),
     ("a: 1\nname: café\n".encode("latin-1"), ":2: not UTF-8 text (byte 0xe9 at offset 14); save the spec as UTF-8"),
     ("a: 1\n".encode("utf-16"), ": the file is UTF-16 encoded; save the spec as UTF-8"),
 ])
-def test_not_utf8(tmp_path, data, message):
+def test_not_yaml_text(tmp_path, data, message):
     f = tmp_path / "spec.yaml"
     f.write_bytes(data)
     with pytest.raises(YamlSyntaxError) as info:
         load_file(f)
-    assert str(info.value) == f"{f}{message}"
+    assert str(info.value).startswith(f"{f}{message}")
 
 
 def test_utf8_with_bom_and_non_ascii_loads(tmp_path):
