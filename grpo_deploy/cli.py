@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from . import __version__, new_spec, preflight, profiles
@@ -69,6 +70,24 @@ def _output_path(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text[:80]!r} is not a usable path (empty, a NUL byte, a name over 255 "
                                          "bytes, or over 64 folders / 4096 characters)")
     return text
+
+
+def _interval(text: str) -> float:
+    """--watch SECONDS: a number from 1 to 3600."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds from 1 to 3600")
+    return value
+
+
+def _line_count(text: str) -> int:
+    """--tail N: a whole number from 0 to 100000."""
+    if not re.fullmatch(r"[0-9]{1,6}", text) or int(text) > 100_000:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a line count from 0 to 100000")
+    return int(text)
 
 
 def _free_space(values: list[str] | None, res: Resolved) -> dict[str, int]:
@@ -290,7 +309,7 @@ def cmd_up(args) -> int:
         wanted = _host_list(args.hosts)
         names = [h.name for h in res.spec.hosts]
         if sorted(wanted) != sorted(names):
-            raise CliError(f"--hosts {args.hosts} does not match the spec's hosts ({', '.join(names)}); "
+            raise CliError(f"--hosts {args.hosts!r} does not match the spec's hosts ({', '.join(names)}); "
                            "write a spec for them with: grpo-deploy init --profile P --engine E --hosts "
                            + ",".join(wanted))
     try:
@@ -309,32 +328,59 @@ def _remote(res: Resolved) -> bool:
 
 
 def cmd_status(args) -> int:
+    res = _load(args)
+    if args.watch is None:
+        return _status_once(res, args)[0]
+    tty = sys.stdout.isatty()
+    try:
+        while True:  # until the run ends or Ctrl-C
+            if tty and not args.json:
+                print("\x1b[H\x1b[2J", end="")
+            elif not args.json:
+                print(f"----- {time.strftime('%H:%M:%S')}")
+            code, state = _status_once(res, args)
+            sys.stdout.flush()
+            if state in ("finished", "failed"):
+                return code
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
+        return 0
+
+
+def _status_once(res: Resolved, args) -> tuple[int, str]:
+    """Print the run's status once (table or JSON); (exit code, run state)."""
     from . import status
 
-    res = _load(args)
     hosts = []
     events = _run_events(res, args)
-    if _remote(res):
-        from . import deploy
+    ctx = preflight.Context(res, ssh=_ssh(args))
+    try:
+        if _remote(res):
+            from . import deploy
 
-        dep = deploy.Deployment(res, _ssh(args))
-        try:
-            hosts = deploy.host_states(dep)
-        finally:
-            dep.close()
+            dep = deploy.Deployment(res, _ssh(args))
+            try:
+                hosts = deploy.host_states(dep)
+            finally:
+                dep.close()
+        disk = preflight.checkpoint_headroom(ctx)
+    finally:
+        ctx.close()
     summary = status.summarize(res.spec.run.name, events, max_steps=res.settings.trl.max_steps)
     if args.plot:
         status.plot(events, args.plot, title=status.plot_title(res.spec.run.name))
     if args.json:
-        print(json.dumps({**summary.to_dict(), "hosts": hosts} if hosts else summary.to_dict(), indent=2))
+        record = {**summary.to_dict(), "checkpoint_disk": disk, **({"hosts": hosts} if hosts else {})}
+        print(json.dumps(record, indent=None if args.watch is not None else 2))
     else:
         if hosts:
             print(table(["host", "role", "container", "health"],
                         [[h["host"], h["role"], h["state"], h["health"] or "-"] for h in hosts]) + "\n")
         print(status.summary_text(summary))
+        print(preflight.headroom_text(disk))
         if args.plot:
             print(f"plot: {args.plot}")
-    return 0 if summary.state != "not-started" else 1
+    return (0 if summary.state != "not-started" else 1), summary.state
 
 
 def cmd_down(args) -> int:
@@ -360,19 +406,23 @@ def cmd_logs(args) -> int:
     from . import launch
 
     res = _load(args)
+    roles = [args.role] if args.role else []
+    if args.role and args.role not in res.engine_info.roles:
+        raise CliError(f"--role {args.role!r}: engine {res.engine} has the roles {', '.join(res.engine_info.roles)}")
     if _remote(res):
         from . import deploy
 
         dep = deploy.Deployment(res, _ssh(args))
         try:
-            for name in dep.hosts:
-                print(f"===== host {name}")
-                print(dep.project(name).logs(tail=args.tail))
+            return deploy.logs(dep, roles, follow=args.follow, tail=args.tail, host=args.host)
+        except (HostError, launch.LaunchError) as exc:
+            raise CliError(str(exc)) from None
         finally:
             dep.close()
-        return 0
+    if args.host and args.host != "local":
+        raise CliError(f"--host {args.host!r}: this run has one host, local")
     try:
-        return launch.logs(res, follow=args.follow, tail=args.tail)
+        return launch.logs(res, roles, follow=args.follow, tail=args.tail)
     except launch.LaunchError as exc:
         raise CliError(str(exc)) from None
 
@@ -508,6 +558,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_json(p)
     _add_ssh(p)
     p.add_argument("--plot", metavar="PNG", help="also write reward / length / staleness per step to PNG")
+    p.add_argument("--watch", nargs="?", const=10.0, type=_interval, metavar="SECONDS",
+                   help="refresh every SECONDS (default 10) until the run ends or Ctrl-C; with --json one JSON "
+                        "object per line")
     p.set_defaults(fn=cmd_status)
 
     p = sub.add_parser("down", help="stop the run's containers on every host (the shared volume is kept)")
@@ -516,11 +569,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--volumes", action="store_true", help="also delete the shared volume (checkpoints, adapters)")
     p.set_defaults(fn=cmd_down)
 
-    p = sub.add_parser("logs", help="the run's container logs, per host")
+    p = sub.add_parser("logs", help="the run's container logs, per host and role",
+                       description="The run's container logs (docker compose logs) from every host, each line "
+                                   "prefixed with its host on a multi-host run. --follow streams new lines from all "
+                                   "hosts at once until Ctrl-C or the containers stop.")
     _add_spec(p)
     _add_ssh(p)
+    p.add_argument("--role", metavar="ROLE", help="only this role's container (server, trainer, ...)")
+    p.add_argument("--host", metavar="NAME", help="only this host (the spec's host name)")
     p.add_argument("--follow", action="store_true", help="keep following new lines")
-    p.add_argument("--tail", type=int, default=200)
+    p.add_argument("--tail", type=_line_count, default=200, metavar="N",
+                   help="lines of history per container first (default 200)")
     p.set_defaults(fn=cmd_logs)
 
     p = sub.add_parser("check", help="testinfra health checks of the spec's hosts (--run: and of the running run)",

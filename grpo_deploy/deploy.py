@@ -7,6 +7,7 @@ started on every host. Also status, logs and down across hosts."""
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -304,6 +305,37 @@ def run_events(dep: Deployment, live: bool = False) -> list[dict]:
     events = dep.state.deploy_events() + parse_events(text or "")
     starts = [e for e in events if e["event"] == "up_start"]
     return [e for e in events if e["time"] >= starts[-1]["time"]] if starts else events
+
+
+def logs(dep: Deployment, roles: list[str], follow: bool = False, tail: int = 200, host: str | None = None) -> int:
+    """The run's container logs from its hosts (those running one of *roles*, or all); with *follow*, new lines from
+    every host at once, each prefixed with its host, until the containers stop or Ctrl-C."""
+    if host is not None and host not in dep.hosts:
+        raise LaunchError(f"--host {host!r}: the spec's hosts are {', '.join(dep.hosts)}")
+    roles_of = {h.name: set(h.roles) for h in dep.res.spec.hosts}
+    names = [n for n in ([host] if host else dep.hosts) if not roles or set(roles) & roles_of[n]]
+    if not follow:
+        for name in names:
+            print(f"===== host {name}")
+            print(dep.project(name).logs(tail=tail, roles=roles), flush=True)
+        return 0
+    printing = threading.Lock()
+
+    def follow_one(name: str) -> None:
+        project = dep.project(name)
+        for line in dep.hosts[name].lines(project.compose_argv(*project.logs_args(roles, tail, follow=True))):
+            with printing:
+                print(f"{name} | {line}", flush=True)
+
+    threads = [threading.Thread(target=follow_one, args=(n,), daemon=True) for n in names]
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            t.join()
+    except KeyboardInterrupt:
+        dep.close()  # ends the remote `docker compose logs --follow`
+    return 0
 
 
 def host_states(dep: Deployment) -> list[dict]:

@@ -324,10 +324,10 @@ def down(res: Resolved, volumes: bool = False) -> None:
     state.project().down(volumes=volumes)
 
 
-def logs(res: Resolved, follow: bool = False, tail: int = 200) -> int:
+def logs(res: Resolved, roles: list[str] | None = None, follow: bool = False, tail: int = 200) -> int:
     _require_local(res)
     state = RunState(res)
     if not (state.render_dir / "hosts" / "local.env").exists():
         raise LaunchError(f"no run {res.spec.run.name} was started from this directory (.grpo-deploy/ is missing)")
-    args = ["logs", "--tail", str(tail)] + (["-f"] if follow else [])
+    args = ["logs", "--tail", str(tail)] + (["-f"] if follow else []) + list(roles or [])
     return state.project().run(*args, check=False).returncode

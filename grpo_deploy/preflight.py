@@ -146,8 +146,15 @@ def checkpoint_free_space(ctx: Context) -> tuple[int | None, str, str]:
     if host.name in ctx.free_space:
         return ctx.free_space[host.name], f"{host.name}:{res.checkpoint_dir}", "given with --free-space"
     if host.address != "local":
-        found = _facts_of(ctx, host)
-        free = found.get("free") if isinstance(found, dict) else None
+        if ctx._remote is not None:  # preflight gathered every fact already
+            found = _facts_of(ctx, host)
+            free = found.get("free") if isinstance(found, dict) else None
+        else:  # status: this one fact only
+            try:
+                conn = ctx.connector(host)
+                free = host_facts.free_space(conn, _storage_path(res, host, conn))
+            except HostError:
+                free = None
         if free is None:
             return None, f"{host.name}:{res.checkpoint_dir}", "remote host unreachable (see the reachable check)"
         return free.free_bytes, f"{host.name}:{free.path}", "df on the host that holds the checkpoints"
@@ -164,6 +171,26 @@ def checkpoint_free_space(ctx: Context) -> tuple[int | None, str, str]:
     where = facts.volume_mountpoint(client, res.spec.storage.volume) or facts.docker_info(client)["root_dir"]
     d = facts.disk_free(where)
     return d.free_bytes, d.path, f"statvfs of the Docker volume {res.spec.storage.volume} (local engine)"
+
+
+def checkpoint_headroom(ctx: Context) -> dict[str, Any] | None:
+    """For a running run (status): free space where checkpoints are written against the next checkpoint plus the
+    margin. None when the model's size or the free space is unknown."""
+    disk = ctx.plan().disk
+    if disk is None or disk.free_bytes is None:
+        return None
+    need = disk.checkpoint_bytes + disk.margin_bytes
+    return {"filesystem": disk.filesystem, "free_bytes": disk.free_bytes, "checkpoint_bytes": disk.checkpoint_bytes,
+            "margin_bytes": disk.margin_bytes, "ok": disk.free_bytes >= need}
+
+
+def headroom_text(h: dict[str, Any] | None) -> str:
+    if h is None:
+        return "  checkpoint disk     free space unknown (grpo-deploy preflight says why)"
+    line = (f"  checkpoint disk     {h['free_bytes'] / 1e9:.1f} GB free; next checkpoint "
+            f"{h['checkpoint_bytes'] / 1e9:.2f} GB + {h['margin_bytes'] / 1e9:.1f} GB margin ({h['filesystem']})")
+    warning = "\n  WARNING: the next checkpoint may not fit: free space, or lower checkpoints.keep"
+    return line if h["ok"] else line + warning
 
 
 @check("spec", "The spec validates and every cross-field rule holds")

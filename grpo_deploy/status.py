@@ -105,10 +105,11 @@ def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None 
         s.server_ready_s = ready[-1].get("seconds")
         if s.server_ready_s is None and up_start:
             s.server_ready_s = round(ready[-1]["time"] - up_start[-1]["time"], 2)
-    if end:
-        last = end[-1]
-        s.state = "finished" if last.get("status") == "ok" else "failed"
-        s.error = last.get("error")
+    # The trainer's own end, else the deployer's (`up` stopped before the trainer wrote one: preflight, a crash).
+    last_end = end[-1] if end else (by("up_end")[-1] if by("up_end") else None)
+    if last_end is not None:
+        s.state = "finished" if last_end.get("status") == "ok" else "failed"
+        s.error = last_end.get("error") or (None if last_end.get("status") == "ok" else last_end.get("status"))
     return s
 
 
@@ -147,8 +148,8 @@ def summary_text(s: Summary) -> str:
         f"{n(s.reward_per_hour, '.1f')}",
         f"  start-up            server ready {n(s.server_ready_s, '.1f', ' s')}; up -> first step "
         f"{n(s.up_to_first_step_s, '.1f', ' s')}",
-        f"  identity            uid {s.run_uid} gid {s.run_gid} umask {s.umask}; adapter file modes "
-        f"{', '.join(s.adapter_file_modes) or '-'}",
+        f"  identity            uid {n(s.run_uid, 'd')} gid {n(s.run_gid, 'd')} umask {s.umask or '-'}; adapter "
+        f"file modes {', '.join(s.adapter_file_modes) or '-'}",
     ]
     if s.eta_s is not None:
         lines.append(f"  ETA                 {s.eta_s / 60:.1f} min")

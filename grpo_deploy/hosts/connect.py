@@ -73,6 +73,11 @@ class Host:
         """Run argv with *chunks* fed to its stdin (e.g. `docker load` fed by `docker save`)."""
         raise NotImplementedError
 
+    def lines(self, argv: list[str]) -> Iterator[str]:
+        """Run argv and yield its output lines (stdout and stderr together) as they come; closing the iterator
+        (or the connector) stops the command."""
+        raise NotImplementedError
+
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         """Create or replace a file (parents created, owned by the login user), written then renamed."""
         raise NotImplementedError
@@ -112,6 +117,16 @@ class LocalHost(Host):
             out = b""
         reader.join(timeout=5)
         return Result(proc.returncode, out.decode(errors="replace"), b"".join(err_chunks).decode(errors="replace"))
+
+    def lines(self, argv: list[str]) -> Iterator[str]:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            for raw in proc.stdout:
+                yield raw.decode(errors="replace").rstrip("\n")
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+            proc.wait(timeout=10)
 
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         target = Path(path)
@@ -221,7 +236,7 @@ class SshHost(Host):
 
     # ------------------------------------------------------------------ commands
 
-    def _exec(self, argv: list[str], timeout: float):
+    def _exec(self, argv: list[str], timeout: float | None):
         self.connect()
         try:
             return self._client.exec_command(shlex.join(argv), timeout=timeout)
@@ -252,6 +267,15 @@ class SshHost(Host):
         out = chan_out.read()
         err = chan_err.read()
         return Result(channel.recv_exit_status(), out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def lines(self, argv: list[str]) -> Iterator[str]:
+        _, chan_out, _ = self._exec(argv, timeout=None)
+        chan_out.channel.set_combine_stderr(True)
+        try:
+            for raw in chan_out:
+                yield raw.rstrip("\n") if isinstance(raw, str) else raw.decode(errors="replace").rstrip("\n")
+        finally:
+            chan_out.channel.close()
 
     def write_file(self, path: str, data: bytes, mode: int = 0o600) -> None:
         self.connect()

@@ -56,11 +56,14 @@ class RemoteProject:
         self.host.write_file(path, data, mode)
         return len(data)
 
-    def compose(self, *args: str, timeout: float = 600) -> Result:
+    def compose_argv(self, *args: str) -> list[str]:
         # Run from the project folder: the env file names the compose files relative to it (as compose/.env does).
         folder = f"{self.root}/compose"
-        return self.host.run(["env", "-C", folder, "docker", "compose", "--project-directory", folder, "--env-file",
-                              self.env_file, "-p", f"grpo-{self.run_name}", *args], timeout=timeout)
+        return ["env", "-C", folder, "docker", "compose", "--project-directory", folder, "--env-file", self.env_file,
+                "-p", f"grpo-{self.run_name}", *args]
+
+    def compose(self, *args: str, timeout: float = 600) -> Result:
+        return self.host.run(self.compose_argv(*args), timeout=timeout)
 
     def up(self, service: str) -> None:
         r = self.compose("up", "-d", "--no-build", "--no-deps", service)
@@ -71,8 +74,12 @@ class RemoteProject:
     def down(self, volumes: bool = False) -> Result:
         return self.compose("down", "--remove-orphans", *(["--volumes"] if volumes else []))
 
-    def logs(self, tail: int = 200) -> str:
-        r = self.compose("logs", "--no-color", "--timestamps", "--tail", str(tail))
+    @staticmethod
+    def logs_args(roles: list[str], tail: int, follow: bool = False) -> list[str]:
+        return ["logs", "--no-color", "--timestamps", "--tail", str(tail), *(["--follow"] if follow else []), *roles]
+
+    def logs(self, tail: int = 200, roles: list[str] | None = None) -> str:
+        r = self.compose(*self.logs_args(roles or [], tail))
         return r.out + r.err
 
     def containers(self) -> list[dict]:

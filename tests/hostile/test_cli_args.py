@@ -134,3 +134,16 @@ def test_no_traceback_from_the_real_command(tmp_path):
     lines = proc.stderr.splitlines()
     assert lines[0].startswith("error: ") and all(line.startswith("  ") for line in lines[1:]), proc.stderr
     assert any(": overrides.trl.max_steps: " in line for line in lines), proc.stderr
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["status", "--watch", "0"], "--watch"), (["status", "--watch=nan"], "--watch"),
+    (["status", "--watch", "1e9"], "--watch"), (["status", "--watch=$(id)"], "--watch"),
+    (["logs", "--tail", "-5"], "--tail"), (["logs", "--tail", "1e3"], "--tail"),
+    (["logs", "--tail", "9999999"], "--tail"), (["logs", "--role", "server\nx"], "--role"),
+    (["logs", "--role", "../trainer"], "--role"), (["logs", "--host", "-oProxyCommand=x"], "--host"),
+])
+def test_status_and_logs_flags_refused(tmp_path, args, flag):
+    spec = write_spec(tmp_path, base_data("cpu"))
+    run = cli([*args, "-f", str(spec)], tmp_path)
+    assert_refused(run, words=(flag,))

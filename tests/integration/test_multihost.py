@@ -6,8 +6,10 @@ SSH. Then the failures preflight must catch before anything starts, each naming 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -58,9 +60,23 @@ def split_run(hosts, tmp_path_factory):
     ssh = ["--ssh-config", str(hosts.ssh_config)]
     up = cli("up", "-f", str(spec), "--fresh", "--keep", *ssh, cwd=cwd)
     status = cli("status", "-f", str(spec), "--json", *ssh, cwd=cwd, timeout=300)
+    server_logs = cli("logs", "-f", str(spec), "--role", "server", "--tail", "5", *ssh, cwd=cwd, timeout=300)
+    followed = follow_logs(cwd, "logs", "-f", str(spec), "--follow", "--tail", "3", *ssh)
     down = cli("down", "-f", str(spec), *ssh, cwd=cwd, timeout=300)
     yield {"up": up, "status": json.loads(status.stdout) if status.returncode == 0 else {}, "down": down,
-           "cwd": cwd, "spec": spec}
+           "server_logs": server_logs, "followed": followed, "cwd": cwd, "spec": spec}
+
+
+def follow_logs(cwd: Path, *args: str, seconds: float = 15) -> str:
+    """`grpo-deploy logs --follow` for a while, then Ctrl-C (SIGINT): what it printed."""
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_deploy.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    time.sleep(seconds)
+    still_following = proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    print(f"$ grpo-deploy {' '.join(args)} (following: {still_following})\n{out[-3000:]}")
+    return out
 
 
 def test_split_rehearsal_trains_to_the_end(split_run):
@@ -74,6 +90,22 @@ def test_status_shows_both_hosts(split_run):
     rows = {(h["host"], h["role"]): h for h in split_run["status"]["hosts"]}
     assert rows[("spark1", "trainer")]["state"] == "exited"
     assert rows[("spark2", "server")]["state"] == "running" and rows[("spark2", "server")]["health"] == "healthy"
+
+
+def test_status_measures_the_checkpoint_disk_on_the_trainer_host(split_run):
+    disk = split_run["status"]["checkpoint_disk"]
+    assert disk["filesystem"].startswith("spark1:") and disk["free_bytes"] > 0 and disk["checkpoint_bytes"] > 0
+    assert disk["ok"] is (disk["free_bytes"] >= disk["checkpoint_bytes"] + disk["margin_bytes"])
+
+
+def test_logs_per_role_and_followed_across_hosts(split_run):
+    server = split_run["server_logs"]
+    assert server.returncode == 0 and "===== host spark2" in server.stdout
+    assert "===== host spark1" not in server.stdout  # spark1 runs only the trainer
+    followed = split_run["followed"].splitlines()
+    assert any(line.startswith("spark1 | ") for line in followed), followed[-20:]
+    assert any(line.startswith("spark2 | ") for line in followed), followed[-20:]
+    assert "Traceback" not in split_run["followed"]
 
 
 def test_images_were_shipped_over_ssh(split_run, hosts):

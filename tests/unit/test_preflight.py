@@ -128,3 +128,22 @@ def test_port_check_refuses_a_run_with_running_containers():
     (r,) = _only(ctx_for(CPU, client=client), "port")
     assert r.verdict == "fail" and "grpo-rehearsal-server-1" in r.fact and "grpo-deploy down" in r.hint
     assert client.containers.calls == [{"all": False, "filters": {"label": ["org.grpo-deploy.run=rehearsal"]}}]
+
+
+def test_checkpoint_headroom_warns_below_one_checkpoint_plus_margin():
+    roomy = {"filesystem": "spark1:/shared", "free_bytes": 10 * 10**9, "checkpoint_bytes": 10**9,
+             "margin_bytes": 2 * 10**9, "ok": True}
+    assert "WARNING" not in preflight.headroom_text(roomy)
+    assert "10.0 GB free; next checkpoint 1.00 GB + 2.0 GB margin (spark1:/shared)" in preflight.headroom_text(roomy)
+    short = {**roomy, "free_bytes": int(2.5 * 10**9), "ok": False}
+    assert "WARNING: the next checkpoint may not fit" in preflight.headroom_text(short)
+    assert "free space unknown" in preflight.headroom_text(None)
+
+
+def test_checkpoint_headroom_from_the_plan():
+    res = resolve.resolve(spec.loads(new_spec.spec_text("cpu", "trl-async")))
+    for free, ok in ((10**12, True), (10**6, False)):
+        ctx = preflight.Context(res, free_space={"local": free})
+        h = preflight.checkpoint_headroom(ctx)
+        assert h["free_bytes"] == free and h["ok"] is ok
+        assert h["checkpoint_bytes"] == ctx.plan().disk.checkpoint_bytes

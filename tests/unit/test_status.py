@@ -69,3 +69,20 @@ def test_deployer_events_use_the_runtime_envelope(tmp_path):
     assert list(record)[:2] == ["event", "time"] and record["event"] == "up_start"
     assert record["run"] == "rehearsal" and record["seconds"] is None  # NaN is written as null, never as NaN
     assert [e["event"] for e in launch.run_events(state)] == ["up_start"]
+
+
+def test_watch_ends_when_the_run_has_ended(tmp_path):
+    """`status --watch` redraws until the run's record says it ended (here: at once), then exits 0."""
+    import subprocess
+    import sys
+
+    from grpo_deploy import launch, new_spec, resolve
+
+    state = launch.RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path / ".grpo-deploy")
+    state.emit("up_start", run="rehearsal")
+    state.emit("up_end", status="ok", trainer_exit=0)
+    proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "status", "--watch", "1", "--json"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    records = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert proc.returncode == 0, proc.stderr
+    assert len(records) == 1 and records[0]["state"] == "finished" and "checkpoint_disk" in records[0]
