@@ -83,6 +83,13 @@ def _interval(text: str) -> float:
     return value
 
 
+def _keep_count(text: str) -> int:
+    """--keep N: a whole number from 1 to 10000 (the newest complete checkpoint is never removed)."""
+    if not re.fullmatch(r"[0-9]{1,5}", text) or not 1 <= int(text) <= 10_000:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a count from 1 to 10000")
+    return int(text)
+
+
 def _line_count(text: str) -> int:
     """--tail N: a whole number from 0 to 100000."""
     if not re.fullmatch(r"[0-9]{1,6}", text) or int(text) > 100_000:
@@ -460,6 +467,27 @@ def _run_events(res: Resolved, args) -> list[dict]:
         dep.close()
 
 
+def cmd_checkpoints(args) -> int:
+    from . import checkpoints
+
+    res = _load(args)
+    keep = args.keep if args.keep is not None else res.keep
+    if args.action == "prune" and keep is None:
+        raise CliError("prune: checkpoints.keep is unset in the spec (keep all): pass --keep N")
+    ctx = preflight.Context(res, ssh=_ssh(args))
+    try:
+        answer = checkpoints.run_manager(res, ctx, args.action, keep=keep, dry_run=args.dry_run)
+    except (checkpoints.CheckpointsError, HostError) as exc:
+        raise CliError(str(exc)) from None
+    finally:
+        ctx.close()
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    else:
+        print(checkpoints.prune_text(answer) if args.action == "prune" else checkpoints.listing_text(answer))
+    return 1 if answer["exit_code"] != 0 else 0
+
+
 def cmd_diagnose(args) -> int:
     from . import diagnose
 
@@ -469,12 +497,6 @@ def cmd_diagnose(args) -> int:
     d = diagnose.diagnose(_run_events(res, args), diagnose.settings_hint(res))
     print(json.dumps(d.to_dict(), indent=2) if args.json else diagnose.diagnosis_text(d))
     return 1 if d.side == "not enough data" else 0
-
-
-def cmd_not_built(args) -> int:
-    print(f"grpo-deploy {args.verb}: not built yet in this version ({__version__}). "
-          "See README.md, 'What works today'.", file=sys.stderr)
-    return EXIT_USAGE
 
 
 # ---------------------------------------------------------------- parser
@@ -599,6 +621,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
 
+    p = sub.add_parser("checkpoints", help="list, verify or prune the run's checkpoints where they are written",
+                       description="The run's checkpoints (TRL checkpoint-N or verl global_step_N) on the host that "
+                                   "holds them, read in a throw-away container of the run's image as the run's "
+                                   "identity: size, complete or half-written (and why), LoRA rank, world size. "
+                                   "verify exits 1 when one is half-written. prune keeps the newest --keep complete "
+                                   "ones (default: the spec's checkpoints.keep), removes older complete ones only "
+                                   "behind them, and moves half-written ones to quarantine/ (never deletes them).")
+    p.add_argument("action", nargs="?", choices=["list", "verify", "prune"], default="list")
+    _add_spec(p)
+    _add_json(p)
+    _add_ssh(p)
+    p.add_argument("--keep", type=_keep_count, metavar="N", help="prune: complete checkpoints to keep (1-10000)")
+    p.add_argument("--dry-run", action="store_true", help="prune: say what would be removed, change nothing")
+    p.set_defaults(fn=cmd_checkpoints)
+
     p = sub.add_parser("diagnose", help="name the bottleneck (trainer, generation, adapter sync) and the next setting "
                                         "to change",
                        description="Reads the run's own TRL step metrics (forward/backward time, queue fill vs "
@@ -610,9 +647,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ssh(p)
     p.set_defaults(fn=cmd_diagnose)
 
-    for verb, text in (("checkpoints", "list, verify, quarantine, prune checkpoints"),):
-        p = sub.add_parser(verb, help=f"{text} [not built yet]", description=f"{text}. Not built yet.")
-        p.set_defaults(fn=cmd_not_built)
     return parser
 
 

@@ -74,12 +74,21 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
     return trainer, shim
 
 
+def resume_shape(config: RunConfig) -> checkpoints.Shape:
+    """What a checkpoint must match to be resumed by this run (target modules only when listed: PEFT writes
+    all-linear out as the module names it found)."""
+    modules = config.lora.target_modules
+    return checkpoints.Shape(config.lora.r, tuple(sorted(modules)) if isinstance(modules, list) else None,
+                             int(os.environ.get("WORLD_SIZE", "1")))
+
+
 def run(config: RunConfig, sink: MetricsSink) -> int:
     """One training run, bracketed by run_start and run_end events; returns the exit code."""
     trainer, status, error, resumed_from = None, "ok", None, None
     try:
         try:
-            resumed_from, quarantined = checkpoints.resolve_resume(config.output_dir, config.resume)
+            resumed_from, quarantined = checkpoints.resolve_resume(config.output_dir, config.resume,
+                                                                   expect=resume_shape(config))
         finally:
             sink.emit("run_start", run_name=config.run_name, **identity(), pid=os.getpid(), resumed_from=resumed_from)
         for item in quarantined:

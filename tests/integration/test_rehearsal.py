@@ -84,3 +84,24 @@ def test_status_json_has_the_contract_fields(rehearsal):
     for key in ("steps", "reward_first5", "reward_last5", "adapter_loads_ok", "adapter_loads_failed",
                 "median_handoff_s", "up_to_first_step_s", "server_ready_s", "run_uid"):
         assert s.get(key) is not None, key
+
+
+def test_checkpoints_of_the_run_listed_and_verified(rehearsal):
+    """`grpo-deploy checkpoints` reads the real TRL checkpoints on the volume, in a container of the run's image."""
+    res = resolve.resolve(new_spec.embedded_default())
+
+    def checkpoints(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "checkpoints", *args], cwd=rehearsal["cwd"],
+                              capture_output=True, text=True, timeout=300)
+
+    listed = checkpoints("list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    answer = json.loads(listed.stdout)
+    found = answer["checkpoints"]
+    assert answer["layout"] == "trl" and answer["directory"] == res.checkpoint_dir and found
+    assert all(c["state"] == "complete" and c["size_bytes"] > 0 for c in found)
+    assert {c["lora_r"] for c in found} == {res.settings.lora.r} and {c["world_size"] for c in found} == {1}
+    assert len(found) <= res.keep  # TRL's own retention held
+    assert checkpoints("verify").returncode == 0
+    dry = checkpoints("prune", "--keep", "1", "--dry-run", "--json")
+    assert dry.returncode == 0 and [c["step"] for c in json.loads(dry.stdout)["kept"]] == [found[-1]["step"]]

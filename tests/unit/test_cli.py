@@ -2,6 +2,7 @@
 
 import pytest
 
+from grpo_deploy import new_spec
 from grpo_deploy.cli import build_parser, main
 
 
@@ -32,8 +33,11 @@ def test_render_refuses_a_foreign_directory(tmp_path, capsys):
     assert (tmp_path / "mine.txt").read_text() == "keep me"
 
 
-def test_not_built_verbs_say_so(capsys):
-    assert main(["checkpoints"]) == 2 and "not built yet" in capsys.readouterr().err
+def test_checkpoints_prune_needs_a_retention_count(tmp_path, capsys):
+    spec_path = tmp_path / "s.yaml"
+    spec_path.write_text(new_spec.spec_text("cpu", "trl-async").replace("  keep: null ", "  keep: all  "))
+    assert main(["checkpoints", "prune", "-f", str(spec_path)]) == 2  # keep all: nothing to prune to
+    assert "pass --keep N" in capsys.readouterr().err
 
 
 def test_up_with_remote_hosts_is_refused_clearly(tmp_path, capsys):

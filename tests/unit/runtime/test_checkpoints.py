@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from grpo_deploy.runtime import checkpoints
 from grpo_deploy.runtime.checkpoints import ResumeError, resolve_resume
 
 
@@ -59,3 +60,117 @@ def test_explicit_path_must_be_complete(tmp_path):
     with pytest.raises(ResumeError, match="half-written"):
         resolve_resume(str(tmp_path), partial)
     assert os.path.exists(partial)  # an explicit target is reported, not moved
+
+
+# ------------------------------------------------------------------ the manager: both layouts
+
+
+def trl_checkpoint(output_dir, step, r=1, ranks=1, complete=True, modules=("q_proj", "v_proj")):
+    """A checkpoint-N as TRL + PEFT write it: adapter, optimizer, scheduler, RNG state per rank, trainer state last."""
+    path = output_dir / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    (path / "adapter_config.json").write_text(json.dumps({"r": r, "target_modules": list(modules)}))
+    (path / "adapter_model.safetensors").write_bytes(b"w" * 1000)
+    (path / "optimizer.pt").write_bytes(b"o" * 2000)
+    (path / "scheduler.pt").write_bytes(b"s")
+    for rank in range(ranks):
+        (path / ("rng_state.pth" if ranks == 1 else f"rng_state_{rank}.pth")).write_bytes(b"r")
+    if complete:
+        (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return path
+
+
+def verl_checkpoint(root, step, world=2, missing=(), data=True, r=8):
+    """A global_step_N as verl 0.9.1 writes it with FSDP + LoRA (shards per rank, fsdp_config, lora meta, data.pt)."""
+    actor = root / f"global_step_{step}" / "actor"
+    actor.mkdir(parents=True)
+    (actor / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": world}))
+    (actor / "lora_train_meta.json").write_text(json.dumps({"r": r, "lora_alpha": 16, "task_type": "CAUSAL_LM"}))
+    for kind in ("model", "optim", "extra_state"):
+        for rank in range(world):
+            name = f"{kind}_world_size_{world}_rank_{rank}.pt"
+            if name not in missing:
+                (actor / name).write_bytes(b"x" * 100)
+    if data:
+        (root / f"global_step_{step}" / "data.pt").write_bytes(b"d")
+    return root / f"global_step_{step}"
+
+
+def test_trl_list_sizes_states_and_shapes(tmp_path):
+    trl_checkpoint(tmp_path, 10, r=4, ranks=2)
+    trl_checkpoint(tmp_path, 20, complete=False)
+    found = checkpoints.list_checkpoints(str(tmp_path))
+    assert [(c.step, c.state) for c in found] == [(10, "complete"), (20, "half-written")]
+    assert found[0].size_bytes == 1000 + 2000 + 1 + 2 + len(json.dumps({"global_step": 10})) + \
+        len(json.dumps({"r": 4, "target_modules": ["q_proj", "v_proj"]}))
+    assert (found[0].lora_r, found[0].world_size, found[0].target_modules) == (4, 2, ["q_proj", "v_proj"])
+    assert "trainer_state.json" in found[1].reason
+
+
+def test_verl_tracker_decides_what_is_complete(tmp_path):
+    verl_checkpoint(tmp_path, 20)
+    verl_checkpoint(tmp_path, 40, missing=("optim_world_size_2_rank_1.pt",))
+    verl_checkpoint(tmp_path, 60)
+    verl_checkpoint(tmp_path, 80)  # the seed's crash: written after the last tracker update
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("60")
+    found = {c.step: c for c in checkpoints.list_checkpoints(str(tmp_path))}
+    assert checkpoints.detect_layout(str(tmp_path)) == "verl"
+    assert found[20].complete and found[60].complete and found[60].world_size == 2 and found[60].lora_r == 8
+    assert found[40].state == "half-written" and "optim rank 1" in found[40].reason
+    assert found[80].state == "half-written" and "newer than the tracker" in found[80].reason
+
+
+def test_verl_without_tracker_nothing_is_complete(tmp_path):
+    verl_checkpoint(tmp_path, 5)
+    (c,) = checkpoints.list_checkpoints(str(tmp_path), "verl")
+    assert c.state == "half-written" and "latest_checkpointed_iteration.txt" in c.reason
+
+
+def test_prune_keeps_the_newest_complete_and_quarantines_partials(tmp_path):
+    for step in (10, 20, 30):
+        trl_checkpoint(tmp_path, step)
+    trl_checkpoint(tmp_path, 40, complete=False)  # newer, but half-written: it does not count as the newer one
+    dry = checkpoints.prune(str(tmp_path), keep=2, dry_run=True)
+    assert [c.step for c in dry.removed] == [10] and (tmp_path / "checkpoint-10").exists()
+    result = checkpoints.prune(str(tmp_path), keep=2)
+    assert [c.step for c in result.removed] == [10] and [c.step for c in result.kept] == [20, 30]
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint-20", "checkpoint-30", "quarantine"]
+    assert os.listdir(tmp_path / "quarantine") == ["checkpoint-40"]
+    with pytest.raises(ValueError, match="at least 1"):
+        checkpoints.prune(str(tmp_path), keep=0)
+
+
+def test_prune_never_removes_what_the_verl_tracker_names(tmp_path):
+    verl_checkpoint(tmp_path, 20)
+    verl_checkpoint(tmp_path, 40)
+    verl_checkpoint(tmp_path, 60)
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("40")  # 60 is newer than the tracker: half-written
+    result = checkpoints.prune(str(tmp_path), keep=1)
+    assert [c.step for c in result.removed] == [20] and [c.step for c in result.kept] == [40]
+    assert (tmp_path / "global_step_40").exists() and (tmp_path / "quarantine" / "global_step_60").exists()
+
+
+def test_resume_refused_when_the_lora_shape_or_world_size_changed(tmp_path):
+    trl_checkpoint(tmp_path, 10, r=4)
+    same = checkpoints.Shape(lora_r=4, target_modules=("q_proj", "v_proj"), world_size=1)
+    assert resolve_resume(str(tmp_path), "auto", expect=same)[0].endswith("checkpoint-10")
+    for other, words in ((checkpoints.Shape(lora_r=8, world_size=1), "lora_r 4 in the checkpoint, 8 in this run"),
+                         (checkpoints.Shape(lora_r=4, world_size=2), "world_size 1 in the checkpoint, 2 in this run"),
+                         (checkpoints.Shape(target_modules=("q_proj",)), "target_modules")):
+        with pytest.raises(ResumeError, match=words):
+            resolve_resume(str(tmp_path), "auto", expect=other)
+    assert (tmp_path / "checkpoint-10").exists()  # a refusal moves nothing
+
+
+def test_command_line_list_verify_prune(tmp_path, capsys):
+    trl_checkpoint(tmp_path, 1)
+    trl_checkpoint(tmp_path, 2, complete=False)
+    assert checkpoints._main(["list", str(tmp_path)]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["layout"] == "trl" and [c["state"] for c in listed["checkpoints"]] == ["complete", "half-written"]
+    assert checkpoints._main(["verify", str(tmp_path)]) == 1
+    capsys.readouterr()
+    assert checkpoints._main(["prune", str(tmp_path), "--keep", "1"]) == 0
+    pruned = json.loads(capsys.readouterr().out)
+    assert pruned["removed"] == [] and [q["path"] for q in pruned["quarantined"]] == [str(tmp_path / "checkpoint-2")]
+    assert checkpoints._main(["verify", str(tmp_path)]) == 0

@@ -1,0 +1,65 @@
+"""`grpo-deploy checkpoints`: the run's checkpoints listed, verified or pruned where they are written — the runtime's
+checkpoint manager (grpo_deploy.runtime.checkpoints) run in a throw-away container of the main role's image, on the
+host that holds them, as the run's identity, with the shared storage mounted and no network."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import preflight
+from .resolve import Resolved
+from .runtime.table import human_bytes, table
+
+
+class CheckpointsError(RuntimeError):
+    """The checkpoints could not be read (host, image or storage)."""
+
+
+def run_manager(res: Resolved, ctx: preflight.Context, action: str, keep: int | None = None,
+                dry_run: bool = False) -> dict[str, Any]:
+    """The manager's JSON answer for *action* (list, verify, prune) on the run's checkpoint directory."""
+    role = res.engine_info.main_role
+    host, image = res.host_for(role), res.images[role]
+    layout = "trl" if res.engine_info.adapters_on_volume else "verl"
+    argv = ["python3", "-m", "grpo_deploy.runtime.checkpoints", action, res.checkpoint_dir, "--layout", layout]
+    if action == "prune":
+        argv += ["--keep", str(keep), *(["--dry-run"] if dry_run else [])]
+    r = preflight._in_container(ctx, host, image, res.identities[role], argv)
+    try:
+        answer = json.loads(r.out.strip().splitlines()[-1]) if r.out.strip() else None
+    except ValueError:
+        answer = None
+    if answer is None and r.ok:
+        raise CheckpointsError(f"image {image} on {host.name} holds an older grpo_deploy without the checkpoint "
+                               "manager: rebuild it (make images, or grpo-deploy up refreshes it)")
+    if answer is None:
+        raise CheckpointsError(f"reading the checkpoints on {host.name} failed: {r.line()} (is image {image} on the "
+                               "host? grpo-deploy preflight says)")
+    answer["host"], answer["exit_code"] = host.name, r.code
+    return answer
+
+
+def listing_text(answer: dict[str, Any]) -> str:
+    rows = [[str(c["step"]), c["state"], human_bytes(c["size_bytes"]), str(c["lora_r"] or "-"),
+             str(c["world_size"] or "-"), c["reason"] or ""] for c in answer["checkpoints"]]
+    total = sum(c["size_bytes"] for c in answer["checkpoints"])
+    head = f"{answer['layout']} checkpoints in {answer['host']}:{answer['directory']}"
+    if answer.get("tracker") is not None:
+        head += f" (verl tracker: step {answer['tracker']})"
+    if not rows:
+        return head + ": none yet"
+    return "\n".join([head, table(["step", "state", "size", "lora r", "world", "why"], rows),
+                      f"{len(rows)} checkpoint(s), {human_bytes(total)}"])
+
+
+def prune_text(answer: dict[str, Any]) -> str:
+    verb = "would remove" if answer["dry_run"] else "removed"
+    lines = [f"{verb}: {', '.join(str(c['step']) for c in answer['removed']) or 'nothing'} "
+             f"({human_bytes(sum(c['size_bytes'] for c in answer['removed']))})",
+             f"kept (complete): {', '.join(str(c['step']) for c in answer['kept']) or 'none'}"]
+    for q in answer["quarantined"]:
+        where = f" -> {q['moved_to']}" if q["moved_to"] else ""
+        lines.append(f"{'would quarantine' if answer['dry_run'] else 'quarantined'} half-written {q['path']}{where}: "
+                     f"{q['reason']}")
+    return "\n".join(lines)
