@@ -36,7 +36,7 @@ def run_manager(res: Resolved, ctx: preflight.Context, action: str, keep: int | 
     if answer is None:
         raise CheckpointsError(f"reading the checkpoints on {host.name} failed: {r.line()} (is image {image} on the "
                                "host? grpo-deploy preflight says)")
-    answer["host"], answer["exit_code"] = host.name, r.code
+    answer["host"], answer["exit_code"] = host.name, r.rc
     return answer
 
 

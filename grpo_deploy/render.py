@@ -24,6 +24,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from .plan import Architecture, checkpoint_bytes
 from .resolve import Resolved, as_dict, gpu_split
 from .runtime.config import RunConfig, config_text
 from .runtime.values import CONTROL, ENV_VALUE_FORBIDDEN, ip_literal, parse_address
@@ -120,8 +121,18 @@ def trainer_config(res: Resolved, publish_ips: dict[str, str] | None = None) -> 
         "adapters": {"dir": res.checkpoint_dir, "keep": res.adapter_slots},
         "resume": s.checkpoints.resume,
         "unload_stale_adapters": True,
+        "disk_watchdog": _disk_watchdog(res),
         "async_grpo": grpo,
     })
+
+
+def _disk_watchdog(res: Resolved) -> dict[str, int] | None:
+    """The trainer's disk watchdog: the plan's checkpoint estimate and the margin (None when off or never saving)."""
+    ck = res.settings.checkpoints
+    if not ck.disk_watchdog or not ck.save_every:
+        return None
+    estimate = checkpoint_bytes(res, Architecture.from_dict(res.architecture))[0] if res.architecture else 0
+    return {"checkpoint_bytes": int(estimate), "margin_bytes": int(ck.disk_margin_gb * 1e9)}
 
 
 def _report_to(kind: str) -> str:

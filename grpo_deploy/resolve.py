@@ -240,6 +240,7 @@ def resolve(loaded: LoadedSpec) -> Resolved:
                    Origin("derived", "default: on the shared volume, so a resume finds it from any host"))
     spec_field("checkpoints", "resume", ck.resume, ("checkpoints", "resume"))
     spec_field("checkpoints", "disk_margin_gb", ck.disk_margin_gb, ("checkpoints", "disk_margin_gb"))
+    spec_field("checkpoints", "disk_watchdog", ck.disk_watchdog, ("checkpoints", "disk_watchdog"))
 
     for section, entries in spec.overrides.items():
         for key, value in entries.items():

@@ -235,6 +235,8 @@ class CheckpointSettings(Strict):
     """auto (the newest complete checkpoint) | never | an absolute checkpoint path."""
     disk_margin_gb: Finite = Field(2.0, ge=0, le=MAX_DISK_GB)
     """Free space left over at the peak of checkpoints + adapters."""
+    disk_watchdog: bool = True
+    """TRL: before each save, stop cleanly if free space < the next checkpoint + disk_margin_gb."""
 
 
 SECTIONS: dict[str, type[BaseModel]] = {

@@ -212,6 +212,8 @@ class CheckpointsSpec(_Strict):
     """auto (newest complete checkpoint) | never | an absolute checkpoint path."""
     disk_margin_gb: Finite = Field(2.0, ge=0, le=MAX_DISK_GB)
     """Free space left over after the peak of checkpoints + adapters."""
+    disk_watchdog: bool = True
+    """Before each save, stop the run cleanly (the newest complete checkpoint kept) if the save cannot fit."""
 
 
 class DeploymentSpec(_Strict):

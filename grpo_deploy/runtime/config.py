@@ -200,6 +200,16 @@ class AdapterConfig(Strict):
     """Adapter versions kept on the volume; defaults to max_staleness + 2."""
 
 
+class DiskWatchdogConfig(Strict):
+    """Before each save: stop the run cleanly when free space where checkpoints go is under the next checkpoint
+    (the larger of this estimate and the newest checkpoint's real size) plus the margin."""
+
+    checkpoint_bytes: int = Field(0, ge=0)
+    """The plan's estimate of one checkpoint (0 = measure the newest one only)."""
+    margin_bytes: int = Field(0, ge=0)
+    """Left free after the save (checkpoints.disk_margin_gb)."""
+
+
 class RunConfig(Strict):
     """The whole trainer config: what grpo_deploy.runtime.train reads from /etc/grpo-deploy/trainer.yaml."""
 
@@ -217,6 +227,7 @@ class RunConfig(Strict):
     resume: Resume = "auto"
     unload_stale_adapters: bool = True
     heartbeat_path: AbsPath | None = None
+    disk_watchdog: DiskWatchdogConfig | None = None
     async_grpo: AsyncGrpoArgs
     source: str = Field("<config>", exclude=True)
 

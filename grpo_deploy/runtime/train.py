@@ -49,6 +49,7 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
 
     from . import attention_shim, trl_hooks
     from .callbacks import MetricsCallback
+    from .disk_watchdog import DiskWatchdog
 
     if config.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"{config.source}: device: cuda, but this process sees no CUDA device")
@@ -69,6 +70,8 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
         peft_config=build_lora_config(config),
         callbacks=[MetricsCallback(sink)],
     )
+    if config.disk_watchdog is not None:
+        trainer.add_callback(DiskWatchdog(config.output_dir, config.disk_watchdog, sink.emit))
     publisher = AdapterPublisher(sink.emit, config.lora_dir, safe_keep(config.adapters.keep, config.max_staleness))
     trl_hooks.instrument_adapter_sync(trainer, publisher)
     return trainer, shim
@@ -102,6 +105,10 @@ def run(config: RunConfig, sink: MetricsSink) -> int:
             sink.emit("adapter_unload_stale", names=unloaded)
         sink.emit("trainer_ready", attention_shim=shim, resumed_from=resumed_from)
         trainer.train(resume_from_checkpoint=resumed_from)
+        callbacks = getattr(getattr(trainer, "callback_handler", None), "callbacks", [])
+        tripped = next((c.tripped for c in callbacks if getattr(c, "tripped", None)), None)
+        if tripped is not None:
+            status, error = "disk-full", tripped.message
     except BaseException as exc:
         status = "error"
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
