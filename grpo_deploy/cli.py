@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -319,6 +320,8 @@ def cmd_up(args) -> int:
             raise CliError(f"--hosts {args.hosts!r} does not match the spec's hosts ({', '.join(names)}); "
                            "write a spec for them with: grpo-deploy init --profile P --engine E --hosts "
                            + ",".join(wanted))
+    # SIGTERM (a `kill`, a closing terminal, a CI timeout) rolls back like Ctrl-C: what this up started is stopped.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         if _remote(res):
             from . import deploy
@@ -327,6 +330,12 @@ def cmd_up(args) -> int:
         return launch.up(res, keep=args.keep, fresh=args.fresh)
     except launch.LaunchError as exc:
         raise CliError(str(exc)) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _remote(res: Resolved) -> bool:

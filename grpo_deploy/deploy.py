@@ -217,11 +217,16 @@ def down_all(dep: Deployment, volumes: bool = False) -> None:
 
 def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, out=sys.stdout) -> int:
     """Bring the run up across its hosts, follow it to the end, summarise, and (unless keep) stop it."""
+    if not res.engine_info.server_role:
+        raise LaunchError("`up` for verl is not built yet: use the rendered config/verl-overrides.txt")
+    with RunState(res).up_lock():
+        return _up(res, ssh, keep, fresh, out)
+
+
+def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out) -> int:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=out, flush=True)
 
-    if not res.engine_info.server_role:
-        raise LaunchError("`up` for verl is not built yet: use the rendered config/verl-overrides.txt")
     dep = Deployment(res, ssh)
     state = dep.state
     state.dir.mkdir(parents=True, exist_ok=True)

@@ -4,13 +4,16 @@ trainer, progress, summary, tear-down. All-or-nothing: a failure after start rol
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +64,28 @@ class RunState:
 
     def deploy_events(self) -> list[dict]:
         return parse_events(self.deploy_log.read_text()) if self.deploy_log.exists() else []
+
+    @contextlib.contextmanager
+    def up_lock(self) -> Iterator[None]:
+        """One `up` of this run at a time from this folder: a second one is refused at once, naming the first
+        (an flock: released by the kernel when the holder exits, however it exits)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.dir / "up.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise LaunchError(f"run {self.res.spec.run.name} is already being started from this folder ({holder}): "
+                              "follow it with `grpo-deploy status --watch`, or stop it with `grpo-deploy down`, "
+                              "then run up again") from None
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"`grpo-deploy up`, pid {os.getpid()}, since {time.strftime('%H:%M:%S')}".encode(), 0)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
 
 def write_render(state: RunState) -> None:
@@ -207,11 +232,17 @@ def follow_trainer(client, state: RunState, log: Callable[[str], None], since: f
 
 def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout) -> int:
     """Bring the run up on this host, follow it to the end, summarise, and (unless keep) stop it."""
+    _require_local(res)
+    state = RunState(res)
+    with state.up_lock():
+        return _up(state, keep, fresh, out)
+
+
+def _up(state: RunState, keep: bool, fresh: bool, out) -> int:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=out, flush=True)
 
-    _require_local(res)
-    state = RunState(res)
+    res = state.res
     if state.deploy_log.exists():
         state.deploy_log.unlink()
     state.emit("up_start", run=res.spec.run.name, engine=res.engine)

@@ -61,3 +61,22 @@ def test_host_list_drops_blanks():
 
     assert _host_list(" spark1, ,spark2 ") == ["spark1", "spark2"]
     assert _host_list(None) == [] and _host_list("") == []
+
+
+def test_a_second_up_of_the_same_run_is_refused_at_once(tmp_path):
+    """While one `up` of a run holds its lock, another `up` of it from the same folder starts nothing."""
+    import subprocess
+    import sys
+
+    from grpo_deploy import launch, resolve
+
+    state = launch.RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path / ".grpo-deploy")
+    with state.up_lock():
+        proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "up"], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+        assert "run rehearsal is already being started from this folder (`grpo-deploy up`, pid" in line
+        assert not (state.dir / "render").exists()  # nothing rendered, built or started
+    with state.up_lock():  # released by the holder: the next up may go
+        pass

@@ -1,0 +1,43 @@
+"""`grpo-deploy up` stopped from outside while it starts the stack (SIGTERM, as a `kill`, a closed terminal or a CI
+timeout sends; Ctrl-C takes the same path): everything this `up` started is stopped, the record says so, exit 130."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from grpo_deploy import new_spec
+
+pytestmark = pytest.mark.docker
+RUN = "interrupted"
+
+
+def test_sigterm_during_up_rolls_back_everything(tmp_path, cpu_image, docker_client):
+    spec = tmp_path / "grpo-deploy.yaml"
+    spec.write_text(new_spec.spec_text("cpu", "trl-async", run_name=RUN))
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_deploy.cli", "up", "--fresh"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    deadline = time.monotonic() + 900
+    for line in proc.stdout:  # until the containers are being started
+        seen.append(line)
+        if "starting the vLLM server" in line or time.monotonic() > deadline:
+            break
+    assert any("starting the vLLM server" in line for line in seen), "".join(seen[-30:])
+    time.sleep(8)  # the server and trainer containers exist now
+    running = docker_client.containers.list(filters={"label": f"org.grpo-deploy.run={RUN}"})
+    proc.send_signal(signal.SIGTERM)
+    rest, _ = proc.communicate(timeout=300)
+    out = "".join(seen) + rest
+    print(out[-4000:])
+    assert running, "nothing was running when the signal came: the test proves nothing"
+    assert proc.returncode == 130 and "Traceback" not in out
+    assert "rolling back: stopping what this up started" in out
+    assert docker_client.containers.list(all=True, filters={"label": f"org.grpo-deploy.run={RUN}"}) == []
+    events = [json.loads(line) for line in (tmp_path / ".grpo-deploy" / RUN / "deploy.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "up_end" and events[-1]["status"] == "failed"
