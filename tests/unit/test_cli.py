@@ -1,5 +1,8 @@
 """Tests of grpo_deploy.cli: help texts, init, render --check, not-built verbs, errors without tracebacks."""
 
+import subprocess
+import sys
+
 import pytest
 
 from grpo_deploy.cli import build_parser, main
@@ -57,3 +60,10 @@ def test_host_list_drops_blanks():
 
     assert _host_list(" spark1, ,spark2 ") == ["spark1", "spark2"]
     assert _host_list(None) == [] and _host_list("") == []
+
+
+def test_the_cli_runs_without_the_runtime_extra():
+    # A plain `pip install grpo-deploy` has no torch (the runtime extra): building the parser must not import it.
+    code = "import sys; sys.modules['torch'] = None\nfrom grpo_deploy import cli\nsys.exit(cli.main(['profiles']))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
