@@ -14,6 +14,7 @@ from pathlib import Path
 from . import __version__, new_spec, preflight, profiles
 from .bench import add_bench_parser
 from .hosts.connect import HostError, SshOptions
+from .kit_data import KitDataMissing
 from .new_spec import InitError
 from .profiles import ProfileError
 from .render import RenderError, render_files
@@ -384,7 +385,10 @@ def _status_once(res: Resolved, args) -> tuple[int, str]:
         ctx.close()
     summary = status.summarize(res.spec.run.name, events, max_steps=res.settings.trl.max_steps)
     if args.plot:
-        status.plot(events, args.plot, title=status.plot_title(res.spec.run.name))
+        try:
+            status.plot(events, args.plot, title=status.plot_title(res.spec.run.name))
+        except status.PlotUnavailable as exc:
+            raise CliError(f"--plot {args.plot}: {exc}") from None
     if args.json:
         record = {**summary.to_dict(), "checkpoint_disk": disk, **({"hosts": hosts} if hosts else {})}
         print(json.dumps(record, indent=None if args.watch is not None else 2))
@@ -670,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return EXIT_USAGE
-    except (CliError, InitError, ProfileError, HostError, RenderError) as exc:
+    except (CliError, InitError, ProfileError, HostError, RenderError, KitDataMissing) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # output piped into `head` and closed: not an error of the run

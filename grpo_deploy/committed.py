@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .compose import CHECKOUT_DIR
+from .kit_data import KitDataMissing, checkout_dir
 from .new_spec import embedded_default
 from .render import render_files
 from .render_folder import WriteRefused, check_tree, write_tree
@@ -25,7 +25,8 @@ def compose_files() -> dict[str, str]:
     return out
 
 
-def k8s_overlays(root: Path = CHECKOUT_DIR / "k8s") -> list[Path]:
+def k8s_overlays(root: Path | None = None) -> list[Path]:
+    root = root or checkout_dir() / "k8s"
     return sorted(p for p in root.iterdir() if (p / "spec.yaml").exists()) if root.is_dir() else []
 
 
@@ -40,7 +41,7 @@ def k8s_generated(overlay: Path) -> dict[str, str]:
 def renders() -> dict[Path, dict[str, str]]:
     """Each folder the committed renders are written to (its record, rendered.RECORD, lands there) -> its files. An
     overlay's record sits in the overlay, beside generated/, which holds only the render."""
-    out = {CHECKOUT_DIR / "compose": compose_files()}
+    out = {checkout_dir() / "compose": compose_files()}
     for overlay in k8s_overlays():
         out[overlay] = {f"generated/{rel}": text for rel, text in k8s_generated(overlay).items()}
     return out
@@ -49,14 +50,14 @@ def renders() -> dict[Path, dict[str, str]]:
 def main() -> int:
     """Rewrite every committed render through the one render writer, all checked before any is written. Files written
     before the kit kept records are adopted when equal to the render; a differing one is refused."""
-    folders = renders()
     try:
+        folders = renders()
         for folder, files in folders.items():
             check_tree(files, folder, adopt=True)
         for folder, files in folders.items():
             for path in write_tree(files, folder, adopt=True):
-                print(f"wrote {path.relative_to(CHECKOUT_DIR)}")
-    except WriteRefused as exc:
+                print(f"wrote {path.relative_to(checkout_dir())}")
+    except (WriteRefused, KitDataMissing) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -8,20 +8,13 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-CHECKOUT_DIR = Path(__file__).resolve().parents[1]  # the kit checkout (compose/, images/, k8s/)
+from .kit_data import kit_dir
+
 RUN_LABEL = "org.grpo-deploy.run"
 
 
 class ComposeError(RuntimeError):
     pass
-
-
-def kit_dir(name: str) -> Path:
-    """A folder of the kit checkout (compose/, images/); clear error when grpo-deploy runs outside one."""
-    path = CHECKOUT_DIR / name
-    if not path.is_dir():
-        raise ComposeError(f"{path} not found: run grpo-deploy from a checkout of the kit (pip install -e .)")
-    return path
 
 
 @dataclass

@@ -17,7 +17,7 @@ from .hosts import facts as host_facts
 from .hosts.connect import Host, HostError, SshOptions, connect, on_all
 from .hosts.project import RemoteProject
 from .hosts.ship import Shipped, ship
-from .launch import LaunchError, RunState, build_images, finish
+from .launch import LaunchError, RunState, build_images, finish, require_kit
 from .render import render_files
 from .resolve import Resolved
 from .runtime.metrics import parse_events
@@ -219,6 +219,7 @@ def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, 
     """Bring the run up across its hosts, follow it to the end, summarise, and (unless keep) stop it."""
     if not res.engine_info.server_role:
         raise LaunchError("`up` for verl is not built yet: use the rendered config/verl-overrides.txt")
+    require_kit()
     with RunState(res).up_lock():
         return _up(res, ssh, keep, fresh, out)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import compose, facts, preflight, status
+from .kit_data import FOLDERS, KitDataMissing, kit_dir
 from .render import render_files
 from .render_folder import WriteRefused, write_tree
 from .resolve import Resolved
@@ -105,6 +106,14 @@ def _require_local(res: Resolved) -> None:
                           "this version starts runs on the local host only (render + compose files work everywhere)")
 
 
+def require_kit() -> dict[str, Path]:
+    """The kit's compose/ and images/ folders (grpo_deploy.kit_data), checked before anything is started."""
+    try:
+        return {name: kit_dir(name) for name in FOLDERS}
+    except KitDataMissing as exc:
+        raise LaunchError(str(exc)) from None
+
+
 def build_images(client, res: Resolved, log: Callable[[str], None]) -> None:
     """Build or refresh local images through the kit's air-gapped build script (progress streamed).
 
@@ -120,15 +129,16 @@ def build_images(client, res: Resolved, log: Callable[[str], None]) -> None:
         if not res.spec.images.build:
             raise LaunchError(f"image {tag} is not on the local engine and images.build is false: load or build it")
         if not cpu:
-            raise LaunchError(f"image {tag} is missing; GPU images are built with `docker buildx bake -f "
-                              "images/docker-bake.hcl` on a machine of that architecture (see images/README.md)")
+            raise LaunchError(f"image {tag} is missing; GPU images are built in a checkout of the kit with `docker "
+                              "buildx bake -f images/docker-bake.hcl` on a machine of that architecture (see "
+                              "images/README.md)")
         if labels is not None:  # keeps the UID/GID it was built for; preflight says when the run wants another
             uid, gid = labels.get("org.grpo-deploy.uid", "1000"), labels.get("org.grpo-deploy.gid", "1000")
             log(f"checking {tag} against the kit's code (rebuilt only if it changed)")
         else:
             uid, gid = str(res.identities["trainer"].uid), str(res.identities["trainer"].gid)
             log(f"building {tag} for UID {uid}:{gid} (first build installs ~3.5 GB of wheels; minutes)")
-        cmd = ["bash", str(compose.kit_dir("images") / "build.sh"), "cpu", "--uid", uid, "--gid", gid, "--tag", tag]
+        cmd = ["bash", str(require_kit()["images"] / "build.sh"), "cpu", "--uid", uid, "--gid", gid, "--tag", tag]
         if subprocess.run(cmd).returncode != 0:
             raise LaunchError(f"building {tag} failed (see the output above); retry with: {' '.join(cmd)}")
 
@@ -233,6 +243,7 @@ def follow_trainer(client, state: RunState, log: Callable[[str], None], since: f
 def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout) -> int:
     """Bring the run up on this host, follow it to the end, summarise, and (unless keep) stop it."""
     _require_local(res)
+    require_kit()
     state = RunState(res)
     with state.up_lock():
         return _up(state, keep, fresh, out)
@@ -319,7 +330,10 @@ def report(state: RunState, events: list[dict], out) -> None:
     name = state.res.spec.run.name
     summary = summarize(state, events)
     (state.dir / "summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
-    png = status.plot(events, str(state.dir / f"{name}.png"), title=status.plot_title(name))
+    try:
+        png = status.plot(events, str(state.dir / f"{name}.png"), title=status.plot_title(name))
+    except status.PlotUnavailable as exc:
+        png = f"none ({exc})"
     print("\n" + status.summary_text(summary), file=out)
     print(f"\nsummary: {state.dir / 'summary.json'}\nplot:    {png}\nlogs:    {state.dir / 'logs.txt'}", file=out)
 
@@ -349,6 +363,7 @@ def summarize(state: RunState, events: list[dict]) -> status.Summary:
 
 def down(res: Resolved, volumes: bool = False) -> None:
     _require_local(res)
+    require_kit()
     state = RunState(res)
     if not (state.render_dir / "hosts" / "local.env").exists():
         write_render(state)
@@ -357,6 +372,7 @@ def down(res: Resolved, volumes: bool = False) -> None:
 
 def logs(res: Resolved, roles: list[str] | None = None, follow: bool = False, tail: int = 200) -> int:
     _require_local(res)
+    require_kit()
     state = RunState(res)
     if not (state.render_dir / "hosts" / "local.env").exists():
         raise LaunchError(f"no run {res.spec.run.name} was started from this directory (.grpo-deploy/ is missing)")

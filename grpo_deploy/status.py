@@ -161,9 +161,16 @@ def plot_title(run: str = "") -> str:
     return f"grpo-deploy run {run}".rstrip()
 
 
+class PlotUnavailable(RuntimeError):
+    """matplotlib is not installed: it comes with the kit's `plot` extra, not with the deployer itself."""
+
+
 def plot(events: list[dict[str, Any]], path: str, title: str = "") -> str:
     """Reward, completion length and staleness per step, to a PNG."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotUnavailable("the plot needs matplotlib: pip install 'grpo-deploy[plot]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

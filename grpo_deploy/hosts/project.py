@@ -8,7 +8,7 @@ import json
 import tarfile
 from dataclasses import dataclass
 
-from ..compose import kit_dir
+from ..kit_data import kit_dir
 from .connect import Host, HostError, Result
 
 RUN_LABEL = "org.grpo-deploy.run"

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .config import ATTENTION_BACKENDS as BACKENDS
 from .config import ATTENTION_SHIM_MODES as MODES
 
 # Above this many (query x key) score entries per head, the SDPA backend stops building one block-diagonal mask over
@@ -22,7 +23,6 @@ DENSE_LIMIT = 1 << 22
 # GPUs with a published FlashAttention-3 build on the kernels hub (Ampere A100 and Hopper).
 FA3_CAPABILITIES = {(8, 0), (9, 0)}
 
-BACKENDS = ("auto", "sdpa", "varlen", "cudnn", "flex", "fastest")
 # What `fastest` times on CUDA: torch varlen (FlashAttention-2 kernels), SDPA on jagged nested tensors with the cuDNN
 # backend, and compiled FlexAttention with a document mask. A candidate that fails or misses the tolerance is dropped.
 FAST_CANDIDATES = ("varlen", "cudnn", "flex")

@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 from . import flops
 from .bench_report import report_text
-from .config import build_lora_config
+from .config import ATTENTION_BACKENDS, build_lora_config
 from .synthetic_rollouts import (
     QWEN25_15B,
     TINY,
@@ -301,8 +301,6 @@ def _vocab_of(model_path: str) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The bench's options, shared by `python -m grpo_deploy.runtime.bench_trainer` and `grpo-deploy bench trainer`."""
-    from .attention_shim import BACKENDS
-
     parser.add_argument("--tiny", action="store_true", help="a tiny model and workload (CPU, seconds; CI)")
     parser.add_argument("--model", metavar="PATH", help="a real local model instead of Qwen2.5-1.5B-shaped random "
                                                         "weights")
@@ -314,7 +312,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                          "(default: the profile's)")
     parser.add_argument("--budgets", type=lambda s: [int(x) for x in s.split(",")],
                         help="comma-separated budgets to sweep (default 8192,32768,65536)")
-    parser.add_argument("--attention-backend", default="fastest", choices=BACKENDS,
+    parser.add_argument("--attention-backend", default="fastest", choices=ATTENTION_BACKENDS,
                         help="shim backend for the trainer runs (default: fastest exact one, picked at start-up)")
     parser.add_argument("--skip-attention", action="store_true", help="skip the attention-path table")
     parser.add_argument("--peak-tflops", type=float, help="dense bf16 peak for MFU when the GPU is not in the table")

@@ -29,6 +29,8 @@ from .values import (
 )
 
 ATTENTION_SHIM_MODES = ("auto", "on", "off")
+# The attention shim's backends (attention_shim.py); here so the CLI can list them without importing torch.
+ATTENTION_BACKENDS = ("auto", "sdpa", "varlen", "cudnn", "flex", "fastest")
 DEVICES = ("cpu", "cuda")
 RESPONSE_TEMPLATES = ("chatml",)
 TRL_VERSION = "1.16.0"

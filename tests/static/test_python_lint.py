@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-TARGETS = ["grpo_deploy", "tests", "benchmarks"]
+TARGETS = ["grpo_deploy", "tests", "benchmarks", "setup.py"]
 
 
 def test_ruff_clean():

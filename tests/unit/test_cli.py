@@ -1,5 +1,8 @@
 """Tests of grpo_deploy.cli: help texts, init, render --check, not-built verbs, errors without tracebacks."""
 
+import subprocess
+import sys
+
 import pytest
 
 from grpo_deploy import new_spec
@@ -65,9 +68,6 @@ def test_host_list_drops_blanks():
 
 def test_a_second_up_of_the_same_run_is_refused_at_once(tmp_path):
     """While one `up` of a run holds its lock, another `up` of it from the same folder starts nothing."""
-    import subprocess
-    import sys
-
     from grpo_deploy import launch, resolve
 
     state = launch.RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path / ".grpo-deploy")
@@ -80,3 +80,10 @@ def test_a_second_up_of_the_same_run_is_refused_at_once(tmp_path):
         assert not (state.dir / "render").exists()  # nothing rendered, built or started
     with state.up_lock():  # released by the holder: the next up may go
         pass
+
+
+def test_the_cli_runs_without_the_runtime_extra():
+    # A plain `pip install grpo-deploy` has no torch (the runtime extra): building the parser must not import it.
+    code = "import sys; sys.modules['torch'] = None\nfrom grpo_deploy import cli\nsys.exit(cli.main(['profiles']))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
