@@ -1,4 +1,4 @@
-"""Container health (`python -m grpo_deploy.runtime.health`, a HEALTHCHECK) and the trainer heartbeat; stdlib only."""
+"""Container health (`python3 -m grpo_deploy.runtime.health`, a HEALTHCHECK) and the trainer heartbeat; stdlib only."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def trainer_healthy(path: str, max_age: float) -> tuple[bool, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo_deploy.runtime.health", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python3 -m grpo_deploy.runtime.health", description=__doc__)
     parser.add_argument("--role", choices=("server", "trainer"), default=os.environ.get("GRPO_ROLE"))
     parser.add_argument("--model", default=os.environ.get("GRPO_SERVED_MODEL"), help="served model name (server)")
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRPO_SERVER_PORT") or 8000))
