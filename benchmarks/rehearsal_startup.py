@@ -34,7 +34,7 @@ def bare_server_start(res, timeout: float = 900.0) -> float:
     start = time.time()
     container = client.containers.run(
         res.images["server"],
-        ["python", "-m", "grpo_deploy.runtime.serve", "--args-file", "/etc/grpo-deploy/server.args"],
+        ["python3", "-m", "grpo_deploy.runtime.serve", "--args-file", "/etc/grpo-deploy/server.args"],
         detach=True, user=res.identities["server"].user, ports={"8000/tcp": ("127.0.0.1", port)},
         volumes={str(state.render_dir / "config"): {"bind": "/etc/grpo-deploy", "mode": "ro"}},
         environment=parse_env((state.render_dir / "config" / "server.env").read_text()), shm_size="1g",

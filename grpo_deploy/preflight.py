@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import compose, facts
+from . import compose, facts, image_tags
 from .hosts import facts as host_facts
 from .hosts.connect import Host, HostError, SshOptions, connect, on_all
 from .plan import Plan, make_plan
@@ -24,6 +25,14 @@ OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 EXIT_OK, EXIT_FAILED, EXIT_COULD_NOT_RUN = 0, 1, 2
 TRL_VLLM_GATE = ((0, 22, 0), (0, 31, 0))  # trl 1.16.0: vllm>=0.22.0,<=0.31.0
 CLOCK_TOLERANCE_S = 5.0  # hosts whose clocks disagree more than this make logs and checkpoint times misleading
+# The oldest driver branch each CUDA major runs on (NVIDIA's CUDA compatibility: CUDA 12.x R525, CUDA 13.x R580).
+MIN_DRIVER = {12: 525, 13: 580}
+CUDA_LABEL = "org.grpo-deploy.cuda-version"
+# GPUs with CUDA forward compatibility (datacenter parts): an older driver can run a newer CUDA through the
+# image's compat libraries, which vLLM turns on with VLLM_ENABLE_CUDA_COMPATIBILITY=1.
+DATACENTER_GPUS = ("A100", "A30", "A40", "A10", "A16", "A2", "H100", "H200", "H800", "H20", "GH200", "B200", "B300",
+                   "GB200", "GB300", "L40", "L4", "L20", "V100", "T4")
+COMPAT_ENV = "VLLM_ENABLE_CUDA_COMPATIBILITY"
 
 
 @dataclass
@@ -94,6 +103,7 @@ def _gather(ctx: Context, host, conn: Host) -> dict[str, Any]:
                            "compose": host_facts.compose_version(conn), "clock": host_facts.clock_offset(conn)}
     if res.profiles[host.name].accelerator == "cuda":
         out["gpus"] = host_facts.gpus(conn)
+        out["driver"] = host_facts.nvidia_driver(conn)
     if host.shared_dir:
         out["shared_dir"] = host_facts.owner(conn, host.shared_dir)
     if "server" in host.roles:
@@ -466,6 +476,76 @@ def check_images(ctx: Context) -> list[Result]:
             else:
                 out.append(Result("images", "vllm-version", OK, f"trainer and server both vLLM {server_v}"))
     return out
+
+
+@check("driver", "The NVIDIA driver on each GPU host runs the CUDA its images are built with (CUDA 13: R580+)")
+def check_driver(ctx: Context) -> list[Result]:
+    res, out = ctx.res, []
+    client = ctx.docker()  # local images are what `up` ships to hosts that lack them
+    for host in res.spec.hosts:
+        if res.profiles[host.name].accelerator != "cuda":
+            out.append(Result("driver", host.name, SKIP, f"profile {res.profiles[host.name].name} has no GPU"))
+            continue
+        found = _facts_of(ctx, host) if host.address != "local" else {}
+        if isinstance(found, HostError):
+            continue
+        drivers = found["driver"] if host.address != "local" else host_facts.nvidia_driver(ctx.connector(host))
+        for role, tag in [(r, t) for h, r, t in _images_needed(res) if h.name == host.name]:
+            labels = ((found.get("images") or {}).get(role) or {}).get("labels") if found else None
+            if labels is None and client is not None:
+                labels = facts.image_labels(client, tag)
+            out.append(driver_verdict(host.name, drivers, _image_cuda(tag, labels), tag, _compat_env(res)))
+    return out
+
+
+def _image_cuda(tag: str, labels: dict[str, str] | None) -> tuple[str | None, str]:
+    """(CUDA major.minor of the image, where that came from): its label, else the kit's image table for its tag."""
+    if labels and labels.get(CUDA_LABEL):
+        return labels[CUDA_LABEL], "its label"
+    for image in image_tags.GPU_IMAGES.values():
+        if tag in {image_tags.arch_tag(image.name, a) for a in image.arches} | {image_tags.manifest_tag(image.name)}:
+            return image.cuda, "the kit's image table (image not built here yet)"
+    return None, "no org.grpo-deploy.cuda-version label"
+
+
+def _compat_env(res: Resolved) -> bool:
+    env = getattr(getattr(res.settings, "vllm", None), "env", None) or {}
+    return str(env.get(COMPAT_ENV, "")).strip() == "1"
+
+
+def driver_verdict(host: str, drivers: list[host_facts.Driver] | None, cuda: tuple[str | None, str], tag: str,
+                   compat_env: bool = False) -> Result:
+    """The driver check's verdict for one image on one host, from nvidia-smi's answer and the image's CUDA."""
+    version, source = cuda
+    if not drivers:
+        return Result("driver", host, FAIL, "nvidia-smi does not answer: no NVIDIA driver is loaded",
+                      "install the NVIDIA driver (R580 or newer for CUDA 13 images) and the container toolkit")
+    if version is None:
+        return Result("driver", host, WARN, f"{tag}: CUDA unknown ({source}); driver {drivers[0].version}",
+                      "rebuild the image with the kit's Dockerfiles (they set the label)")
+    major = int(version.split(".")[0])
+    need = MIN_DRIVER.get(major)
+    have = min((d.major for d in drivers if d.major is not None), default=None)
+    data = {"driver": drivers[0].version, "cuda": version, "min_driver": need}
+    if need is None or have is None:
+        return Result("driver", host, WARN, f"{tag}: CUDA {version}, driver {drivers[0].version}: no known minimum",
+                      "check NVIDIA's CUDA compatibility table", data)
+    fact = f"driver {drivers[0].version} (R{have}); {tag} is CUDA {version} (from {source}), which needs R{need}+"
+    if have >= need:
+        return Result("driver", host, OK, fact, data=data)
+    datacenter = all(set(re.split(r"[^A-Z0-9]+", d.gpu.upper())) & set(DATACENTER_GPUS) for d in drivers)
+    if datacenter and compat_env:
+        return Result("driver", host, WARN, f"{fact}; {COMPAT_ENV}=1 is set: vLLM uses the image's CUDA forward "
+                      "compatibility libraries", "upgrade the driver to R580+ when you can", data)
+    if datacenter:
+        return Result("driver", host, FAIL, f"{fact}: CUDA fails to initialise at start",
+                      f"upgrade the NVIDIA driver to R{need} or newer, or (datacenter GPU: {drivers[0].gpu}) "
+                      f"set {COMPAT_ENV}=1 where vLLM runs (trl-async: overrides: "
+                      f"{{vllm: {{env: {{{COMPAT_ENV}: '1'}}}}}})",
+                      data)
+    return Result("driver", host, FAIL, f"{fact}: CUDA fails to initialise at start",
+                  f"upgrade the NVIDIA driver to R{need} or newer ({drivers[0].gpu} has no CUDA forward compatibility)",
+                  data)
 
 
 def probe_mount(res: Resolved, host) -> list[str]:

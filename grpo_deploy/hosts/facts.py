@@ -58,6 +58,32 @@ def gpus(host: Host) -> list[Gpu] | None:
 
 
 @dataclass(frozen=True)
+class Driver:
+    gpu: str
+    version: str  # e.g. "580.95.05"
+
+    @property
+    def major(self) -> int | None:
+        head = self.version.split(".", 1)[0]
+        return int(head) if head.isdigit() else None
+
+
+def nvidia_driver(host: Host) -> list[Driver] | None:
+    """Each GPU's name and the NVIDIA driver version (nvidia-smi), or None when nvidia-smi is absent or fails."""
+    r = host.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"], timeout=30)
+    return parse_driver_csv(r.out) if r.ok else None
+
+
+def parse_driver_csv(text: str) -> list[Driver]:
+    out = []
+    for line in text.strip().splitlines():
+        name, _, version = line.rpartition(",")
+        if name.strip() and version.strip():
+            out.append(Driver(name.strip(), version.strip()))
+    return out
+
+
+@dataclass(frozen=True)
 class Free:
     path: str  # the existing directory measured (the nearest existing ancestor of the target)
     free_bytes: int

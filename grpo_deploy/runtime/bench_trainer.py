@@ -2,7 +2,7 @@
 
 Measures tokens/s, trained tokens/s, peak memory and MFU for packing off/on x gradient checkpointing on/off, sweeps the
 token budget, and times every attention path of the shim. Runs inside a trainer image
-(`python -m grpo_deploy.runtime.bench_trainer`) on any CUDA GPU, or on CPU with `--tiny` in seconds.
+(`python3 -m grpo_deploy.runtime.bench_trainer`) on any CUDA GPU, or on CPU with `--tiny` in seconds.
 
 What runs is TRL 1.16's own code: its planners (`FixedCountBatcher` for packing off, `TokenBudgetBatcher` for packing
 on), its collator (`DataCollatorForRollout`: tree packing, position ids, cu_seqlens), the model loaded with TRL's
@@ -300,7 +300,7 @@ def _vocab_of(model_path: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The bench's options, shared by `python -m grpo_deploy.runtime.bench_trainer` and `grpo-deploy bench trainer`."""
+    """The bench's options, shared by `python3 -m grpo_deploy.runtime.bench_trainer` and `grpo-deploy bench trainer`."""
     parser.add_argument("--tiny", action="store_true", help="a tiny model and workload (CPU, seconds; CI)")
     parser.add_argument("--model", metavar="PATH", help="a real local model instead of Qwen2.5-1.5B-shaped random "
                                                         "weights")
@@ -331,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo_deploy.runtime.bench_trainer",
+    parser = argparse.ArgumentParser(prog="python3 -m grpo_deploy.runtime.bench_trainer",
                                      description=__doc__.splitlines()[0])
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -1,10 +1,14 @@
-"""Container health (`python -m grpo_deploy.runtime.health`, a HEALTHCHECK) and the trainer heartbeat; stdlib only."""
+"""Container health (`python3 -m grpo_deploy.runtime.health`, a HEALTHCHECK) and the trainer heartbeat; stdlib only.
+
+Roles: server (vLLM lists the served model), trainer (fresh heartbeat file), head and worker (verl's Ray cluster: its
+GCS answers at the address from RAY_ADDRESS or the one Ray records for the latest cluster it started here)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -13,6 +17,9 @@ import urllib.request
 
 DEFAULT_HEARTBEAT = "/tmp/grpo-deploy-trainer.heartbeat"
 HEARTBEAT_ENV = "GRPO_HEARTBEAT_FILE"
+ROLES = ("server", "trainer", "head", "worker")
+RAY_CURRENT_CLUSTER = "/tmp/ray/ray_current_cluster"  # Ray writes the GCS address of the cluster it started here
+RAY_DEFAULT_PORT = 6379
 
 
 def heartbeat_path(explicit: str | None = None) -> str:
@@ -96,15 +103,46 @@ def trainer_healthy(path: str, max_age: float) -> tuple[bool, str]:
     return True, f"heartbeat {age:.0f}s old"
 
 
+def ray_address(explicit: str | None = None, record: str = RAY_CURRENT_CLUSTER) -> str | None:
+    """The Ray GCS address: --ray-address, else RAY_ADDRESS (a worker joins the head there), else the address Ray
+    recorded when it started a cluster in this container (verl's main_ppo starts its own); None when none is known."""
+    for value in (explicit, os.environ.get("RAY_ADDRESS")):
+        if value and value != "auto":
+            return value.removeprefix("ray://")
+    try:
+        with open(record, encoding="utf-8") as handle:
+            recorded = handle.read().strip()
+    except OSError:
+        return None
+    return recorded or None
+
+
+def ray_healthy(address: str | None, timeout: float = 3.0) -> tuple[bool, str]:
+    """Whether the Ray cluster's GCS accepts a TCP connection at *address* (host:port)."""
+    if not address:
+        return False, f"no Ray cluster known here (no RAY_ADDRESS, nothing in {RAY_CURRENT_CLUSTER})"
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        host, port = address, str(RAY_DEFAULT_PORT)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as error:
+        return False, f"Ray GCS {host}:{port} does not answer: {error}"
+    return True, f"Ray GCS {host}:{port} answers"
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo_deploy.runtime.health", description=__doc__)
-    parser.add_argument("--role", choices=("server", "trainer"), default=os.environ.get("GRPO_ROLE"))
+    parser = argparse.ArgumentParser(prog="python3 -m grpo_deploy.runtime.health", description=__doc__)
+    parser.add_argument("--role", choices=ROLES, default=os.environ.get("GRPO_ROLE"))
     parser.add_argument("--model", default=os.environ.get("GRPO_SERVED_MODEL"), help="served model name (server)")
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRPO_SERVER_PORT") or 8000))
     parser.add_argument("--host", default="127.0.0.1", help="server address (default: this container)")
     parser.add_argument("--complete", action="store_true", help="also ask for a one-token completion (server)")
     parser.add_argument("--heartbeat", default=None, help=f"trainer heartbeat file (default ${HEARTBEAT_ENV})")
     parser.add_argument("--max-age", type=float, default=120.0, help="trainer heartbeat staleness limit, seconds")
+    parser.add_argument("--ray-address", default=None, help="Ray GCS host:port (head, worker; default $RAY_ADDRESS, "
+                        f"else {RAY_CURRENT_CLUSTER})")
     parser.add_argument("--timeout", type=float, default=3.0)
     args = parser.parse_args(argv)
     if args.role == "server":
@@ -116,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             ok, why = first_token(args.port, args.model, host=args.host)
     elif args.role == "trainer":
         ok, why = trainer_healthy(heartbeat_path(args.heartbeat), args.max_age)
+    elif args.role in ("head", "worker"):
+        ok, why = ray_healthy(ray_address(args.ray_address), args.timeout)
     else:
-        print("set --role or GRPO_ROLE to server or trainer", file=sys.stderr)
+        print(f"set --role or GRPO_ROLE to one of {', '.join(ROLES)}", file=sys.stderr)
         return 2
     print(("healthy: " if ok else "unhealthy: ") + why)
     return 0 if ok else 1

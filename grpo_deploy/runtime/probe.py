@@ -78,7 +78,7 @@ def read_probes(directory: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo_deploy.runtime.probe", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python3 -m grpo_deploy.runtime.probe", description=__doc__)
     parser.add_argument("action", choices=("write", "read"))
     parser.add_argument("--dir", required=True, help="directory on the shared volume")
     args = parser.parse_args(argv)

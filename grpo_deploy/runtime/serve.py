@@ -1,4 +1,4 @@
-"""Server launcher: `python -m grpo_deploy.runtime.serve --args-file PATH` execs vLLM's OpenAI server with its args."""
+"""Server launcher: `python3 -m grpo_deploy.runtime.serve --args-file PATH` execs vLLM's OpenAI server with its args."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def server_command(args: list[str], python: str = sys.executable) -> list[str]:
 
 
 def main(argv: list[str] | None = None, execvp=os.execvp) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo_deploy.runtime.serve", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python3 -m grpo_deploy.runtime.serve", description=__doc__)
     parser.add_argument("--args-file", required=True, help="vLLM arguments, one per line")
     parser.add_argument("--print", action="store_true", help="print the command instead of running it")
     options = parser.parse_args(argv)

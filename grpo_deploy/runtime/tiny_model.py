@@ -117,7 +117,7 @@ def digests(out_dir: str) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo_deploy.runtime.tiny_model", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python3 -m grpo_deploy.runtime.tiny_model", description=__doc__)
     parser.add_argument("--out", required=True, help="directory to write the model into")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""Trainer entrypoint: `python -m grpo_deploy.runtime.train --config PATH` runs TRL's AsyncGRPOTrainer with a LoRA.
+"""Trainer entrypoint: `python3 -m grpo_deploy.runtime.train --config PATH` runs TRL's AsyncGRPOTrainer with a LoRA.
 
 Only light modules are imported at the top: TRL's rollout worker is a spawned process that re-imports this module as
 `__mp_main__`, and nothing below the `__main__` guard may run there.
@@ -127,7 +127,7 @@ def run(config: RunConfig, sink: MetricsSink) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo_deploy.runtime.train", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python3 -m grpo_deploy.runtime.train", description=__doc__.splitlines()[0])
     parser.add_argument("--config", required=True, help="trainer config YAML")
     args = parser.parse_args(argv)
     apply_umask()

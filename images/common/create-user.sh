@@ -48,6 +48,15 @@ fi
 chown "$uid:$gid" "$home"
 chmod 0755 "$home"
 
+# The caches under HOME (hub downloads, vLLM's compile cache, Triton's kernels)
+# exist and belong to the run user: a Docker named volume mounted on one of
+# them (compose mounts one on ~/.cache) starts as a copy of the image's
+# directory, owner included; without it Docker creates the mount point
+# root-owned and the run user cannot write its caches.
+for dir in "$home/.cache" "$home/.cache/huggingface" "$home/.cache/vllm" "$home/.triton"; do
+    install -d -o "$uid" -g "$gid" -m 0755 "$dir"
+done
+
 # /shared: the mount point of the volume that carries adapters and
 # checkpoints. Owned by the run user so that an empty Docker named volume
 # mounted there starts out owned by that user too.

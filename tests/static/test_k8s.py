@@ -8,7 +8,7 @@ For every overlay k8s/<name>/ with a kustomization.yaml:
       spec's, one server replica, secrets only by reference, the shared volume at the spec's mount everywhere,
       NFS and GPU/arch placement as the spec and its profile say, no placeholder left;
 and two behaviour checks of the shell/Python snippets in the manifests (the verl launcher and the trainer's
-wait-for-server init container), run here against stand-ins for python and for the vLLM server.
+wait-for-server init container), run here against stand-ins for python3 and for the vLLM server.
 Also: yamllint over k8s/ and ansible/ with the repository's .yamllint.
 """
 
@@ -40,7 +40,7 @@ CONFIG_DIR = "/etc/grpo-deploy"
 SECRET_NAME = "grpo-deploy-secrets"
 SECRET_LIKE = ("TOKEN", "API_KEY", "PASSWORD", "SECRET")
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
-HEALTH_CMD = ["python", "-m", "grpo_deploy.runtime.health", "--role", "server"]
+HEALTH_CMD = ["python3", "-m", "grpo_deploy.runtime.health", "--role", "server"]
 K8S_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 # Role of each main container -> the key of its image in the resolved spec.
 IMAGE_OF = {"server": "server", "trainer": "trainer", "wait-for-server": "trainer", "verl": "verl"}
@@ -483,7 +483,7 @@ def test_objects_carry_the_run_and_use_the_tokenless_service_account(overlay):
 
 @pytest.mark.parametrize("overlay", VERL_OVERLAYS)
 def test_verl_launcher_passes_every_override_verbatim(overlay, tmp_path):
-    """Run the Job's shell script with a stand-in `python` that records its argv."""
+    """Run the Job's shell script with a stand-in `python3` that records its argv."""
     (job,) = objects(overlay, "Job")
     (c,) = job["spec"]["template"]["spec"]["containers"]
     assert c["command"][:2] == ["/bin/sh", "-c"]
@@ -493,7 +493,7 @@ def test_verl_launcher_passes_every_override_verbatim(overlay, tmp_path):
     assert script != c["args"][0], "the launcher does not read the mounted verl-overrides.txt"
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    fake = bindir / "python"
+    fake = bindir / "python3"
     fake.write_text(f"#!{sys.executable}\nimport json, sys\n"
                     f"json.dump(sys.argv[1:], open({str(tmp_path / 'argv.json')!r}, 'w'))\n")
     fake.chmod(0o755)

@@ -1,7 +1,11 @@
-"""Health command: server readiness from /v1/models, trainer liveness from its heartbeat file."""
+"""Health command: server readiness from /v1/models, trainer liveness from its heartbeat file, the Ray head and
+worker from their cluster's GCS port (a real listening socket stands for the GCS)."""
 
 import os
+import socket
 import time
+
+import pytest
 
 from grpo_deploy.runtime import health
 
@@ -42,6 +46,42 @@ def test_trainer_heartbeat(tmp_path, monkeypatch):
     path.write_text("stale")
     os.utime(path, (old, old))
     assert health.main(["--role", "trainer", "--max-age", "60"]) == 1
+
+
+@pytest.fixture
+def gcs():
+    """A real TCP listener where Ray's GCS would be; yields its host:port."""
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        yield f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _closed_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        return sock.getsockname()[1]
+
+
+@pytest.mark.parametrize("role", ["head", "worker"])
+def test_ray_roles_are_healthy_while_the_gcs_answers(role, gcs, monkeypatch, tmp_path):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert health.main(["--role", role, "--ray-address", gcs]) == 0
+    monkeypatch.setenv("RAY_ADDRESS", gcs)  # a worker joins the head there
+    monkeypatch.setenv("GRPO_ROLE", role)
+    assert health.main([]) == 0
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{_closed_port()}")
+    assert health.main(["--timeout", "1"]) == 1
+
+
+def test_ray_head_finds_the_cluster_ray_recorded(gcs, monkeypatch, tmp_path):
+    """verl's main_ppo starts its own Ray (no RAY_ADDRESS): Ray records the GCS address in ray_current_cluster."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    record = tmp_path / "ray_current_cluster"
+    assert health.ray_address(None, str(record)) is None
+    assert health.ray_healthy(None)[0] is False
+    record.write_text(gcs + "\n")
+    assert health.ray_address(None, str(record)) == gcs
+    assert health.ray_healthy(health.ray_address(None, str(record))) == (True, f"Ray GCS {gcs} answers")
+    monkeypatch.setenv("RAY_ADDRESS", "auto")  # Ray's "find it yourself" value: the record decides
+    assert health.ray_address(None, str(record)) == gcs
 
 
 def test_role_is_required(monkeypatch):
