@@ -264,14 +264,18 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out) -> int:
         started.append(server_host)
         dep.project(server_host).up("server")
         log(f"server starting on {server_host}")
-        ready_s = _wait_server(dep, log, start)
-        state.emit("server_ready", seconds=round(ready_s, 2))
-        log(f"server ready in {ready_s:.1f} s; from {trainer_host}: {_check_from_trainer(dep, ips)}")
+        # The trainer starts as soon as the server's container runs: it builds its model while the server loads
+        # (TRL waits for the server before its first request), as on one host. The server's readiness and the
+        # cross-host check below stay the gate: if either fails, both are rolled back before any training.
         started.append(trainer_host)
         trainer_start = time.time()
         dep.project(trainer_host).up("trainer")
         state.emit("trainer_started")
-        log(f"trainer started on {trainer_host}; progress per optimizer step:")
+        log(f"trainer starting on {trainer_host} (it builds its model while the server loads)")
+        ready_s = _wait_server(dep, log, start)
+        state.emit("server_ready", seconds=round(ready_s, 2))
+        log(f"server ready in {ready_s:.1f} s; from {trainer_host}: {_check_from_trainer(dep, ips)}; progress per "
+            "optimizer step:")
         code = _follow(dep, log, since=trainer_start - 1)
     except (LaunchError, HostError, KeyboardInterrupt) as exc:
         if started:
