@@ -54,6 +54,8 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._thread.is_alive():  # a beat in flight would re-create the file after the unlink below
+            self._thread.join(timeout=max(5.0, 2 * self.interval))
         try:
             os.unlink(self.path)
         except OSError:

@@ -37,7 +37,7 @@ def test_trainer_heartbeat(tmp_path, monkeypatch):
     monkeypatch.setenv("GRPO_HEARTBEAT_FILE", str(path))
     assert health.main(["--role", "trainer"]) == 1  # not started yet
     beat = health.Heartbeat(str(path), interval=0.05).start()
-    time.sleep(0.2)
+    time.sleep(0.2)  # start() wrote the first beat itself
     assert health.main(["--role", "trainer", "--max-age", "5"]) == 0
     old = time.time() - 600
     os.utime(path, (old, old))
