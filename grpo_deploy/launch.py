@@ -143,38 +143,94 @@ def build_images(client, res: Resolved, log: Callable[[str], None]) -> None:
             raise LaunchError(f"building {tag} failed (see the output above); retry with: {' '.join(cmd)}")
 
 
+UP_ENGINE_TIMEOUT_S = 60  # one API call of the long-lived `up` client (the SDK's 10 s timed out under CI load)
+ENGINE_STALL_S = 120.0  # how long a busy Docker engine may leave polls unanswered before `up` gives up
+
+
+class EnginePatience:
+    """Rides out a Docker engine that is slow to answer one poll (seen in CI: a 10 s read timeout on a loaded
+    2-core machine killed a healthy run); gives up with one line once it has not answered for ENGINE_STALL_S."""
+
+    def __init__(self, what: str, limit_s: float = ENGINE_STALL_S):
+        self.what, self.limit_s, self.since = what, limit_s, None
+
+    def transient(self, exc: Exception) -> bool:
+        import docker
+        import requests
+
+        if isinstance(exc, (requests.exceptions.Timeout, requests.exceptions.ConnectionError)):
+            return True
+        return isinstance(exc, docker.errors.APIError) and exc.is_server_error()
+
+    def failed(self, exc: Exception) -> None:
+        """Record a failed poll: returns to retry, raises LaunchError when the engine has been silent too long."""
+        if not self.transient(exc):
+            raise exc
+        now = time.time()
+        self.since = self.since or now
+        if now - self.since > self.limit_s:
+            raise LaunchError(f"the Docker engine did not answer for {self.limit_s:.0f} s while {self.what} "
+                              f"({type(exc).__name__}): check `docker info` and the host's load") from None
+
+    def answered(self) -> None:
+        self.since = None
+
+
 def wait_ready(client, state: RunState, timeout: float, log: Callable[[str], None],
                since: float | None = None) -> float:
     """Wait until the server container's healthcheck (served model listed in /v1/models) passes; a trainer that
     dies meanwhile (bad config, import error) fails the wait at once instead of after the server is up."""
     start = since or time.time()
     last_note = 0.0
+    patience = EnginePatience("waiting for the server")
     while True:
-        found = compose.containers(client, state.res.spec.run.name, "server")
-        if not found:
-            raise LaunchError("the server container disappeared")
-        c = found[0]
-        c.reload()
-        health = (c.attrs.get("State", {}).get("Health") or {}).get("Status")
-        if c.status in ("exited", "dead"):
-            tail = c.logs(tail=15).decode(errors="replace")
-            raise LaunchError(f"the vLLM server exited before it was ready (exit {c.attrs['State'].get('ExitCode')}):"
-                              f"\n{tail}")
-        if health == "healthy":
+        try:
+            ready = _server_ready(client, state)
+            patience.answered()
+        except LaunchError:
+            raise
+        except Exception as exc:  # a slow engine retries; anything else is re-raised by failed()
+            patience.failed(exc)
+            time.sleep(1)
+            continue
+        if ready is not None:
             return time.time() - start
-        for trainer in compose.containers(client, state.res.spec.run.name, "trainer"):
-            trainer.reload()
-            if trainer.status in ("exited", "dead") and trainer.attrs["State"].get("ExitCode", 0) != 0:
-                tail = trainer.logs(tail=15).decode(errors="replace")
-                raise LaunchError(f"the trainer exited while the server was loading:\n{tail}")
         elapsed = time.time() - start
         if elapsed > timeout:
             raise LaunchError(f"the server was not ready after {timeout:.0f} s (model not listed in /v1/models)")
         if elapsed - last_note >= 10:
-            last_line = c.logs(tail=1).decode(errors="replace").strip()[-110:]
-            log(f"waiting for the server: {elapsed:4.0f} s  | {last_line}")
-            last_note = elapsed
+            with contextlib.suppress(Exception):
+                last_line = ready_last_line(client, state)
+                log(f"waiting for the server: {elapsed:4.0f} s  | {last_line}")
+                last_note = elapsed
         time.sleep(1)
+
+
+def ready_last_line(client, state: RunState) -> str:
+    found = compose.containers(client, state.res.spec.run.name, "server")
+    return found[0].logs(tail=1).decode(errors="replace").strip()[-110:] if found else ""
+
+
+def _server_ready(client, state: RunState) -> bool | None:
+    """True when the server is healthy, None while it loads; LaunchError when the server or the trainer died."""
+    found = compose.containers(client, state.res.spec.run.name, "server")
+    if not found:
+        raise LaunchError("the server container disappeared")
+    c = found[0]
+    c.reload()
+    health = (c.attrs.get("State", {}).get("Health") or {}).get("Status")
+    if c.status in ("exited", "dead"):
+        tail = c.logs(tail=15).decode(errors="replace")
+        raise LaunchError(f"the vLLM server exited before it was ready (exit {c.attrs['State'].get('ExitCode')}):"
+                          f"\n{tail}")
+    if health == "healthy":
+        return True
+    for trainer in compose.containers(client, state.res.spec.run.name, "trainer"):
+        trainer.reload()
+        if trainer.status in ("exited", "dead") and trainer.attrs["State"].get("ExitCode", 0) != 0:
+            tail = trainer.logs(tail=15).decode(errors="replace")
+            raise LaunchError(f"the trainer exited while the server was loading:\n{tail}")
+    return None
 
 
 def first_completion(state: RunState) -> threading.Thread:
@@ -223,13 +279,22 @@ def follow_trainer(client, state: RunState, log: Callable[[str], None], since: f
     res = state.res
     max_steps = res.settings.trl.max_steps
     seen = 0
+    patience = EnginePatience("following the trainer")
     while True:
-        trainers = compose.containers(client, res.spec.run.name, "trainer")
-        if not trainers:
-            raise LaunchError("the trainer container disappeared")
-        trainer = trainers[0]
-        trainer.reload()
-        text = fetch_metrics(client, res) or ""
+        try:
+            trainers = compose.containers(client, res.spec.run.name, "trainer")
+            if not trainers:
+                raise LaunchError("the trainer container disappeared")
+            trainer = trainers[0]
+            trainer.reload()
+            text = fetch_metrics(client, res) or ""
+            patience.answered()
+        except LaunchError:
+            raise
+        except Exception as exc:  # a slow engine retries; anything else is re-raised by failed()
+            patience.failed(exc)
+            time.sleep(2)
+            continue
         steps = [e for e in parse_events(text) if e["event"] == "step" and e["time"] >= since]
         for e in steps[seen:]:
             log(status.progress_line(e, max_steps))
@@ -262,7 +327,7 @@ def _up(state: RunState, keep: bool, fresh: bool, out) -> int:
     write_render(state)
     log(f"rendered run {res.spec.run.name} into {state.render_dir}")
     try:
-        client = facts.docker_client()
+        client = facts.docker_client(timeout=UP_ENGINE_TIMEOUT_S)
     except facts.DockerUnavailable as exc:
         raise LaunchError(f"no Docker engine answers: {exc}") from None
     build_images(client, res, log)
