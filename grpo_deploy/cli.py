@@ -92,6 +92,16 @@ def _keep_count(text: str) -> int:
     return int(text)
 
 
+UP_RESTARTS = 2  # server deaths a local `up` recovers from before it gives up
+
+
+def _restart_count(text: str) -> int:
+    """--restarts N: a whole number from 0 to 10."""
+    if not re.fullmatch(r"[0-9]{1,2}", text) or int(text) > 10:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a count from 0 to 10")
+    return int(text)
+
+
 def _line_count(text: str) -> int:
     """--tail N: a whole number from 0 to 100000."""
     if not re.fullmatch(r"[0-9]{1,6}", text) or int(text) > 100_000:
@@ -327,8 +337,8 @@ def cmd_up(args) -> int:
         if _remote(res):
             from . import deploy
 
-            return deploy.up(res, _ssh(args), keep=args.keep, fresh=args.fresh)
-        return launch.up(res, keep=args.keep, fresh=args.fresh)
+            return deploy.up(res, _ssh(args), keep=args.keep, fresh=args.fresh, restarts=args.restarts)
+        return launch.up(res, keep=args.keep, fresh=args.fresh, restarts=args.restarts)
     except launch.LaunchError as exc:
         raise CliError(str(exc)) from None
     finally:
@@ -380,6 +390,10 @@ def _status_once(res: Resolved, args) -> tuple[int, str]:
                 hosts = deploy.host_states(dep)
             finally:
                 dep.close()
+        else:
+            from . import launch
+
+            hosts = launch.host_states(res)
         disk = preflight.checkpoint_headroom(ctx)
     finally:
         ctx.close()
@@ -584,6 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="leave the server and trainer containers up at the end")
     p.add_argument("--fresh", action="store_true", help="delete this run's directory on the shared volume first "
                                                          "(default: resume from the newest complete checkpoint)")
+    p.add_argument("--restarts", type=_restart_count, default=UP_RESTARTS, metavar="N",
+                   help="when the vLLM server dies mid-run, restart the server and the trainer (which resumes from "
+                        f"its newest complete checkpoint) up to N times (0-10, default {UP_RESTARTS})")
     p.set_defaults(fn=cmd_up)
 
     p = sub.add_parser("status", help="steps, reward, adapter syncs, staleness, start-up times of a run",

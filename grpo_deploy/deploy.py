@@ -17,7 +17,7 @@ from .hosts import facts as host_facts
 from .hosts.connect import Host, HostError, SshOptions, connect, on_all
 from .hosts.project import RemoteProject
 from .hosts.ship import Shipped, ship
-from .launch import LaunchError, RunState, build_images, finish, require_kit
+from .launch import KILLED, LaunchError, RoleDied, RunState, build_images, finish, require_kit, supervise
 from .render import render_files
 from .resolve import Resolved
 from .runtime.metrics import parse_events
@@ -180,21 +180,28 @@ def fetch_metrics(dep: Deployment) -> str | None:
 
 
 def _follow(dep: Deployment, log: Callable[[str], None], since: float) -> int:
+    """Progress per step until the trainer exits (its exit code); RoleDied when the server's container exits while
+    the trainer has not finished cleanly, or the trainer is killed."""
     res = dep.res
     project = dep.project(dep.role_host("trainer"))
-    seen = 0
+    seen, last_step = 0, 0
     while True:
         c = _container(project, "trainer")
         text = project.read(c["id"], f"{res.run_dir}/metrics.jsonl") or ""
         steps = [e for e in parse_events(text) if e["event"] == "step" and e["time"] >= since]
         for e in steps[seen:]:
             log(status.progress_line(e, res.settings.trl.max_steps))
+            last_step = int(e.get("step", last_step))
         seen = len(steps)
         server = dep.project(dep.role_host("server")).container("server")
-        if server is None or server["state"] in ("exited", "dead"):
-            raise LaunchError(f"the vLLM server stopped during the run (exit {server and server['exit_code']})")
+        trainer_done = c["state"] in ("exited", "dead") and int(c["exit_code"]) == 0
+        if (server is None or server["state"] in ("exited", "dead")) and not trainer_done:
+            dep.state.metrics_copy.write_text(text)
+            raise RoleDied("server", int(server["exit_code"]) if server else -1, last_step)
         if c["state"] in ("exited", "dead"):
             dep.state.metrics_copy.write_text(text)
+            if int(c["exit_code"]) == KILLED:
+                raise RoleDied("trainer", KILLED, last_step)
             return int(c["exit_code"])
         time.sleep(POLL_S)
 
@@ -215,16 +222,17 @@ def down_all(dep: Deployment, volumes: bool = False) -> None:
             print(f"warning: {result}", file=sys.stderr)
 
 
-def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, out=sys.stdout) -> int:
+def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, out=sys.stdout,
+       restarts: int = 2) -> int:
     """Bring the run up across its hosts, follow it to the end, summarise, and (unless keep) stop it."""
     if not res.engine_info.server_role:
         raise LaunchError("`up` for verl is not built yet: use the rendered config/verl-overrides.txt")
     require_kit()
     with RunState(res).up_lock():
-        return _up(res, ssh, keep, fresh, out)
+        return _up(res, ssh, keep, fresh, out, restarts)
 
 
-def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out) -> int:
+def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: int = 2) -> int:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=out, flush=True)
 
@@ -276,7 +284,18 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out) -> int:
         state.emit("server_ready", seconds=round(ready_s, 2))
         log(f"server ready in {ready_s:.1f} s; from {trainer_host}: {_check_from_trainer(dep, ips)}; progress per "
             "optimizer step:")
-        code = _follow(dep, log, since=trainer_start - 1)
+
+        def restart(role: str) -> float:
+            if role == "trainer":
+                dep.project(trainer_host).up("trainer")
+                return 0.0
+            dep.project(trainer_host).compose("stop", "trainer")
+            restart_at = time.time()
+            dep.project(server_host).up("server")
+            dep.project(trainer_host).up("trainer")
+            return _wait_server(dep, log, restart_at)
+
+        code = supervise(state, log, trainer_start - 1, restarts, lambda since: _follow(dep, log, since), restart)
     except (LaunchError, HostError, KeyboardInterrupt) as exc:
         if started:
             log(f"rolling back: stopping what this up started on {', '.join(dict.fromkeys(started))}")

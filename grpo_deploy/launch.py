@@ -274,11 +274,29 @@ def fetch_metrics_safe(res: Resolved) -> str | None:
         return None
 
 
+KILLED = 137  # a container's exit code after SIGKILL: `docker kill`, the kernel's OOM killer, a host reboot
+
+
+class RoleDied(Exception):
+    """A role's container exited mid-run in a way a restart recovers from: the server exited while the trainer was
+    still training, or the trainer was killed (SIGKILL) — an exception in the trainer (exit 1) is not retried."""
+
+    def __init__(self, role: str, exit_code: int, step: int):
+        super().__init__(f"{role} exit {exit_code}")
+        self.role, self.exit_code, self.step = role, exit_code, step
+
+
+def exit_words(code: int) -> str:
+    return f"code {code}" + (" (SIGKILL: killed, or out of memory)" if code == KILLED else "")
+
+
 def follow_trainer(client, state: RunState, log: Callable[[str], None], since: float) -> int:
-    """Print a progress line per optimizer step until the trainer exits; return its exit code."""
+    """Print a progress line per optimizer step until the trainer exits; return its exit code. Raises RoleDied when
+    the server's container exits first or the trainer is killed."""
     res = state.res
     max_steps = res.settings.trl.max_steps
     seen = 0
+    last_step = 0
     patience = EnginePatience("following the trainer")
     while True:
         try:
@@ -287,6 +305,9 @@ def follow_trainer(client, state: RunState, log: Callable[[str], None], since: f
                 raise LaunchError("the trainer container disappeared")
             trainer = trainers[0]
             trainer.reload()
+            servers = compose.containers(client, res.spec.run.name, "server")
+            for server in servers:
+                server.reload()
             text = fetch_metrics(client, res) or ""
             patience.answered()
         except LaunchError:
@@ -298,23 +319,61 @@ def follow_trainer(client, state: RunState, log: Callable[[str], None], since: f
         steps = [e for e in parse_events(text) if e["event"] == "step" and e["time"] >= since]
         for e in steps[seen:]:
             log(status.progress_line(e, max_steps))
+            last_step = int(e.get("step", last_step))
         seen = len(steps)
+        dead = [s for s in servers if s.status in ("exited", "dead")]
+        if not servers or dead:
+            state.metrics_copy.write_text(text)
+            code = int(dead[0].attrs["State"].get("ExitCode", 1)) if dead else -1
+            if trainer.status not in ("exited", "dead") or trainer.attrs["State"].get("ExitCode", 1) != 0:
+                raise RoleDied("server", code, last_step)
         if trainer.status in ("exited", "dead"):
             state.metrics_copy.write_text(text)
-            return int(trainer.attrs["State"].get("ExitCode", 1))
+            code = int(trainer.attrs["State"].get("ExitCode", 1))
+            if code == KILLED:
+                raise RoleDied("trainer", code, last_step)
+            return code
         time.sleep(2)
 
 
-def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout) -> int:
+def supervise(state: RunState, log: Callable[[str], None], since: float, restarts: int,
+              follow: Callable[[float], int], restart: Callable[[str], float]) -> int:
+    """Follow the trainer to its end (*follow*(since) -> exit code). Each time the server dies mid-run or the trainer
+    is killed (SIGKILL, out of memory), *restart*(role) starts what is needed again — for the server: the trainer
+    stopped, both started, the server's new ready time returned — and the trainer resumes from its newest complete
+    checkpoint (the half-written one quarantined); at most *restarts* times, then the run fails in one line."""
+    used = 0
+    while True:
+        try:
+            return follow(since)
+        except RoleDied as died:
+            what = "the vLLM server" if died.role == "server" else "the trainer"
+            if used >= restarts:
+                raise LaunchError(f"{what} exited with {exit_words(died.exit_code)} at step {died.step}; "
+                                  f"{restarts} restart(s) allowed (--restarts) are used up; its last lines: "
+                                  f"grpo-deploy logs --role {died.role}") from None
+            used += 1
+            state.emit("role_died", role=died.role, exit_code=died.exit_code, step=died.step, restart=used)
+            again = "the server and the trainer" if died.role == "server" else "the trainer"
+            log(f"{what} exited with {exit_words(died.exit_code)} at step {died.step}: restarting {again}; the "
+                f"trainer resumes from its newest complete checkpoint (restart {used} of {restarts})")
+            since = time.time()  # steps from here on are the resumed trainer's (those before were printed)
+            ready_s = restart(died.role)
+            state.emit("role_restarted", role=died.role, seconds=round(ready_s, 2), restart=used)
+            if died.role == "server":
+                log(f"server ready again in {ready_s:.1f} s; progress per optimizer step:")
+
+
+def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout, restarts: int = 2) -> int:
     """Bring the run up on this host, follow it to the end, summarise, and (unless keep) stop it."""
     _require_local(res)
     require_kit()
     state = RunState(res)
     with state.up_lock():
-        return _up(state, keep, fresh, out)
+        return _up(state, keep, fresh, out, restarts)
 
 
-def _up(state: RunState, keep: bool, fresh: bool, out) -> int:
+def _up(state: RunState, keep: bool, fresh: bool, out, restarts: int = 2) -> int:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=out, flush=True)
 
@@ -360,7 +419,19 @@ def _up(state: RunState, keep: bool, fresh: bool, out) -> int:
         state.emit("server_ready", seconds=round(ready_s, 2))
         log(f"server ready in {ready_s:.1f} s (served model listed in /v1/models); progress per optimizer step:")
         first_completion(state)
-        code = follow_trainer(client, state, log, since=trainer_start - 1)
+
+        def restart(role: str) -> float:
+            if role == "trainer":
+                project.up("trainer", no_deps=True)
+                return 0.0
+            project.run("stop", "trainer", capture=True, check=False)
+            restart_at = time.time()
+            project.up("server")
+            project.up("trainer", no_deps=True)
+            return wait_ready(client, state, READY_TIMEOUT_S, log, since=restart_at)
+
+        code = supervise(state, log, trainer_start - 1, restarts,
+                         lambda since: follow_trainer(client, state, log, since), restart)
     except (LaunchError, compose.ComposeError, KeyboardInterrupt) as exc:
         if started:
             log(f"rolling back: stopping what this up started ({type(exc).__name__})")
@@ -424,6 +495,22 @@ def run_events(state: RunState, live: bool = False) -> list[dict]:
 def summarize(state: RunState, events: list[dict]) -> status.Summary:
     res = state.res
     return status.summarize(res.spec.run.name, events, max_steps=res.settings.trl.max_steps)
+
+
+def host_states(res: Resolved) -> list[dict]:
+    """Per role on this host: the container's state, exit code and health (for status), like deploy.host_states."""
+    try:
+        client = facts.docker_client()
+        found = compose.containers(client, res.spec.run.name)
+    except facts.DockerUnavailable as exc:
+        return [{"host": "local", "role": "-", "state": "no engine", "health": str(exc)}]
+    rows = []
+    for c in sorted(found, key=lambda c: c.labels.get("com.docker.compose.service", "")):
+        st = c.attrs.get("State", {})
+        state = c.status + (f" ({exit_words(st.get('ExitCode', 0))})" if c.status in ("exited", "dead") else "")
+        rows.append({"host": "local", "role": c.labels.get("com.docker.compose.service", "-"), "state": state,
+                     "health": (st.get("Health") or {}).get("Status")})
+    return rows or [{"host": "local", "role": "-", "state": "no containers", "health": None}]
 
 
 def down(res: Resolved, volumes: bool = False) -> None:

@@ -74,6 +74,7 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
         trainer.add_callback(DiskWatchdog(config.output_dir, config.disk_watchdog, sink.emit))
     publisher = AdapterPublisher(sink.emit, config.lora_dir, safe_keep(config.adapters.keep, config.max_staleness))
     trl_hooks.instrument_adapter_sync(trainer, publisher)
+    trl_hooks.install_failpoints(trainer, config.output_dir, sink.emit)
     return trainer, shim
 
 

@@ -103,3 +103,33 @@ def instrument_adapter_sync(trainer, publisher: AdapterPublisher) -> None:
         trainer.vllm_client = InstrumentedVLLMClient(
             trainer.vllm_client.server_url, trainer.vllm_client.server_timeout, publisher
         )
+
+
+FAILPOINT_DIR = ".failpoints"
+PAUSE_MID_SAVE = "pause-mid-save"
+
+
+def install_failpoints(trainer, output_dir: str, emit) -> None:
+    """Fault-suite hooks, inert unless their file exists under `<output_dir>/.failpoints/` (tests/faults creates it
+    on the shared volume; nothing in the kit does). `pause-mid-save`: the next checkpoint save stops after the weights
+    and the optimizer state, before `trainer_state.json`, for the seconds the file holds (at most 600), announced by a
+    `failpoint` event — so a test can kill the trainer in the middle of a real save. The file is removed on use."""
+    original = trainer._save_rng_state
+
+    def save_rng_state(checkpoint_dir):
+        flag = os.path.join(output_dir, FAILPOINT_DIR, PAUSE_MID_SAVE)
+        if os.path.isfile(flag):
+            try:
+                with open(flag, encoding="utf-8") as handle:
+                    seconds = float(handle.read().strip() or 60)
+                if not 0 <= seconds <= 600:
+                    raise ValueError(f"{seconds!r} is not a number of seconds from 0 to 600")
+                os.remove(flag)
+            except (OSError, ValueError) as error:
+                log.warning(f"failpoint {flag} ignored: {error}")
+            else:
+                emit("failpoint", name=PAUSE_MID_SAVE, checkpoint=str(checkpoint_dir), seconds=seconds)
+                time.sleep(seconds)
+        return original(checkpoint_dir)
+
+    trainer._save_rng_state = save_rng_state

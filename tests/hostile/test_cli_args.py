@@ -142,6 +142,8 @@ def test_no_traceback_from_the_real_command(tmp_path):
     (["logs", "--tail", "-5"], "--tail"), (["logs", "--tail", "1e3"], "--tail"),
     (["logs", "--tail", "9999999"], "--tail"), (["logs", "--role", "server\nx"], "--role"),
     (["logs", "--role", "../trainer"], "--role"), (["logs", "--host", "-oProxyCommand=x"], "--host"),
+    (["up", "--restarts", "-1"], "--restarts"), (["up", "--restarts", "11"], "--restarts"),
+    (["up", "--restarts", "2\n3"], "--restarts"), (["up", "--restarts=$(id)"], "--restarts"),
 ])
 def test_status_and_logs_flags_refused(tmp_path, args, flag):
     spec = write_spec(tmp_path, base_data("cpu"))

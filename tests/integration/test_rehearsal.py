@@ -1,11 +1,16 @@
 """The real CPU rehearsal end to end: `grpo-deploy up` with the embedded default spec starts the real vLLM CPU
-server and the real TRL async trainer in containers, as the non-root run user, and the reward rises."""
+server and the real TRL async trainer in containers, as the non-root run user, and the reward rises. The run is
+started with a planted HF token and W&B key in its environment: they must reach the containers that need them and
+nothing else (rendered files, logs, process command lines, the volume, `docker inspect` beyond the environment)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -13,20 +18,50 @@ from grpo_deploy import compose as compose_mod
 from grpo_deploy import new_spec, resolve
 
 RUN = "rehearsal"
+# Planted, not real: long enough for the kit's secret detection, unique enough to grep for.
+PLANTED = {"HF_TOKEN": "hf_plantedTokenNotReal9f3a7c", "WANDB_API_KEY": "plantedwandbkey0123456789abcdef0123456789"}
+
+
+class CommandLineSampler:
+    """Reads every process's command line on this machine (containers' processes included: one kernel) twice a
+    second while `up` runs, keeping those that carry a planted secret."""
+
+    def __init__(self):
+        self.leaks: set[str] = set()
+        self.samples = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self.stop.wait(0.5):
+            self.samples += 1
+            for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+                try:
+                    text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    continue
+                if any(value in text for value in PLANTED.values()):
+                    self.leaks.add(text[:300])
 
 
 @pytest.fixture(scope="module")
 def rehearsal(tmp_path_factory, cpu_image, docker_client):
     """One full `grpo-deploy up --fresh` (the README's main command), from a scratch working directory."""
     cwd = tmp_path_factory.mktemp("rehearsal")
-    proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "up", "--fresh", "--keep"], cwd=cwd,
-                          capture_output=True, text=True, timeout=1800)
+    sampler = CommandLineSampler()
+    sampler.thread.start()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "up", "--fresh", "--keep"], cwd=cwd,
+                              capture_output=True, text=True, timeout=1800, env={**os.environ, **PLANTED})
+    finally:
+        sampler.stop.set()
+        sampler.thread.join()
     print(proc.stdout[-6000:])
     print(proc.stderr[-3000:], file=sys.stderr)
     status = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "status", "--json"], cwd=cwd,
                             capture_output=True, text=True, timeout=120)
     yield {"cwd": cwd, "up": proc, "status": json.loads(status.stdout) if status.returncode == 0 else {},
-           "state": cwd / ".grpo-deploy" / RUN}
+           "state": cwd / ".grpo-deploy" / RUN, "sampler": sampler}
     subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "down"], cwd=cwd, capture_output=True, timeout=300)
 
 
@@ -105,3 +140,38 @@ def test_checkpoints_of_the_run_listed_and_verified(rehearsal):
     assert checkpoints("verify").returncode == 0
     dry = checkpoints("prune", "--keep", "1", "--dry-run", "--json")
     assert dry.returncode == 0 and [c["step"] for c in json.loads(dry.stdout)["kept"]] == [found[-1]["step"]]
+
+
+def planted_in(text: str) -> list[str]:
+    return [name for name, value in PLANTED.items() if value in text]
+
+
+def test_planted_secrets_reach_only_the_environments_that_need_them(rehearsal, docker_client):
+    for role, wanted in (("server", {"HF_TOKEN"}), ("trainer", {"HF_TOKEN", "WANDB_API_KEY"})):
+        (c,) = compose_mod.containers(docker_client, RUN, role)
+        env = dict(item.partition("=")[::2] for item in c.attrs["Config"]["Env"])
+        assert {name for name in PLANTED if env.get(name) == PLANTED[name]} == wanted, role
+        rest = {k: v for k, v in c.attrs.items() if k != "Config"}
+        config = {k: v for k, v in c.attrs["Config"].items() if k != "Env"}
+        assert planted_in(json.dumps(rest)) == [] and planted_in(json.dumps(config)) == [], role
+        assert planted_in(c.logs().decode(errors="replace")) == [], f"{role} log"
+
+
+def test_planted_secrets_never_in_files_output_or_command_lines(rehearsal, docker_client):
+    sampler = rehearsal["sampler"]
+    assert sampler.samples > 100, "the command-line sampler did not run through the rehearsal"
+    assert sampler.leaks == set()
+    up = rehearsal["up"]
+    assert planted_in(up.stdout + up.stderr) == []
+    scanned = 0
+    for path in rehearsal["cwd"].rglob("*"):  # rendered config, compose env files, deploy log, metrics copy
+        if path.is_file():
+            scanned += 1
+            assert planted_in(path.read_bytes().decode(errors="replace")) == [], path
+    assert scanned >= 5
+    res = resolve.resolve(new_spec.embedded_default())
+    code, out, err = compose_mod.run_once(docker_client, res.images["trainer"],
+                                          ["grep", "-rlaF", "-e", PLANTED["HF_TOKEN"], "-e", PLANTED["WANDB_API_KEY"],
+                                           res.spec.storage.mount], res.identities["trainer"].user,
+                                          res.spec.storage.volume, res.spec.storage.mount)
+    assert code == 1 and out.strip() == "", out + err  # grep: 1 = nothing found, 2 = error

@@ -70,3 +70,58 @@ def test_an_error_that_is_not_the_engine_being_slow_is_raised_as_is():
     not_found = docker.errors.NotFound("no such container")
     with pytest.raises(docker.errors.NotFound):
         patience.failed(not_found)
+
+
+# ------------------------------------------------------------------ supervise: restarts after a death mid-run
+
+from grpo_deploy import new_spec, resolve  # noqa: E402
+from grpo_deploy.launch import KILLED, RoleDied, RunState, supervise  # noqa: E402
+
+
+def scripted_follow(outcomes):
+    """A follow() that plays *outcomes* in order: an int is the trainer's exit code, a RoleDied is raised."""
+    calls = []
+
+    def follow(since):
+        calls.append(since)
+        outcome = outcomes[len(calls) - 1]
+        if isinstance(outcome, RoleDied):
+            raise outcome
+        return outcome
+
+    return follow, calls
+
+
+def state(tmp_path):
+    return RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path)
+
+
+def test_a_dead_server_is_restarted_and_the_run_continues(tmp_path):
+    follow, calls = scripted_follow([RoleDied("server", KILLED, 22), RoleDied("trainer", KILLED, 31), 0])
+    restarted, lines = [], []
+    st = state(tmp_path)
+    code = supervise(st, lines.append, 100.0, 2, follow, lambda role: restarted.append(role) or 5.0)
+    assert code == 0 and restarted == ["server", "trainer"] and len(calls) == 3
+    assert calls[0] == 100.0 and calls[1] > 100.0  # after a restart only the resumed trainer's steps are printed
+    assert "vLLM server exited with code 137 (SIGKILL" in lines[0] and "at step 22" in lines[0]
+    assert "restarting the server and the trainer" in lines[0] and "restart 1 of 2" in lines[0]
+    assert "restarting the trainer;" in lines[2] and "restart 2 of 2" in lines[2]
+    died = [e for e in st.deploy_events() if e["event"] == "role_died"]
+    assert [(e["role"], e["step"]) for e in died] == [("server", 22), ("trainer", 31)]
+
+
+def test_restarts_used_up_end_the_run_in_one_line(tmp_path):
+    follow, _ = scripted_follow([RoleDied("server", 1, 5), RoleDied("server", KILLED, 9)])
+    restarted = []
+    with pytest.raises(LaunchError) as caught:
+        supervise(state(tmp_path), lambda line: None, 0.0, 1, follow, lambda role: restarted.append(role) or 1.0)
+    assert restarted == ["server"]
+    line = str(caught.value)
+    assert "\n" not in line and "at step 9" in line and "1 restart(s) allowed (--restarts) are used up" in line
+    assert "grpo-deploy logs --role server" in line
+
+
+def test_no_restart_for_a_trainer_that_failed_on_its_own(tmp_path):
+    follow, calls = scripted_follow([1])
+    assert supervise(state(tmp_path), lambda line: None, 0.0, 2, follow, lambda role: pytest.fail(role)) == 1
+    assert len(calls) == 1

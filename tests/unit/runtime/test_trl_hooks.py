@@ -1,6 +1,7 @@
-"""Runtime rebinding of TRL names: the instrumented adapter-load client and the CPU peak-FLOPs lookup."""
+"""Runtime rebinding of TRL names: the instrumented adapter-load client, the CPU peak-FLOPs lookup, the failpoints."""
 
 import pickle
+import time
 
 import pytest
 
@@ -92,3 +93,52 @@ def test_first_successful_load_warms_the_lora_path_once(tmp_path):
     warm = [r for r in server.requests if r[1] == "/v1/completions"]
     assert len(warm) == 1
     assert warm[0][2]["model"] == "trl-policy-v1" and warm[0][2]["max_tokens"] == 1
+
+
+# ------------------------------------------------------------------ failpoints (fault suite hooks)
+
+class SavingTrainer:
+    """Only the method the failpoint wraps, recording its calls."""
+
+    def __init__(self):
+        self.saved = []
+
+    def _save_rng_state(self, checkpoint_dir):
+        self.saved.append(checkpoint_dir)
+
+
+def arm(output_dir, text: str):
+    flag = output_dir / trl_hooks.FAILPOINT_DIR / trl_hooks.PAUSE_MID_SAVE
+    flag.parent.mkdir(parents=True, exist_ok=True)
+    flag.write_text(text)
+    return flag
+
+
+def test_failpoint_inert_without_its_file(tmp_path):
+    trainer, events = SavingTrainer(), []
+    trl_hooks.install_failpoints(trainer, str(tmp_path), lambda *a, **k: events.append((a, k)))
+    trainer._save_rng_state("/x/checkpoint-20")
+    assert trainer.saved == ["/x/checkpoint-20"] and events == []
+
+
+def test_failpoint_pauses_once_announces_and_is_used_up(tmp_path):
+    trainer, events = SavingTrainer(), []
+    flag = arm(tmp_path, "0.2")
+    trl_hooks.install_failpoints(trainer, str(tmp_path), lambda event, **k: events.append((event, k)))
+    started = time.time()
+    trainer._save_rng_state("/x/checkpoint-40")
+    assert time.time() - started >= 0.2 and trainer.saved == ["/x/checkpoint-40"]
+    assert events == [("failpoint", {"name": "pause-mid-save", "checkpoint": "/x/checkpoint-40", "seconds": 0.2})]
+    assert not flag.exists()
+    trainer._save_rng_state("/x/checkpoint-60")  # used up: the next save does not pause
+    assert len(events) == 1
+
+
+@pytest.mark.parametrize("text", ["nan", "-1", "601", "inf", "1e9", "$(id)"])
+def test_failpoint_with_a_bad_value_is_ignored(tmp_path, text):
+    trainer, events = SavingTrainer(), []
+    arm(tmp_path, text)
+    trl_hooks.install_failpoints(trainer, str(tmp_path), lambda *a, **k: events.append(a))
+    started = time.time()
+    trainer._save_rng_state("/x/checkpoint-40")
+    assert events == [] and trainer.saved == ["/x/checkpoint-40"] and time.time() - started < 5
