@@ -14,10 +14,10 @@ from pathlib import Path
 from . import __version__, new_spec, preflight, profiles
 from .bench import add_bench_parser
 from .hosts.connect import HostError, SshOptions
+from .k8s_overlay import OverlayError, overlay_dir, problems, regenerate
 from .kit_data import KitDataMissing
 from .new_spec import InitError
 from .profiles import ProfileError
-from .k8s_overlay import OverlayError, overlay_dir, problems, regenerate
 from .render import RenderError, render_files
 from .render_folder import WriteRefused, diff_tree, write_tree
 from .resolve import Resolved, resolve

@@ -100,7 +100,8 @@ def admin_files(res: Resolved) -> dict[str, str]:
             kustomization),
         "k8s/admin/namespace.yaml": _dump(head, namespace),
         "k8s/admin/shared-pv.yaml": _dump(
-            head + "# Retain: deleting the run never deletes checkpoints. claimRef: only the run's claim binds it.\n", pv),
+            head + "# Retain: deleting the run never deletes checkpoints. claimRef: only the run's claim binds it.\n",
+            pv),
     }
 
 
