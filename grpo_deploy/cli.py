@@ -14,6 +14,7 @@ from pathlib import Path
 from . import __version__, new_spec, preflight, profiles
 from .bench import add_bench_parser
 from .hosts.connect import HostError, SshOptions
+from .k8s_overlay import OverlayError, overlay_dir, problems, regenerate
 from .kit_data import KitDataMissing
 from .new_spec import InitError
 from .profiles import ProfileError
@@ -528,6 +529,24 @@ def cmd_diagnose(args) -> int:
 
 # ---------------------------------------------------------------- parser
 
+def cmd_k8s_render(args) -> int:
+    overlay = overlay_dir(args.overlay)
+    written = regenerate(overlay)
+    print(f"rendered {len(written)} files into {overlay}/generated/ from {overlay}/spec.yaml")
+    return 0
+
+
+def cmd_k8s_check(args) -> int:
+    overlay = overlay_dir(args.overlay)
+    found = problems(overlay)
+    if found:
+        more = f" (and {len(found) - 1} more: run again after fixing this)" if len(found) > 1 else ""
+        raise CliError(found[0] + more)
+    print(f"{overlay}: ready: as a cluster admin `kubectl apply -k {overlay}/admin` (when it has one), then "
+          f"`kubectl apply -k {overlay}`")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="grpo-deploy",
@@ -560,6 +579,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, metavar="DIR", type=_output_path, help="output directory")
     p.add_argument("--check", action="store_true", help="diff DIR against a fresh render instead of writing")
     p.set_defaults(fn=cmd_render)
+
+    p = sub.add_parser("k8s", help="a Kubernetes overlay (k8s/<name>/): render its generated/, check it before apply")
+    k8s = p.add_subparsers(dest="k8s_verb", metavar="ACTION", required=True, parser_class=Parser)
+    q = k8s.add_parser("render", help="rewrite OVERLAY/generated/ from OVERLAY/spec.yaml (only files the kit wrote)")
+    q.add_argument("overlay", metavar="OVERLAY", help="an overlay folder, e.g. k8s/h200")
+    q.set_defaults(fn=cmd_k8s_render)
+    q = k8s.add_parser("check", help="refuse an overlay that still holds a placeholder (NFS address, registry) or a "
+                                     "stale generated/; exit 0 when it is ready for kubectl apply -k")
+    q.add_argument("overlay", metavar="OVERLAY", help="an overlay folder, e.g. k8s/h200")
+    q.set_defaults(fn=cmd_k8s_check)
 
     p = sub.add_parser("plan", help="what runs where, memory fit, checkpoint size and disk need per host",
                        description="Plan the run: roles and GPUs per host, memory fit (rough estimates), checkpoint "
@@ -691,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return EXIT_USAGE
-    except (CliError, InitError, ProfileError, HostError, RenderError, KitDataMissing) as exc:
+    except (CliError, InitError, ProfileError, HostError, RenderError, KitDataMissing, OverlayError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # output piped into `head` and closed: not an error of the run

@@ -31,11 +31,10 @@ def k8s_overlays(root: Path | None = None) -> list[Path]:
 
 
 def k8s_generated(overlay: Path) -> dict[str, str]:
-    """generated/-relative path -> text: the run config files plus the params kustomize replacements read."""
+    """generated/-relative path -> text: the run config files plus what the render writes for kustomize (k8s/:
+    params.env, placement.yaml, admin/)."""
     rendered = render_files(resolve(load(overlay / "spec.yaml")))
-    out = {rel.split("/", 1)[1]: text for rel, text in rendered.items() if rel.startswith("config/")}
-    out["params.env"] = rendered["k8s/params.env"]
-    return out
+    return {rel.split("/", 1)[1]: text for rel, text in rendered.items() if rel.startswith(("config/", "k8s/"))}
 
 
 def renders() -> dict[Path, dict[str, str]]:

@@ -10,7 +10,9 @@ Layout of a render:
     verl-overrides.txt  Hydra overrides for verl.trainer.main_ppo   (verl)
   hosts/<host>.env   docker compose environment for that host (services to start, images, users, volume)
   hosts/<host>.gpu.yaml  compose override reserving that host's GPUs (GPU profiles only)
-  k8s/params.env     values the kustomize overlays consume (images, UID/GID, mount)
+  k8s/params.env     values the kustomize overlays consume (images, UID/GID, mount, HF cache); grpo_deploy.render_k8s
+  k8s/placement.yaml GPU node affinity of the profile (GPU profiles only)
+  k8s/admin/         the run's Namespace and NFS PersistentVolume, for a cluster admin (storage.nfs only)
   resolved.json      every effective setting with its source and reason
 """
 
@@ -24,6 +26,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from . import render_k8s
 from .plan import Architecture, checkpoint_bytes
 from .resolve import Resolved, as_dict, gpu_split
 from .runtime.config import RunConfig, config_text
@@ -312,21 +315,8 @@ def render_files(res: Resolved, config_dir: str = "/etc/grpo-deploy-render/confi
     *publish_ips* the server host's IP as the deployer resolved it (`up`)."""
     files = CONFIG_FILES[res.engine](res, publish_ips)
     files.update(host_files(res, config_dir, publish_ips))
-    files["k8s/params.env"] = _k8s_params(res)
+    k8s = render_k8s.k8s_files(res)
+    check_env_file(k8s["k8s/params.env"], "k8s/params.env")
+    files.update(k8s)
     files["resolved.json"] = json.dumps(as_dict(res), indent=2, sort_keys=True, default=str) + "\n"
     return files
-
-
-def _k8s_params(res: Resolved) -> str:
-    ident = res.main_identity
-    spec = res.spec
-    params = {"run": spec.run.name, "uid": ident.uid, "gid": ident.gid, "mount": spec.storage.mount}
-    params.update({f"image_{role}": image for role, image in sorted(res.images.items())})
-    nfs = spec.storage.nfs
-    if nfs is not None:
-        params.update(nfs_server=nfs.server, nfs_export=nfs.export, nfs_options=nfs.options)
-    if res.engine_info.server_role:
-        params.update(served_model=res.settings.model.served_name, server_port=res.settings.vllm.port)
-    text = f"# Values the kustomize overlays consume for run {spec.run.name} (rendered by grpo-deploy).\n" + "".join(
-        f"{key}={value}\n" for key, value in params.items())
-    return check_env_file(text, "k8s/params.env")

@@ -44,3 +44,18 @@ def test_engine_mismatch_names_the_profiles_that_fit():
     msg = profiles.engine_mismatch(profiles.load("a100"), "trl-async")
     assert msg == ("profile 'a100' does not support engine 'trl-async' (it supports verl); "
                    "profiles for trl-async: cpu, gb10, h200")
+
+
+@pytest.mark.parametrize("name", ["a100", "cpu", "gb10", "h200"])
+def test_kubernetes_gpu_products_name_the_profiles_gpu(name):
+    """GPU Feature Discovery's nvidia.com/gpu.product is the nvidia-smi name with spaces as '-': each listed product
+    must be the GPU that preflight accepts (gpu_name_contains); a GPU profile lists at least one, cpu none."""
+    hw = profiles.load(name).hardware
+    products = hw.get("k8s_gpu_products") or []
+    if hw["accelerator"] != "cuda":
+        assert not products
+        return
+    assert products and len(set(products)) == len(products)
+    for product in products:
+        assert product.startswith("NVIDIA-") and " " not in product
+        assert hw["gpu_name_contains"] in product.replace("-", " "), (product, hw["gpu_name_contains"])
