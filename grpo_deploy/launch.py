@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -68,25 +69,55 @@ class RunState:
 
     @contextlib.contextmanager
     def up_lock(self) -> Iterator[None]:
-        """One `up` of this run at a time from this folder: a second one is refused at once, naming the first
-        (an flock: released by the kernel when the holder exits, however it exits)."""
+        """One `up` of this run at a time on this machine: a second one — from this folder or any other of this user
+        — is refused at once, naming the first (flocks: released by the kernel when the holder exits, however it
+        exits). Runs of the same name started by another user or left up (`--keep`) from another folder are caught
+        on the Docker engine (refuse_foreign_run)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.dir / "up.lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            os.close(fd)
-            raise LaunchError(f"run {self.res.spec.run.name} is already being started from this folder ({holder}): "
-                              "follow it with `grpo-deploy status --watch`, or stop it with `grpo-deploy down`, "
-                              "then run up again") from None
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"`grpo-deploy up`, pid {os.getpid()}, since {time.strftime('%H:%M:%S')}".encode(), 0)
+        host_wide = Path(tempfile.gettempdir()) / f"grpo-deploy-{os.getuid()}"
+        host_wide.mkdir(mode=0o700, exist_ok=True)
+        with _flock(self.dir / "up.lock", f"run {self.res.spec.run.name} is already being started from this folder"), \
+                _flock(host_wide / f"up-{self.res.spec.run.name}.lock",
+                       f"run {self.res.spec.run.name} is already being started from another folder"):
             yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+
+
+@contextlib.contextmanager
+def _flock(path: Path, busy: str) -> Iterator[None]:
+    """Hold an exclusive flock on *path*, recording who holds it; LaunchError (busy + the holder) when taken."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 300, 0).decode(errors="replace").strip() or "another process"
+        os.close(fd)
+        raise LaunchError(f"{busy} ({holder}): follow it with `grpo-deploy status --watch`, or stop it with "
+                          "`grpo-deploy down`, then run up again") from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"`grpo-deploy up` in {os.getcwd()}, pid {os.getpid()}, since "
+                      f"{time.strftime('%H:%M:%S')}".encode(), 0)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+ENV_FILE_LABEL = "com.docker.compose.project.environment_file"
+
+
+def refuse_foreign_run(client, state: RunState) -> None:
+    """LaunchError when containers of a run of this name run on this engine from another folder's render: starting
+    would recreate them under that run (seen: a second `up` of `rehearsal` from another folder SIGTERMed the
+    first one's server)."""
+    mine = str(state.render_dir / "hosts" / "local.env")
+    name = state.res.spec.run.name
+    foreign = [c for c in compose.containers(client, name, all_=False) if c.labels.get(ENV_FILE_LABEL, mine) != mine]
+    if foreign:
+        origin = foreign[0].labels[ENV_FILE_LABEL].split(f"/{STATE_ROOT.name}/", 1)[0]
+        raise LaunchError(f"run {name} is already running on this Docker engine, started from {origin} (containers "
+                          f"{', '.join(sorted(c.name for c in foreign))}): stop it there with `grpo-deploy down`, "
+                          "or give this run another run.name")
 
 
 def write_render(state: RunState) -> None:
@@ -389,6 +420,7 @@ def _up(state: RunState, keep: bool, fresh: bool, out, restarts: int = 2) -> int
         client = facts.docker_client(timeout=UP_ENGINE_TIMEOUT_S)
     except facts.DockerUnavailable as exc:
         raise LaunchError(f"no Docker engine answers: {exc}") from None
+    refuse_foreign_run(client, state)
     build_images(client, res, log)
 
     log("preflight")

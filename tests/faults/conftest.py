@@ -5,15 +5,38 @@ build/faults.json (README's "what we test" figures come from it)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
+from grpo_deploy import resolve, spec
 from grpo_deploy.runtime.table import table
+from tests.specs import spec_data
 
 from ..integration.conftest import cpu_image, docker_client  # noqa: F401 - the same real engine and cpu image
 
 ROWS: list[dict] = []
+RUN = "faults"
+MAX_STEPS, SAVE_EVERY = 16, 4  # the rehearsal's workload, shorter and saved more often: each fault costs minutes
+
+
+@pytest.fixture()
+def fault_run(tmp_path):
+    """A spec for one fault (the cpu rehearsal as run `faults`: 16 steps, a checkpoint every 4), written into a
+    scratch folder, and its resolution; the run is stopped at the end whatever happened."""
+    data = spec_data("cpu", "trl-async", (), **{"run.name": RUN, "checkpoints.save_every": SAVE_EVERY,
+                                                 "overrides": {"trl": {"max_steps": MAX_STEPS}}})
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    res = resolve.resolve(spec.load(str(path)))
+    assert (res.settings.trl.max_steps, res.settings.trl.save_steps) == (MAX_STEPS, SAVE_EVERY)
+    yield {"cwd": tmp_path, "spec": path, "res": res, "state": tmp_path / ".grpo-deploy" / RUN}
+    subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "down", "-f", str(path)], cwd=tmp_path,
+                   capture_output=True, timeout=300)
+
 OUT = Path(__file__).resolve().parents[2] / "build" / "faults.json"
 COLUMNS = ("fault", "expected", "observed", "steps lost", "data lost", "verdict")
 

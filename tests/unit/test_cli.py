@@ -76,10 +76,27 @@ def test_a_second_up_of_the_same_run_is_refused_at_once(tmp_path):
                               text=True, timeout=120)
         assert proc.returncode == 2 and "Traceback" not in proc.stderr
         (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-        assert "run rehearsal is already being started from this folder (`grpo-deploy up`, pid" in line
+        assert "run rehearsal is already being started from this folder (`grpo-deploy up` in " in line
         assert not (state.dir / "render").exists()  # nothing rendered, built or started
     with state.up_lock():  # released by the holder: the next up may go
         pass
+
+
+def test_a_second_up_of_the_same_run_from_another_folder_is_refused(tmp_path):
+    """The run's containers are one set per Docker engine: an `up` of the same run name from another folder would
+    recreate them under the first one (seen in a test run: the first run's server got SIGTERM)."""
+    from grpo_deploy import launch, resolve
+
+    first = launch.RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path / "a" / ".grpo-deploy")
+    other = tmp_path / "b"
+    other.mkdir()
+    with first.up_lock():
+        proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "up"], cwd=other, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        (line,) = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+        assert "run rehearsal is already being started from another folder (`grpo-deploy up` in" in line
+        assert not (other / ".grpo-deploy" / "rehearsal" / "render").exists()
 
 
 def test_the_cli_runs_without_the_runtime_extra():
