@@ -52,7 +52,7 @@ def ansible_host_image() -> str:
     base = host_image()
     dockerfile = (f"FROM {base}\n"
                   "RUN apt-get update -qq \\\n"
-                  " && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends sudo >/dev/null \\\n"
+                  " && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends sudo \\\n"
                   " && rm -rf /var/lib/apt/lists/* \\\n"
                   f" && echo '{LOGIN_USER} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/{LOGIN_USER} \\\n"
                   f" && chmod 0440 /etc/sudoers.d/{LOGIN_USER} && visudo -cq\n")
@@ -118,7 +118,8 @@ def play(inventory: Path, spec: Path, hosts, *extra: str) -> subprocess.Complete
     proc = subprocess.run(["ansible-playbook", "-i", str(inventory), str(ANSIBLE / "site.yml"),
                            "-e", json.dumps(extra_vars), *extra],
                           capture_output=True, text=True, timeout=600, env=env, cwd=hosts.dir)
-    print(f"$ ansible-playbook site.yml {' '.join(extra)} -> exit {proc.returncode} in {time.monotonic() - start:.1f} s")
+    took = time.monotonic() - start
+    print(f"$ ansible-playbook site.yml {' '.join(extra)} -> exit {proc.returncode} in {took:.1f} s")
     print(proc.stdout[-5000:], proc.stderr[-2000:])
     return proc
 
@@ -179,6 +180,7 @@ def test_broken_host_fails_named_checks_and_preflight_play(hosts, inventory, spe
     spark1, spark2 = hosts["spark1"], hosts["spark2"]
     spark2.exec(["chown", "0:0", SHARED_DIR])  # one directory behind both hosts: both see it
     spark2.exec(["gpasswd", "-d", LOGIN_USER, "docker"])
+    assert spark1.exec(["stat", "-c", "%u:%g", SHARED_DIR]).strip() == "0:0"  # the same directory behind spark1
     proc = check(spec, hosts)
     got = check_lines(proc.stdout)
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -191,6 +193,7 @@ def test_broken_host_fails_named_checks_and_preflight_play(hosts, inventory, spe
     # The play's preflight (the kit's own checks, run by the preflight role) fails on it too, naming check and host.
     pre = play(inventory, spec, hosts, "--tags", "preflight")
     assert pre.returncode != 0, pre.stdout
-    assert re.search(r"grpo-deploy preflight failed: docker on spark2: no Docker engine answers", pre.stdout), pre.stdout
+    failed = re.search(r"grpo-deploy preflight failed: docker on spark2: no Docker engine answers", pre.stdout)
+    assert failed, pre.stdout
     assert "docker on spark1" not in pre.stdout
 

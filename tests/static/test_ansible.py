@@ -86,7 +86,8 @@ def test_example_inventory_groups():
 @pytest.mark.parametrize("role", ALL_ROLES)
 def test_role_layout(role):
     base = ANSIBLE / "roles" / role
-    wanted = ["defaults/main.yml", "tasks/main.yml"] + ([] if role in NO_OS_VARS else ["vars/Debian.yml", "vars/Ubuntu.yml"])
+    os_vars = [] if role in NO_OS_VARS else ["vars/Debian.yml", "vars/Ubuntu.yml"]
+    wanted = ["defaults/main.yml", "tasks/main.yml", *os_vars]
     for rel in wanted:
         assert (base / rel).is_file(), f"roles/{role}/{rel} missing"
     defaults = yaml.safe_load((base / "defaults/main.yml").read_text())
