@@ -150,6 +150,8 @@ HOSTILE = [
     ("shared_dir", "path-leading-dash", {"shared_dir_path": "-rf"}, "-rf"),
     ("shared_dir", "path-system-dir", {"shared_dir_path": "/etc"}, '"/etc"'),
     ("docker", "user-dollar", {"docker_users": ["$(id)"]}, "$(id)"),
+    ("docker", "toolkit-repo-newline", {"docker_nvidia_toolkit_repo": {"uris": "http://mirror.invalid/x\n deb y"}},
+     "docker_nvidia_toolkit_repo"),
     ("nfs_server", "no-root-squash", {"nfs_server_clients": ["spark2"], "nfs_server_options": "rw,no_root_squash"},
      "rw,no_root_squash"),
     ("nfs_server", "client-newline", {"nfs_server_clients": ["spark2\n/ *(rw"]}, "spark2"),
