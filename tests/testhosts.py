@@ -370,9 +370,11 @@ def _teardown(th: TestHosts, started: list[TestHost], throwaway: list[str]) -> N
 
 @contextlib.contextmanager
 def test_hosts(n: int, tmp_path: Path, small_disk: dict[str, str] | None = None, fresh: bool = False,
-               timeout: float = READY_TIMEOUT_S, volume_prefix: str = "grpo-testhost") -> Iterator[TestHosts]:
+               timeout: float = READY_TIMEOUT_S, volume_prefix: str = "grpo-testhost",
+               image: str | None = None) -> Iterator[TestHosts]:
     """n hosts spark1..n (hostname, network alias and ssh alias alike) on a new network, ready when yielded.
 
+    *image* is the host image (default host_image()); one built FROM it, for a test that needs more in its hosts.
     *small_disk* {host name: size} mounts a tmpfs of that size (owned 1000:1000) at SMALL_DIR on those hosts.
     *fresh* removes the kept docker volumes <volume_prefix>-<name>-docker before starting (an empty engine).
     Files (key, known_hosts, ssh_config) and the shared directory go under *tmp_path*."""
@@ -381,7 +383,7 @@ def test_hosts(n: int, tmp_path: Path, small_disk: dict[str, str] | None = None,
     unknown = set(small_disk or {}) - {f"spark{i}" for i in range(1, n + 1)}
     if unknown:
         raise ValueError(f"small_disk names hosts that are not in the set: {sorted(unknown)}")
-    image = host_image()
+    image = image or host_image()
     tag = secrets.token_hex(3)
     work = Path(tmp_path) / f"testhosts-{tag}"
     work.mkdir(parents=True)

@@ -1,0 +1,199 @@
+"""ansible/site.yml run for real, over SSH, against two test hosts (tests/testhosts.py: Debian bookworm containers with
+their own sshd and Docker engine, one host directory mounted at /srv/grpo-shared in both), then checked with the kit's
+own testinfra suite (`grpo-deploy check`).
+
+- The hosts are the deployer's test hosts plus sudo for the login user (Ansible's become): an image built FROM the
+  test-host image, kept by the hash of its inputs. They run on their own network with their own kept engine volumes
+  (grpo-ansiblehost-<name>-docker), so other test sessions' hosts are never touched.
+- What a container cannot run is skipped by the play's named conditions, not by the test: grpo_nfs_kernel is false
+  there (no kernel NFS server or client: the export directory and its export line are written, exportfs, the service
+  and the mount are not), grpo_has_gpu is false (no NVIDIA toolkit), spark_link_applicable is false (no netplan, no
+  CX-7 interfaces). The Docker engine is present and is kept (no package is installed from the network).
+- The play converges (changes on the first run), a second run reports changed=0, the kit's preflight (the play's last
+  play) passes, and `grpo-deploy check` passes; then a host broken on purpose (the shared directory chowned to root,
+  the login user dropped from the docker group on spark2) fails the named checks of `grpo-deploy check` and the
+  play's preflight (a full run repairs both: the converge above shows the play sets them; not repeated here, to keep the
+  test's run time down).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpo_deploy import new_spec
+from tests.check_output import check_lines
+from tests.testhosts import LOGIN_USER, SHARED_DIR, _docker, host_image, test_hosts
+
+pytestmark = pytest.mark.docker
+
+ROOT = Path(__file__).resolve().parents[2]
+ANSIBLE = ROOT / "ansible"
+IMAGE_REPO = "grpo-deploy/testhost-ansible"
+EXPORT_DIR = "/srv/grpo-export"
+RUN_UID = 1000
+HOST_CHECKS = ("shared_dir_present", "shared_dir_owner", "shared_dir_mode", "login_user_can_use_docker",
+               "docker_engine_answers", "compose_v2_answers", "checkpoint_disk_headroom")
+
+
+def ansible_host_image() -> str:
+    """The test-host image plus sudo (no password) for the login user; built once per input hash."""
+    base = host_image()
+    dockerfile = (f"FROM {base}\n"
+                  "RUN apt-get update -qq \\\n"
+                  " && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends sudo \\\n"
+                  " && rm -rf /var/lib/apt/lists/* \\\n"
+                  f" && echo '{LOGIN_USER} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/{LOGIN_USER} \\\n"
+                  f" && chmod 0440 /etc/sudoers.d/{LOGIN_USER} && visudo -cq\n")
+    tag = f"{IMAGE_REPO}:{hashlib.sha256(dockerfile.encode()).hexdigest()[:12]}"
+    if _docker("image", "ls", "-q", tag).strip():
+        return tag
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("Dockerfile")
+        info.size = len(dockerfile)
+        tar.addfile(info, io.BytesIO(dockerfile.encode()))
+    start = time.monotonic()
+    _docker("build", "-q", "-t", tag, "-", stdin=buf.getvalue(), timeout=600)
+    print(f"[ansible hosts] built {tag} in {time.monotonic() - start:.1f} s")
+    return tag
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    with test_hosts(2, tmp_path_factory.mktemp("ansiblehosts"), image=ansible_host_image(),
+                    volume_prefix="grpo-ansiblehost") as th:
+        yield th
+
+
+@pytest.fixture(scope="module")
+def spec(hosts, tmp_path_factory) -> Path:
+    """cpu profile, trainer on spark1, server on spark2, hosts[].shared_dir the shared directory, no storage.nfs
+    (no kernel NFS client in a container: the test hosts share a bind-mounted directory instead)."""
+    data = yaml.safe_load(new_spec.spec_text("cpu", "trl-async", ["spark1", "spark2"]))
+    data["storage"]["nfs"] = None
+    for host in data["hosts"]:
+        host["shared_dir"] = SHARED_DIR
+    path = tmp_path_factory.mktemp("ansiblespec") / "grpo-deploy.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def inventory(hosts, tmp_path_factory) -> Path:
+    data = {"all": {
+        "vars": {"ansible_user": LOGIN_USER, "ansible_ssh_common_args": f"-F {hosts.ssh_config}",
+                 "ansible_python_interpreter": "/usr/bin/python3", "run_user_uid": RUN_UID, "run_user_gid": RUN_UID,
+                 "shared_dir_path": SHARED_DIR, "nfs_server_export_path": EXPORT_DIR, "docker_users": [LOGIN_USER]},
+        "children": {
+            "run_hosts": {"children": {"trainers": {"hosts": {"spark1": {"spark_link_host_id": 1}}},
+                                       "servers": {"hosts": {"spark2": {"spark_link_host_id": 2}}}}},
+            "spark_link": {"hosts": {"spark1": None, "spark2": None},
+                           "vars": {"spark_link_ports": [{"interface": "enp1s0f1np1", "subnet": "192.168.100.0/24"}]}},
+            "nfs_server": {"hosts": {"spark1": None}, "vars": {"nfs_server_clients": ["spark1", "spark2"]}},
+        }}}
+    path = tmp_path_factory.mktemp("ansibleinv") / "inventory.yml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def play(inventory: Path, spec: Path, hosts, *extra: str) -> subprocess.CompletedProcess:
+    extra_vars = {"preflight_spec": str(spec), "preflight_ssh_config": str(hosts.ssh_config),
+                  "preflight_command": [sys.executable, "-m", "grpo_deploy.cli"]}
+    env = {**os.environ, "ANSIBLE_NOCOLOR": "1", "ANSIBLE_FORCE_COLOR": "0", "PYTHONPATH": str(ROOT),
+           "ANSIBLE_SSH_CONTROL_PATH_DIR": str(hosts.dir / "cp"), "ANSIBLE_HOST_KEY_CHECKING": "True",
+           "ANSIBLE_RETRY_FILES_ENABLED": "False", "ANSIBLE_PIPELINING": "True"}
+    start = time.monotonic()
+    proc = subprocess.run(["ansible-playbook", "-i", str(inventory), str(ANSIBLE / "site.yml"),
+                           "-e", json.dumps(extra_vars), *extra],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=hosts.dir)
+    took = time.monotonic() - start
+    print(f"$ ansible-playbook site.yml {' '.join(extra)} -> exit {proc.returncode} in {took:.1f} s")
+    print(proc.stdout[-5000:], proc.stderr[-2000:])
+    return proc
+
+
+def recap(out: str) -> dict[str, dict[str, int]]:
+    """{host: {ok, changed, failed, ...}} from the PLAY RECAP."""
+    found = {}
+    for host, counts in re.findall(r"^(\S+)\s*:\s*(ok=.*)$", out.split("PLAY RECAP")[-1], re.M):
+        found[host] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", counts)}
+    assert found, out
+    return found
+
+
+def check(spec: Path, hosts) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "check", "-f", str(spec), "--ssh-config",
+                           str(hosts.ssh_config)], capture_output=True, text=True, timeout=600, cwd=spec.parent,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    print(f"$ grpo-deploy check -> exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
+    return proc
+
+
+def test_site_converges_is_idempotent_and_passes_check(hosts, inventory, spec):
+    for host in hosts:  # what the play must create is not there before it runs
+        assert host.exec(["getent", "passwd", str(RUN_UID)], check=False) == ""
+    first = play(inventory, spec, hosts)
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr
+    counts = recap(first.stdout)
+    assert counts["spark1"]["changed"] >= 4 and counts["spark2"]["changed"] >= 2, counts  # user, group, dirs, export
+    assert counts["localhost"]["failed"] == 0 and "grpo-deploy preflight:" in first.stdout, first.stdout[-3000:]
+    # The named conditions held, and what a container cannot run was skipped by them.
+    assert "grpo_has_gpu=False grpo_nfs_kernel=False (detected" in first.stdout, first.stdout
+    assert "spark_link_applicable is false on spark1: no /usr/sbin/netplan" in first.stdout
+    assert "Install the Docker engine (none installed)" in first.stdout  # the task ran, and skipped: docker.io is there
+    for host in hosts:
+        assert host.exec(["getent", "passwd", str(RUN_UID)]).split(":")[:4] == ["grpo", "x", str(RUN_UID), str(RUN_UID)]
+        assert host.exec(["stat", "-c", "%u:%g %a", SHARED_DIR]).strip() == f"{RUN_UID}:{RUN_UID} 775"
+        assert host.exec(["sh", "-c", "test -e /etc/netplan/40-grpo-spark-link.yaml && echo written || echo absent"]
+                         ).strip() == "absent"
+    spark1 = hosts["spark1"]
+    assert spark1.exec(["stat", "-c", "%u:%g %a", EXPORT_DIR]).strip() == f"{RUN_UID}:{RUN_UID} 775"
+    export = spark1.exec(["cat", "/etc/exports.d/grpo-deploy.exports"]).splitlines()[-1]
+    assert export == (f"{EXPORT_DIR} spark1(rw,sync,no_subtree_check,root_squash) "
+                      "spark2(rw,sync,no_subtree_check,root_squash)"), export
+
+    second = play(inventory, spec, hosts)
+    assert second.returncode == 0, second.stdout[-4000:] + second.stderr
+    counts = recap(second.stdout)
+    assert all(c["changed"] == 0 and c["failed"] == 0 for c in counts.values()), counts
+
+    proc = check(spec, hosts)
+    got = check_lines(proc.stdout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in HOST_CHECKS:
+        assert got[("spark1", name)].startswith("PASS") and got[("spark2", name)].startswith("PASS"), name
+
+
+def test_broken_host_fails_named_checks_and_preflight_play(hosts, inventory, spec):
+    spark1, spark2 = hosts["spark1"], hosts["spark2"]
+    spark2.exec(["chown", "0:0", SHARED_DIR])  # one directory behind both hosts: both see it
+    spark2.exec(["gpasswd", "-d", LOGIN_USER, "docker"])
+    assert spark1.exec(["stat", "-c", "%u:%g", SHARED_DIR]).strip() == "0:0"  # the same directory behind spark1
+    proc = check(spec, hosts)
+    got = check_lines(proc.stdout)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    for name in ("spark1", "spark2"):
+        assert got[(name, "shared_dir_owner")].startswith("FAIL"), got
+        assert f"{SHARED_DIR} is owned by 0:0; the run runs as {RUN_UID}:{RUN_UID}" in got[(name, "shared_dir_owner")]
+    assert got[("spark2", "login_user_can_use_docker")].startswith("FAIL"), got
+    assert got[("spark1", "login_user_can_use_docker")].startswith("PASS"), got
+
+    # The play's preflight (the kit's own checks, run by the preflight role) fails on it too, naming check and host.
+    pre = play(inventory, spec, hosts, "--tags", "preflight")
+    assert pre.returncode != 0, pre.stdout
+    failed = re.search(r"grpo-deploy preflight failed: docker on spark2: no Docker engine answers", pre.stdout)
+    assert failed, pre.stdout
+    assert "docker on spark1" not in pre.stdout
+
