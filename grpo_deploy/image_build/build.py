@@ -202,6 +202,7 @@ def build(client, recipe: Recipe, images: Path, package_dir: Path, build_dir: Pa
     input-hash label matches."""
     tag = tag or recipe.tag
     log_dir = build_dir / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)  # the build state lives here, never in the kit's own folders
     wheel_dir = wheel_dir or build_dir / "wheelhouse" / recipe.wheelhouse_name()
     if image_or_none(client, recipe.base) is None:
         if recipe.base != BASE_TAG:

@@ -23,7 +23,7 @@ def _shown(text: str) -> str:
 
 def image_tag(text: str) -> str:
     """REPO:TAG as Docker accepts it (lower-case repository path, explicit tag)."""
-    if not _TAG.match(text):
+    if not _TAG.fullmatch(text):
         raise BadValue(f"{_shown(text)} is not an image tag: write REPOSITORY:TAG, e.g. grpo-deploy/cpu:mine "
                        "(lower-case letters, digits, . _ - and / in the repository; no spaces, $ or ..)")
     return text
@@ -52,7 +52,7 @@ def checked_path(text: str) -> str:
 
 def mirror_url(text: str) -> str:
     """An http(s):// or file:// Debian mirror URL without spaces, quotes or '$'."""
-    if not _URL.match(text) or ".." in text.split("/"):
+    if not _URL.fullmatch(text) or ".." in text.split("/"):
         raise BadValue(f"{_shown(text)} is not a mirror URL: give http://HOST/PATH, https://... or file:///PATH "
                        "(no spaces, quotes, '$' or '..')")
     return text

@@ -4,6 +4,7 @@ log file whose path is printed, and on failure the last lines of that log."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterable
@@ -69,7 +70,7 @@ class Step:
 
     def _draw(self, text: str, end: str = "") -> None:
         line = f"{self.name}: {text}"
-        width = max(40, os.get_terminal_size(self.out.fileno()).columns - 1) if self.tty else 200
+        width = max(40, shutil.get_terminal_size((100, 20)).columns - 1)
         print(f"\r\033[K{line[:width]}", end=end, file=self.out, flush=True)
 
     def update(self, detail: str, done: float | None = None, total: float | None = None) -> None:

@@ -13,7 +13,7 @@ from . import locks
 from .progress import Step, StepFailed, human
 from .recipes import Recipe, pip_flags
 
-_COLLECTING = re.compile(r"^Collecting (\S+)")
+_COLLECTING = re.compile(r"^(?:Collecting|Processing) (\S+)")  # from an index | from a local file
 _SIZE = re.compile(r"^\s*Downloading \S+ \((?P<n>[0-9.]+) (?P<unit>[kMG]?B)\)")
 _UNITS = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}
 
