@@ -122,7 +122,8 @@ def build_images(client, res: Resolved, log: Callable[[str], None]) -> float:
     label and returns in seconds when nothing changed, and rebuilds only the code layer when the kit's code did, so
     a kit update never runs against an image holding older runtime code.
     """
-    from .image_build import build as image_build, places
+    from .image_build import build as image_build
+    from .image_build import places
     from .image_build.door import BadValue
     from .image_build.progress import StepFailed
     from .image_build.recipes import RECIPES

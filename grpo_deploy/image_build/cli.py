@@ -3,7 +3,6 @@ only; the work is in the modules beside it."""
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import subprocess
 import sys

@@ -7,9 +7,10 @@ import argparse
 import re
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_TAG = re.compile(rf"^(?:{_COMPONENT}(?::[0-9]{{1,5}})?/)?{_COMPONENT}(?:/{_COMPONENT})*:[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}}$")
+_TAG = re.compile(rf"(?:{_COMPONENT}(?::[0-9]{{1,5}})?/)?{_COMPONENT}(?:/{_COMPONENT})*"
+                  r":[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_URL = re.compile(r"^(?:https?|file)://[A-Za-z0-9._~:/?#\[\]@!&()*+,;=%-]+$")
+_URL = re.compile(r"(?:https?|file)://[A-Za-z0-9._~:/?#\[\]@!&()*+,;=%-]+")
 MAX_ID = 2**31 - 2
 
 

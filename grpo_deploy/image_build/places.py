@@ -26,7 +26,8 @@ def in_checkout() -> bool:
 
 
 def build_dir(environ=os.environ) -> Path:
-    """$GRPO_BUILD_DIR (checked like a flag), else build/ in a checkout, else ${XDG_CACHE_HOME:-~/.cache}/grpo-deploy/build."""
+    """$GRPO_BUILD_DIR (checked like a flag), else build/ in a checkout, else
+    ${XDG_CACHE_HOME:-~/.cache}/grpo-deploy/build."""
     given = environ.get(BUILD_DIR_ENV)
     if given is not None:
         try:

@@ -5,8 +5,9 @@ into that package.
 
 The cpu image: a tag of its own, built first from the checkout on the existing dependency image (the code layer only,
 seconds to a minute) with `grpo-deploy images build`; the wheel's `up` then builds the same tag in-process from its
-packaged images/, and must find it current (the input hash does not change because the files were copied into a wheel). A run name, volume and port of
-its own keep it apart from other runs on the engine; it trains 4 steps, and everything it created is removed."""
+packaged images/, and must find it current (the input hash does not change because the files were copied into a
+wheel). A run name, volume and port of its own keep it apart from other runs on the engine; it trains 4 steps, and
+everything it created is removed."""
 
 from __future__ import annotations
 
@@ -114,7 +115,8 @@ def installed(docker_client):
         out["site_before"] = _tree(site)
 
         # The image tag, built from the checkout the way `make images` does (code layer only).
-        proc = timed("checkout_build", [sys.executable, "-m", "grpo_deploy.cli", "images", "build", "cpu", "--tag", TAG],
+        proc = timed("checkout_build",
+                     [sys.executable, "-m", "grpo_deploy.cli", "images", "build", "cpu", "--tag", TAG],
                      env={**env, "PYTHONPATH": str(REPO), "GRPO_BUILD_DIR": str(scratch / "checkout-build")},
                      cwd=REPO, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
