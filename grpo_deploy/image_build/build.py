@@ -20,8 +20,9 @@ from .progress import Step, StepFailed, human
 from .recipes import BASE_TAG, Recipe
 
 DEPS_REPO_SUFFIX = "-deps"
-INSTALL_STAGE_LABEL = "org.grpo-deploy.stage=cpu-deps-install"
-"""The throw-away install stage of a dependency image (wheels + a second venv): pruned after a build."""
+INSTALL_STAGE_LABEL = "org.grpo-deploy.stage={recipe}-deps-install"
+"""The label of a dependency image's throw-away install stage (wheels + a second venv), pruned after a build: a
+recipe's Dockerfile.deps puts it on that stage (`LABEL org.grpo-deploy.stage=cpu-deps-install`)."""
 _STEP = re.compile(r"^Step (\d+)/(\d+) :")
 CHUNK = 1 << 20
 
@@ -191,7 +192,7 @@ def build_deps(client, recipe: Recipe, images: Path, wheel_dir: Path, log_dir: P
         docker_build(client, members, step, tag=tag, buildargs={"BASE_IMAGE": recipe.base, **recipe.build_args},
                      labels={"org.grpo-deploy.deps-hash": key})
         # The install stage (the wheels and a second copy of the environment) is only a stepping stone.
-        client.images.prune(filters={"label": INSTALL_STAGE_LABEL})
+        client.images.prune(filters={"label": INSTALL_STAGE_LABEL.format(recipe=recipe.name)})
         step.done(f"built {tag} ({human(client.images.get(tag).attrs['Size'])})")
     return tag, True
 

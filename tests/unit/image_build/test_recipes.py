@@ -37,6 +37,14 @@ def test_the_cpu_recipe_builds_the_cpu_tag_with_versions_from_its_lock():
     assert all(f"ARG {arg}" in dockerfile for arg in cpu.versions)
 
 
+@pytest.mark.parametrize("name", sorted(n for n, r in RECIPES.items() if r.deps_dockerfile))
+def test_every_dependency_dockerfile_labels_its_install_stage_for_the_prune(name: str):
+    from grpo_deploy.image_build.build import INSTALL_STAGE_LABEL
+
+    text = (IMAGES / RECIPES[name].deps_dockerfile).read_text()
+    assert f"LABEL {INSTALL_STAGE_LABEL.format(recipe=name)}" in text
+
+
 @pytest.mark.parametrize("name", sorted(n for n, r in RECIPES.items() if r.lock_requires))
 def test_gpu_lock_templates_name_dockerfile_args_that_exist(name: str):
     recipe = RECIPES[name]
