@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy.image_build import locks, lockgen, wheelhouse
+from grpo_deploy.image_build import lockgen, locks, wheelhouse
 from grpo_deploy.image_build.progress import StepFailed
 from grpo_deploy.image_build.recipes import RECIPES
 
