@@ -27,10 +27,10 @@ test-integration: ## the real rehearsal in containers, the seed-004 preflight re
 	$(PYTHON) -m pytest tests/integration -q
 
 images: ## build the cpu image (debootstrap base, host wheelhouse, --no-index install; no registry needed)
-	bash images/build.sh cpu
+	grpo-deploy images build cpu
 
 images-static: ## hadolint every Dockerfile (GPU images cannot be built here)
-	bash images/build.sh all-static
+	grpo-deploy images lint
 
 bench: ## start-up ratio and hand-off of the rehearsal (needs `make demo`); multi-host preflight and shipping figures
 	$(PYTHON) benchmarks/rehearsal_startup.py --repeat 3

@@ -14,6 +14,7 @@ from pathlib import Path
 from . import __version__, new_spec, preflight, profiles
 from .bench import add_bench_parser
 from .hosts.connect import HostError, SshOptions
+from .image_build.cli import add_images_parser
 from .k8s_overlay import OverlayError, overlay_dir, problems, regenerate
 from .kit_data import KitDataMissing
 from .new_spec import InitError
@@ -679,6 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_check)
 
     add_bench_parser(sub)
+    add_images_parser(sub)
 
     p = sub.add_parser("checkpoints", help="list, verify or prune the run's checkpoints where they are written",
                        description="The run's checkpoints (TRL checkpoint-N or verl global_step_N) on the host that "

@@ -253,7 +253,7 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         client = ctx.docker()  # images are built (or refreshed) here, then shipped from here
         if client is None:
             raise LaunchError(f"no Docker engine answers on this machine: {ctx.docker_error}")
-        build_images(client, res, log)
+        state.emit("images_ready", build_s=round(build_images(client, res, log), 2))
         log("images to the hosts (only what is missing)")
         shipped = _ship_all(dep, log)
         state.emit("shipped", items=[s.__dict__ for s in shipped])

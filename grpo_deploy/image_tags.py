@@ -1,8 +1,8 @@
 """The kit's image tags, derived in one place: one tag per image and architecture plus one manifest tag per image.
 
 images/docker-bake.hcl writes the same formula (its `tag` and `manifest_tag` functions), the profiles name per-arch
-tags from it, and the build script's cpu tag is `CPU_TAG`; tests/static/test_images.py fails when any of them
-names a tag this module does not produce."""
+tags from it, and the cpu recipe's tag (grpo_deploy/image_build/recipes.py) is `CPU_TAG`; tests/static/test_images.py
+fails when any of them names a tag this module does not produce."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ GPU_IMAGES: dict[str, GpuImage] = {i.name: i for i in (
     GpuImage("verl", "images/verl/Dockerfile", "13.0"),
 )}
 CPU_TAG = f"{NAMESPACE}/cpu:{__version__}"
-"""The cpu image (built by images/build.sh for the machine it runs on; one tag)."""
+"""The cpu image (built by `grpo-deploy images build cpu` for the machine it runs on; one tag)."""
 
 
 def cuda_suffix(cuda: str) -> str:

@@ -1,6 +1,7 @@
 """Where the kit's files outside the Python modules are (compose/, images/): the copy an installed wheel ships in
 grpo_deploy/kit/ (setup.py puts it there at build time), else the checkout this package is imported from (an editable
-install). Nothing here writes; the kit's own build state goes under the user's cache dir (images/build.sh)."""
+install). Nothing here writes; the kit's own build state goes under the user's cache dir
+(grpo_deploy.image_build.places)."""
 
 from __future__ import annotations
 

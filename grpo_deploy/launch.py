@@ -8,7 +8,6 @@ import contextlib
 import fcntl
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
@@ -145,13 +144,22 @@ def require_kit() -> dict[str, Path]:
         raise LaunchError(str(exc)) from None
 
 
-def build_images(client, res: Resolved, log: Callable[[str], None]) -> None:
-    """Build or refresh local images through the kit's air-gapped build script (progress streamed).
+def build_images(client, res: Resolved, log: Callable[[str], None]) -> float:
+    """Build or refresh local images in-process (grpo_deploy.image_build: one progress line per step, full output in
+    a log whose path is printed). Returns the seconds spent building (0 when every image was current), which `up`
+    records so its start-up figure can leave build time out.
 
-    The cpu image is handed to build.sh even when it exists: build.sh compares its inputs' hash with the image's
-    label and returns in a few seconds when nothing changed, and rebuilds only the code layer when the kit's code
-    did, so a kit update never runs against an image holding older runtime code.
+    The cpu image is handed to the build even when it exists: the build compares its inputs' hash with the image's
+    label and returns in seconds when nothing changed, and rebuilds only the code layer when the kit's code did, so
+    a kit update never runs against an image holding older runtime code.
     """
+    from .image_build import build as image_build
+    from .image_build import places
+    from .image_build.door import BadValue
+    from .image_build.progress import StepFailed
+    from .image_build.recipes import RECIPES
+
+    spent = 0.0
     for tag in sorted(set(res.images.values())):
         labels = facts.image_labels(client, tag)
         cpu = res.profiles[res.spec.hosts[0].name].name == "cpu"
@@ -164,14 +172,22 @@ def build_images(client, res: Resolved, log: Callable[[str], None]) -> None:
                               "buildx bake -f images/docker-bake.hcl` on a machine of that architecture (see "
                               "images/README.md)")
         if labels is not None:  # keeps the UID/GID it was built for; preflight says when the run wants another
-            uid, gid = labels.get("org.grpo-deploy.uid", "1000"), labels.get("org.grpo-deploy.gid", "1000")
-            log(f"checking {tag} against the kit's code (rebuilt only if it changed)")
+            uid, gid = int(labels.get("org.grpo-deploy.uid", "1000")), int(labels.get("org.grpo-deploy.gid", "1000"))
         else:
-            uid, gid = str(res.identities["trainer"].uid), str(res.identities["trainer"].gid)
-            log(f"building {tag} for UID {uid}:{gid} (first build installs ~3.5 GB of wheels; minutes)")
-        cmd = ["bash", str(require_kit()["images"] / "build.sh"), "cpu", "--uid", uid, "--gid", gid, "--tag", tag]
-        if subprocess.run(cmd).returncode != 0:
-            raise LaunchError(f"building {tag} failed (see the output above); retry with: {' '.join(cmd)}")
+            uid, gid = res.identities["trainer"].uid, res.identities["trainer"].gid
+            log(f"building {tag} for UID {uid}:{gid} (a first build installs ~3.5 GB of wheels: minutes)")
+        start = time.monotonic()
+        retry = f"grpo-deploy images build cpu --tag {tag} --uid {uid} --gid {gid}"
+        try:
+            result = image_build.build(client, RECIPES["cpu"], places.images_dir(), places.package_dir(),
+                                       places.build_dir(), tag=tag, uid=uid, gid=gid)
+        except (StepFailed, BadValue) as exc:
+            raise LaunchError(f"building {tag} failed: {exc}; retry with: {retry}") from None
+        if result.code_built or result.deps_built:
+            spent += time.monotonic() - start
+        else:
+            log(f"{tag} is current (its inputs are unchanged)")
+    return spent
 
 
 UP_ENGINE_TIMEOUT_S = 60  # one API call of the long-lived `up` client (the SDK's 10 s timed out under CI load)
@@ -421,7 +437,8 @@ def _up(state: RunState, keep: bool, fresh: bool, out, restarts: int = 2) -> int
     except facts.DockerUnavailable as exc:
         raise LaunchError(f"no Docker engine answers: {exc}") from None
     refuse_foreign_run(client, state)
-    build_images(client, res, log)
+    build_s = build_images(client, res, log)
+    state.emit("images_ready", build_s=round(build_s, 2))
 
     log("preflight")
     results = preflight.run_checks(preflight.Context(res, client=client))

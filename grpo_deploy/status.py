@@ -1,7 +1,8 @@
 """Run status from events (pure): the trainer's metrics.jsonl plus the deployer's own events -> summary and plot.
 
 Event shapes are the runtime's contract (grpo_deploy.runtime.metrics): run_start, trainer_ready, step,
-adapter_load, adapter_prune, run_end; the deployer adds up_start, server_ready, trainer_started, up_end.
+adapter_load, adapter_prune, run_end; the deployer adds up_start, images_ready (seconds spent building images),
+server_ready, trainer_started, up_end.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class Summary:
     adapter_file_modes: list[str] = field(default_factory=list)
     server_ready_s: float | None = None
     up_to_first_step_s: float | None = None
+    """`up` -> first optimizer step, image building left out (it is images_build_s)."""
+    images_build_s: float | None = None
     wall_s: float | None = None
     reward_per_hour: float | None = None
     eta_s: float | None = None
@@ -70,6 +73,8 @@ def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None 
     start = by("run_start")
     up_start = by("up_start")
     ready = by("server_ready")
+    built = [e for e in by("images_ready") if not up_start or e["time"] >= up_start[0]["time"]]
+    s.images_build_s = round(sum(float(e.get("build_s") or 0) for e in built), 2) if built else None
     end = by("run_end")
     s.state = "starting"
     if start:
@@ -90,7 +95,7 @@ def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None 
         s.step_time_median_s = _median(gaps)
         origin = up_start[0]["time"] if up_start else (start[0]["time"] if start else None)
         if origin is not None:
-            s.up_to_first_step_s = round(steps[0]["time"] - origin, 2)
+            s.up_to_first_step_s = round(steps[0]["time"] - origin - (s.images_build_s or 0), 2)
             s.wall_s = round(steps[-1]["time"] - origin, 2)
             hours = (steps[-1]["time"] - origin) / 3600
             if hours > 0 and s.reward_last5 is not None:
@@ -147,7 +152,7 @@ def summary_text(s: Summary) -> str:
         f"  step time           median {n(s.step_time_median_s, '.2f', ' s')}; reward per wall-clock hour "
         f"{n(s.reward_per_hour, '.1f')}",
         f"  start-up            server ready {n(s.server_ready_s, '.1f', ' s')}; up -> first step "
-        f"{n(s.up_to_first_step_s, '.1f', ' s')}",
+        f"{n(s.up_to_first_step_s, '.1f', ' s')} (image build {n(s.images_build_s, '.1f', ' s')}, not counted)",
         f"  identity            uid {n(s.run_uid, 'd')} gid {n(s.run_gid, 'd')} umask {s.umask or '-'}; adapter "
         f"file modes {', '.join(s.adapter_file_modes) or '-'}",
     ]

@@ -1,6 +1,6 @@
 # GPU images for users who have Docker Buildx (BuildKit): one image per
 # architecture with a per-arch tag, plus (after pushing both) one manifest tag.
-# The cpu image is built by images/build.sh (classic builder, no registry).
+# The cpu image is built by `grpo-deploy images build cpu` (classic builder, no registry).
 #
 # Tags: REGISTRY/<image>:<TAG>-<CUDA>-<arch>, e.g. grpo-deploy/vllm:0.1.0-cu130-arm64,
 # and the manifest REGISTRY/<image>:<TAG>-<CUDA>. The same formula is
@@ -10,7 +10,7 @@
 # Run from the repository root (bake resolves contexts against the current
 # directory), after making the wheelhouses the trainer and verl images install
 # from (on a connected machine, one per architecture):
-#   images/build.sh wheelhouse trainer --arch amd64
+#   grpo-deploy images wheelhouse trainer-amd64
 #   docker buildx bake -f images/docker-bake.hcl --load            # vllm + trainer, this machine's arch
 #   docker buildx bake -f images/docker-bake.hcl --load verl
 # Both architectures only when asked (the docker driver cannot --load a

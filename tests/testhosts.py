@@ -119,7 +119,7 @@ def host_image(no_cache: bool = False, timeout: float = 1200) -> str:
         print(f"[testhosts] reusing {tag}")
         return tag
     if not _docker("image", "ls", "-q", BASE_IMAGE).strip():
-        raise RuntimeError(f"{BASE_IMAGE} missing: build it with `bash images/build.sh base`")
+        raise RuntimeError(f"{BASE_IMAGE} missing: build it with `grpo-deploy images base` (root)")
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, (data, mode) in files.items():

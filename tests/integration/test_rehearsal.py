@@ -114,6 +114,17 @@ def test_summary_and_plot_written(rehearsal):
     assert "reward" in out and "hand-off" in out and "up -> first step" in out
 
 
+def test_up_is_quiet_before_the_first_optimizer_step(rehearsal):
+    """A few dozen lines before the first step, on both streams: no pip, apt or docker build output comes through."""
+    lines = (rehearsal["up"].stdout + rehearsal["up"].stderr).splitlines()
+    first = next(i for i, line in enumerate(lines) if "] step 1/" in line)
+    assert first <= 40, "\n".join(lines[:first])
+    noisy = [line for line in lines if line.startswith(("Step ", " ---> ", "Collecting ", "Get:", "Unpacking "))]
+    assert noisy == []
+    summary = json.loads((rehearsal["state"] / "summary.json").read_text())
+    assert summary["images_build_s"] == 0.0, "the image was built before `up`: no build time inside it"
+
+
 def test_status_json_has_the_contract_fields(rehearsal):
     s = rehearsal["status"]
     for key in ("steps", "reward_first5", "reward_last5", "adapter_loads_ok", "adapter_loads_failed",

@@ -4,9 +4,10 @@ working directory that is not the checkout, finds compose/ and images/ in its in
 into that package.
 
 The cpu image: a tag of its own, built first from the checkout on the existing dependency image (the code layer only,
-seconds to a minute); the wheel's `up` then hands the same tag to its packaged images/build.sh, which must find it
-current (the input hash does not change because the files were copied into a wheel). A run name, volume and port of
-its own keep it apart from other runs on the engine; it trains 4 steps, and everything it created is removed."""
+seconds to a minute) with `grpo-deploy images build`; the wheel's `up` then builds the same tag in-process from its
+packaged images/, and must find it current (the input hash does not change because the files were copied into a
+wheel). A run name, volume and port of its own keep it apart from other runs on the engine; it trains 4 steps, and
+everything it created is removed."""
 
 from __future__ import annotations
 
@@ -114,8 +115,10 @@ def installed(docker_client):
         out["site_before"] = _tree(site)
 
         # The image tag, built from the checkout the way `make images` does (code layer only).
-        proc = timed("checkout_build", ["bash", str(REPO / "images" / "build.sh"), "cpu", "--tag", TAG],
-                     env={**env, "GRPO_BUILD_DIR": str(scratch / "checkout-build")}, timeout=900)
+        proc = timed("checkout_build",
+                     [sys.executable, "-m", "grpo_deploy.cli", "images", "build", "cpu", "--tag", TAG],
+                     env={**env, "PYTHONPATH": str(REPO), "GRPO_BUILD_DIR": str(scratch / "checkout-build")},
+                     cwd=REPO, timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
         out["image_id_before"] = docker_client.images.get(TAG).id
 
@@ -153,7 +156,7 @@ def test_the_wheel_ships_every_file_of_the_kit(installed):
     names = set(zipfile.ZipFile(installed["wheel"]).namelist())
     wanted = {rel for rel in _checkout_files() if rel.startswith("grpo_deploy/")}
     wanted |= {f"grpo_deploy/kit/{rel}" for rel in _checkout_files() if rel.split("/")[0] in ("compose", "images")}
-    assert {"grpo_deploy/kit/compose/compose.yaml", "grpo_deploy/kit/images/build.sh",
+    assert {"grpo_deploy/kit/compose/compose.yaml", "grpo_deploy/kit/images/base.sh",
             "grpo_deploy/kit/images/cpu/Dockerfile"} <= wanted
     assert sorted(wanted - names) == []
 

@@ -206,11 +206,12 @@ def test_every_profile_names_a_tag_the_build_produces():
                 assert any(tag.endswith(f"-{a}") for a in arches), f"{tag}: not the {arches} image of {path.name}"
 
 
-def test_the_build_scripts_cpu_tag_is_the_tables():
-    script = IMAGES / "build.sh"
-    text = script.read_text()
-    m = re.search(r"^DEFAULT_CPU_TAG=(\S+)$", text, re.M)
-    assert m and m.group(1).replace("$KIT_VERSION", __version__) == image_tags.CPU_TAG
+def test_the_image_recipes_build_tags_of_the_table():
+    from grpo_deploy.image_build.recipes import RECIPES
+
+    assert RECIPES["cpu"].tag == image_tags.CPU_TAG
+    for name, recipe in RECIPES.items():
+        assert recipe.tag is None or recipe.tag in image_tags.produced(), f"recipe {name}: {recipe.tag}"
 
 
 def test_bake_builds_the_native_platform_by_default():

@@ -32,6 +32,16 @@ def test_summary_figures():
     assert s.adapter_file_modes == ["0600"]
 
 
+def test_up_to_first_step_leaves_the_image_build_out_and_reports_it_apart():
+    built = [*_events(), {"event": "images_ready", "time": 130.0, "build_s": 25.5}]
+    s = status.summarize("r", built, max_steps=10)
+    assert s.images_build_s == 25.5 and s.up_to_first_step_s == 53.0 - 25.5
+    assert "image build 25.5 s, not counted" in status.summary_text(s)
+    stale = [{"event": "images_ready", "time": 50.0, "build_s": 300.0}, *_events()]  # an earlier `up`'s build
+    assert status.summarize("r", stale).up_to_first_step_s == 53.0
+    assert status.summarize("r", _events()).images_build_s is None
+
+
 def test_failed_run_and_torn_line():
     text = "\n".join(json.dumps(e) for e in _events()[:-1])
     text += '\n{"event": "run_end", "time": 201, "status": "error", "error": "boom"}\n{"event": "st'

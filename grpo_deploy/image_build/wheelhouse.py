@@ -1,0 +1,104 @@
+"""Wheelhouses: `pip download` of exactly a lock's pinned wheels (hash-checked) for the image's platform, whatever the
+host, into a folder that a `pip install --no-index` build reads; source-only packages built into wheels there."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import locks
+from .progress import Step, StepFailed, human
+from .recipes import Recipe, pip_flags
+
+_COLLECTING = re.compile(r"^(?:Collecting|Processing) (\S+)")  # from an index | from a local file
+_SIZE = re.compile(r"^\s*Downloading \S+ \((?P<n>[0-9.]+) (?P<unit>[kMG]?B)\)")
+_UNITS = {"B": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+def download_args(recipe: Recipe, requirements: Path, directory: Path) -> list[str]:
+    """The pip command: --no-deps (the lock is the complete set; its hashes make pip check them), the recipe's
+    platform and pip flags (default: this host's pip configuration, index and CA bundle, applies unchanged)."""
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "off",
+            "--disable-pip-version-check", *pip_flags(recipe), *recipe.platform.pip_args(),
+            "-d", str(directory), "-r", str(requirements)]
+
+
+def run_logged(argv: list[str], step: Step, on_line=None) -> int:
+    """Run argv with stdout+stderr into the step's log, line by line (on_line sees each)."""
+    step.write(f"$ {' '.join(argv)}\n")
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                          stdin=subprocess.DEVNULL) as proc:
+        for line in proc.stdout:
+            step.write(line)
+            if on_line:
+                on_line(line)
+    return proc.returncode
+
+
+def ensure(recipe: Recipe, images: Path, directory: Path, log_dir: Path) -> Path:
+    """Make *directory* hold every wheel of the recipe's lock (and its sdist lock's wheels); only what is missing is
+    downloaded. Returns the directory."""
+    pins = locks.read(images / recipe.lock)
+    directory.mkdir(parents=True, exist_ok=True)
+    todo = locks.missing(pins, directory)
+    sdists = _missing_sdists(recipe, images, directory)
+    if not todo and not sdists:
+        return directory
+    with Step(f"wheelhouse {recipe.name}", log_dir / f"wheelhouse-{recipe.name}.log") as step:
+        if todo:
+            _download(recipe, todo, len(pins), directory, step)
+        if sdists:
+            _build_sdists(recipe, images, directory, step)
+        step.done(f"{len(pins)} wheels in {directory}")
+    return directory
+
+
+def _download(recipe: Recipe, todo: list[locks.Pin], total: int, directory: Path, step: Step) -> None:
+    seen, size = 0, 0.0
+
+    def on_line(line: str) -> None:
+        nonlocal seen, size
+        if _COLLECTING.match(line):
+            seen += 1
+        m = _SIZE.match(line)
+        if m:
+            size += float(m.group("n")) * _UNITS[m.group("unit")]
+        step.update(f"{seen}/{len(todo)} wheels ({total - len(todo)} already there), {human(size)} downloaded",
+                    seen, len(todo))
+
+    step.update(f"downloading {len(todo)} of {total} wheels", 0, len(todo))
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", prefix="grpo-wheelhouse-") as reqs:
+        reqs.write("".join(p.line + "\n" for p in todo))
+        reqs.flush()
+        code = run_logged(download_args(recipe, Path(reqs.name), directory), step, on_line)
+    if code != 0:
+        hint = " (torch's +cpu build comes from the PyTorch CPU index or a find-links folder: add it to pip's " \
+               "configuration)" if recipe.name == "cpu" else ""
+        raise StepFailed(f"pip download exited {code}{hint}")
+    still = locks.missing(todo, directory)
+    if still:
+        raise StepFailed(f"still missing after the download: {', '.join(p.spec() for p in still[:8])}")
+
+
+def _missing_sdists(recipe: Recipe, images: Path, directory: Path) -> list[locks.Pin]:
+    if not recipe.sdist_lock:
+        return []
+    # The hashes are the archives'; the built wheels are matched by name and version only.
+    return locks.missing(locks.read(images / recipe.sdist_lock), directory, check_hash=False)
+
+
+def _build_sdists(recipe: Recipe, images: Path, directory: Path, step: Step) -> None:
+    step.update("building wheels from hash-checked source archives")
+    with tempfile.TemporaryDirectory(prefix="grpo-sdist-") as tmp:
+        flags = pip_flags(recipe)
+        code = run_logged([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", *flags,
+                           "-d", tmp, "-r", str(images / recipe.sdist_lock)], step)
+        archives = sorted(str(p) for p in Path(tmp).iterdir())
+        if code == 0:
+            code = run_logged([sys.executable, "-m", "pip", "wheel", "--no-deps", *flags, "-w", str(directory),
+                               *archives], step)
+    if code != 0:
+        raise StepFailed(f"building wheels from {recipe.sdist_lock} failed (pip exited {code})")
