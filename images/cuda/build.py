@@ -73,14 +73,12 @@ class Log:
         self.handle.write(text.rstrip("\n") + "\n")
         self.handle.flush()
 
-    def run(self, argv: list[str], what: str, env: dict[str, str] | None = None) -> str:
-        """Run argv with its output into the log; BuildError naming `what` when it fails. Returns stdout+stderr."""
+    def run(self, argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
+        """Run argv with its output streamed into the log; BuildError naming `what` when it fails."""
         self.write("$ " + " ".join(argv))
-        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, check=False)
-        self.write(proc.stdout)
+        proc = subprocess.run(argv, stdout=self.handle, stderr=subprocess.STDOUT, env=env, check=False)
         if proc.returncode != 0:
             raise BuildError(f"{what} failed (exit {proc.returncode})")
-        return proc.stdout
 
     def tail(self, lines: int = 25) -> str:
         return "\n".join(self.path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
