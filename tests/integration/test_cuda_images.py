@@ -45,7 +45,8 @@ def test_the_in_image_check_passes(cuda_images, role: str):
     proc = run(build.check_command(cuda_images[role], role, script=CHECK))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    for line in ("ok   user: runs as 1000:1000", "ok   torch-cuda: torch 2.13.0+cu130 built with CUDA 13.0, label says 13.0",
+    for line in ("ok   user: runs as 1000:1000",
+                 "ok   torch-cuda: torch 2.13.0+cu130 built with CUDA 13.0, label says 13.0",
                  "ok   vllm: distribution vllm 0.31.0", f"ok   import: {build_server_module()}",
                  "ok   trl-gate: is_vllm_available()=True, min 0.28.0=True, no version warning",
                  "ok   entry: python3 -m grpo_deploy.runtime.train --help",
