@@ -3,7 +3,7 @@ PYTHON ?= python3
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-unit test-static test-integration images images-static bench bench-split render-defaults clean
+.PHONY: help setup demo test test-cuda-images test-unit test-static test-integration images images-static bench bench-split render-defaults clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -15,7 +15,10 @@ demo: setup ## THE MAIN JOB: the CPU rehearsal (real vLLM server + real TRL asyn
 	grpo-deploy up --fresh
 
 test: setup ## run every test this machine can run (unit, static, integration with real containers)
-	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu" -rs $(PYTEST_ARGS)
+	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu and not cuda_build" -rs $(PYTEST_ARGS)
+
+test-cuda-images: ## build the air-gapped x86_64 CUDA server/trainer images and run the in-image checks (cold: ~53 min)
+	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m cuda_build tests/integration/test_cuda_images.py -rs $(PYTEST_ARGS)
 
 test-unit: ## unit tests only (no Docker)
 	$(PYTHON) -m pytest tests/unit -m "not gpu" -q

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.docker
+pytestmark = [pytest.mark.docker, pytest.mark.cuda_build]
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "images" / "cuda" / "build.py"
