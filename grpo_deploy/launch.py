@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import compose, facts, preflight, status
 from .kit_data import FOLDERS, KitDataMissing, kit_dir
@@ -222,6 +223,21 @@ class EnginePatience:
     def answered(self) -> None:
         self.since = None
 
+    def poll(self, read: Callable[[], Any], pause_s: float):
+        """*read*() once the engine answers it: a slow engine is retried every *pause_s*; LaunchError and any error
+        that is not the engine being slow pass through."""
+        while True:
+            try:
+                value = read()
+            except LaunchError:
+                raise
+            except Exception as exc:  # failed() re-raises what is not a slow engine
+                self.failed(exc)
+                time.sleep(pause_s)
+                continue
+            self.answered()
+            return value
+
 
 def wait_ready(client, state: RunState, timeout: float, log: Callable[[str], None],
                since: float | None = None) -> float:
@@ -231,15 +247,7 @@ def wait_ready(client, state: RunState, timeout: float, log: Callable[[str], Non
     last_note = 0.0
     patience = EnginePatience("waiting for the server")
     while True:
-        try:
-            ready = _server_ready(client, state)
-            patience.answered()
-        except LaunchError:
-            raise
-        except Exception as exc:  # a slow engine retries; anything else is re-raised by failed()
-            patience.failed(exc)
-            time.sleep(1)
-            continue
+        ready = patience.poll(lambda: _server_ready(client, state), pause_s=1)
         if ready is not None:
             return time.time() - start
         elapsed = time.time() - start
@@ -337,6 +345,19 @@ def exit_words(code: int) -> str:
     return f"code {code}" + (" (SIGKILL: killed, or out of memory)" if code == KILLED else "")
 
 
+def _run_snapshot(client, res: Resolved) -> tuple[Any, list, str]:
+    """The trainer's container, the server's containers (reloaded) and the metrics text, read once."""
+    trainers = compose.containers(client, res.spec.run.name, "trainer")
+    if not trainers:
+        raise LaunchError("the trainer container disappeared")
+    trainer = trainers[0]
+    trainer.reload()
+    servers = compose.containers(client, res.spec.run.name, "server")
+    for server in servers:
+        server.reload()
+    return trainer, servers, fetch_metrics(client, res) or ""
+
+
 def follow_trainer(client, state: RunState, log: Callable[[str], None], since: float) -> int:
     """Print a progress line per optimizer step until the trainer exits; return its exit code. Raises RoleDied when
     the server's container exits first or the trainer is killed."""
@@ -346,23 +367,7 @@ def follow_trainer(client, state: RunState, log: Callable[[str], None], since: f
     last_step = 0
     patience = EnginePatience("following the trainer")
     while True:
-        try:
-            trainers = compose.containers(client, res.spec.run.name, "trainer")
-            if not trainers:
-                raise LaunchError("the trainer container disappeared")
-            trainer = trainers[0]
-            trainer.reload()
-            servers = compose.containers(client, res.spec.run.name, "server")
-            for server in servers:
-                server.reload()
-            text = fetch_metrics(client, res) or ""
-            patience.answered()
-        except LaunchError:
-            raise
-        except Exception as exc:  # a slow engine retries; anything else is re-raised by failed()
-            patience.failed(exc)
-            time.sleep(2)
-            continue
+        trainer, servers, text = patience.poll(lambda: _run_snapshot(client, res), pause_s=2)
         steps = [e for e in parse_events(text) if e["event"] == "step" and e["time"] >= since]
         for e in steps[seen:]:
             log(status.progress_line(e, max_steps))

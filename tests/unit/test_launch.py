@@ -125,3 +125,9 @@ def test_no_restart_for_a_trainer_that_failed_on_its_own(tmp_path):
     follow, calls = scripted_follow([1])
     assert supervise(state(tmp_path), lambda line: None, 0.0, 2, follow, lambda role: pytest.fail(role)) == 1
     assert len(calls) == 1
+
+
+def test_poll_returns_what_the_engine_answers_and_gives_up_on_a_silent_one(silent_engine):
+    assert EnginePatience("x").poll(lambda: 42, pause_s=0) == 42
+    with pytest.raises(LaunchError, match="did not answer for 2 s while following the trainer"):
+        EnginePatience("following the trainer", limit_s=1.5).poll(silent_engine.containers, pause_s=0.1)
