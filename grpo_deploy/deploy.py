@@ -17,7 +17,7 @@ from .hosts import facts as host_facts
 from .hosts.connect import Host, HostError, SshOptions, connect, on_all
 from .hosts.project import RemoteProject
 from .hosts.ship import Shipped, ship
-from .launch import KILLED, LaunchError, RoleDied, RunState, build_images, finish, require_kit, supervise
+from .launch import KILLED, LaunchError, RoleDied, RunState, build_images, finish, require_kit, state_words, supervise
 from .render import render_files
 from .resolve import Resolved
 from .runtime.metrics import parse_events
@@ -375,5 +375,6 @@ def host_states(dep: Deployment) -> list[dict]:
             rows.append({"host": name, "role": "-", "state": "unreachable", "health": str(result)})
             continue
         for c in result or [{"role": "-", "state": "no containers", "health": None}]:
-            rows.append({"host": name, "role": c["role"], "state": c["state"], "health": c["health"]})
+            state = state_words(c["state"], c.get("exit_code")) if c["role"] != "-" else c["state"]
+            rows.append({"host": name, "role": c["role"], "state": state, "health": c["health"]})
     return rows

@@ -345,6 +345,11 @@ def exit_words(code: int) -> str:
     return f"code {code}" + (" (SIGKILL: killed, or out of memory)" if code == KILLED else "")
 
 
+def state_words(state: str, exit_code: int | None) -> str:
+    """A container's state for status: its exit code (and what 137 means) once it has stopped."""
+    return state + (f" ({exit_words(int(exit_code or 0))})" if state in ("exited", "dead") else "")
+
+
 def _run_snapshot(client, res: Resolved) -> tuple[Any, list, str]:
     """The trainer's container, the server's containers (reloaded) and the metrics text, read once."""
     trainers = compose.containers(client, res.spec.run.name, "trainer")
@@ -561,8 +566,8 @@ def host_states(res: Resolved) -> list[dict]:
     rows = []
     for c in sorted(found, key=lambda c: c.labels.get("com.docker.compose.service", "")):
         st = c.attrs.get("State", {})
-        state = c.status + (f" ({exit_words(st.get('ExitCode', 0))})" if c.status in ("exited", "dead") else "")
-        rows.append({"host": "local", "role": c.labels.get("com.docker.compose.service", "-"), "state": state,
+        rows.append({"host": "local", "role": c.labels.get("com.docker.compose.service", "-"),
+                     "state": state_words(c.status, st.get("ExitCode", 0)),
                      "health": (st.get("Health") or {}).get("Status")})
     return rows or [{"host": "local", "role": "-", "state": "no containers", "health": None}]
 

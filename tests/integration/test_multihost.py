@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from grpo_deploy import new_spec
-from tests.testhosts import SHARED_DIR, SMALL_DIR, test_hosts
+from tests.specs import split_spec
+from tests.testhosts import SMALL_DIR, test_hosts
 
 pytestmark = pytest.mark.docker
 RUN = "split"
@@ -29,23 +28,6 @@ def cli(*args: str, cwd: Path, timeout: float = 1800) -> subprocess.CompletedPro
     return proc
 
 
-def split_spec(path: Path, **changes) -> Path:
-    """The cpu rehearsal split over spark1 (trainer) and spark2 (server), sharing SHARED_DIR."""
-    data = yaml.safe_load(new_spec.spec_text("cpu", "trl-async", ["spark1", "spark2"]))
-    data["run"]["name"] = RUN
-    data["storage"]["nfs"] = None
-    for host in data["hosts"]:
-        host["shared_dir"] = SHARED_DIR
-    for dotted, value in changes.items():
-        *parents, last = dotted.split(".")
-        node = data
-        for part in parents:
-            node = node[int(part)] if isinstance(node, list) else node[part]
-        node[last] = value
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory, cpu_image):
     with test_hosts(2, tmp_path_factory.mktemp("hosts"), small_disk={"spark1": "64m"}) as th:
@@ -56,7 +38,7 @@ def hosts(tmp_path_factory, cpu_image):
 def split_run(hosts, tmp_path_factory):
     """One `grpo-deploy up` across the two hosts, to the end, then status and down."""
     cwd = tmp_path_factory.mktemp("split")
-    spec = split_spec(cwd / "split.yaml")
+    spec = split_spec(cwd / "split.yaml", RUN)
     ssh = ["--ssh-config", str(hosts.ssh_config)]
     up = cli("up", "-f", str(spec), "--fresh", "--keep", *ssh, cwd=cwd)
     status = cli("status", "-f", str(spec), "--json", *ssh, cwd=cwd, timeout=300)
@@ -88,7 +70,7 @@ def test_split_rehearsal_trains_to_the_end(split_run):
 
 def test_status_shows_both_hosts(split_run):
     rows = {(h["host"], h["role"]): h for h in split_run["status"]["hosts"]}
-    assert rows[("spark1", "trainer")]["state"] == "exited"
+    assert rows[("spark1", "trainer")]["state"] == "exited (code 0)"
     assert rows[("spark2", "server")]["state"] == "running" and rows[("spark2", "server")]["health"] == "healthy"
 
 

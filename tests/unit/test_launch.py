@@ -7,6 +7,7 @@ import time
 import docker
 import pytest
 
+from grpo_deploy import launch
 from grpo_deploy.launch import EnginePatience, LaunchError
 
 
@@ -131,3 +132,10 @@ def test_poll_returns_what_the_engine_answers_and_gives_up_on_a_silent_one(silen
     assert EnginePatience("x").poll(lambda: 42, pause_s=0) == 42
     with pytest.raises(LaunchError, match="did not answer for 2 s while following the trainer"):
         EnginePatience("following the trainer", limit_s=1.5).poll(silent_engine.containers, pause_s=0.1)
+
+
+def test_state_words_name_the_exit_code_and_what_137_means():
+    assert launch.state_words("running", None) == "running"
+    assert launch.state_words("exited", 0) == "exited (code 0)"
+    assert launch.state_words("exited", 137) == "exited (code 137 (SIGKILL: killed, or out of memory))"
+    assert launch.state_words("dead", 1) == "dead (code 1)"
