@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import compose, facts, launch, plan, resolve, spec
+from grpo_deploy import compose, launch, plan, resolve, spec
 from grpo_deploy.runtime.checkpoints import list_checkpoints
 from grpo_deploy.runtime.metrics import parse_events
 from tests.specs import spec_data
@@ -171,8 +171,9 @@ def test_seed000_without_retention_plan_names_the_save_that_fails(seed_disk, cpu
     assert complete == list(range(SAVE_EVERY, predicted, SAVE_EVERY)), complete
     real = max(c.size_bytes for c in found if c.complete)
     assert not any(e["event"].startswith("disk_watchdog") for e in events)  # off, as in the seed
-    fault_row.update(observed=f"plan: {SEED_FAILING_SAVE}th save (step {predicted}) fails, {_kb(disk['checkpoint_bytes'])}"
-                              f" per checkpoint estimated ({_kb(real)} real, du); preflight FAIL, nothing started; "
+    fault_row.update(observed=f"plan: {SEED_FAILING_SAVE}th save (step {predicted}) fails, "
+                              f"{_kb(disk['checkpoint_bytes'])} per checkpoint estimated (largest real "
+                              f"{_kb(real)}); preflight FAIL, nothing started; "
                               f"started past it: ENOSPC at the save of step {half[0]} (exit {exit_code}, "
                               f"{wall:.0f} s), checkpoint-{half[0]} half-written, {complete} complete",
                      **{"steps lost": predicted - complete[-1],
