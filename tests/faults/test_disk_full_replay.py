@@ -160,8 +160,8 @@ def test_seed000_without_retention_plan_names_the_save_that_fails(seed_disk, cpu
     wall = time.time() - started
     events = _events(run, res)
     # run_end is in metrics.jsonl, or (when the full disk refused that line too) in the trainer's log, via stderr
-    refused = [line[line.index("{"):] for line in logs.splitlines() if line.startswith("metrics: not written")]
-    end = [e for e in events + parse_events("\n".join(refused)) if e["event"] == "run_end"]
+    spilled = [line[line.index("{"):] for line in logs.splitlines() if line.startswith("metrics: not written")]
+    end = [e for e in events + parse_events("\n".join(spilled)) if e["event"] == "run_end"]
     assert exit_code == 1 and end and end[-1]["status"] == "error", (exit_code, end, logs[-3000:])
     said = (end[-1]["error"] or "") + logs
     assert any(m in said for m in ENOSPC_WORDS), (end[-1], logs[-3000:])
