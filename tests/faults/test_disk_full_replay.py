@@ -58,7 +58,7 @@ def _resolved(path: Path):
 
 def _size_for_seed(res) -> int:
     """Bytes that hold three checkpoints but not four by the plan's own estimate (plus its adapters): 3.5, rounded
-    up to whole pages, as the seed's disk held 60 of its steps but not 80."""
+    up to whole pages, as the seed's disk held its checkpoints of steps 20, 40 and 60 but not 80."""
     probe = plan.make_plan(res, free_bytes=1).disk
     arch = plan.Architecture.from_dict(res.architecture)
     sizes = [plan.checkpoint_bytes(res, arch, step)[0] for step in probe.save_steps]
