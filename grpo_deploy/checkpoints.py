@@ -30,6 +30,9 @@ def run_manager(res: Resolved, ctx: preflight.Context, action: str, keep: int | 
         answer = json.loads(r.out.strip().splitlines()[-1]) if r.out.strip() else None
     except ValueError:
         answer = None
+    said = (r.err or "").strip().splitlines()
+    if answer is None and r.rc == 2 and said and said[-1].startswith(f"{action}: "):  # the manager refused: why
+        raise CheckpointsError(f"{host.name}: {said[-1]}")
     if answer is None and r.ok:
         raise CheckpointsError(f"image {image} on {host.name} holds an older grpo_deploy without the checkpoint "
                                "manager: rebuild it (make images, or grpo-deploy up refreshes it)")

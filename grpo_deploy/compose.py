@@ -64,11 +64,23 @@ def read_file(container, path: str) -> str | None:
 
 
 def run_once(client, image: str, command: list[str], user: str, volume: str, mount: str,
-             environment: dict[str, str] | None = None, timeout: int = 120) -> tuple[int, str, str]:
-    """Run a short-lived container on the shared volume; (exit code, stdout, stderr)."""
+             environment: dict[str, str] | None = None, timeout: int = 120,
+             driver_opts: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """Run a short-lived container on the shared volume; (exit code, stdout, stderr). *volume* is a Docker volume
+    name, or an absolute host directory (bind-mounted, as compose.bind.yaml does); *driver_opts* are the local
+    driver's options the volume is created with when absent (as compose.nfs.yaml does) — so that a container started
+    before compose never creates a plain volume of that name, which compose would then use instead of the share."""
+    import docker
+
+    if driver_opts:
+        mounts = [docker.types.Mount(mount, volume, type="volume",
+                                     driver_config=docker.types.DriverConfig("local", options=driver_opts))]
+        where = {"mounts": mounts}
+    else:
+        where = {"volumes": {volume: {"bind": mount, "mode": "rw"}}}
     container = client.containers.run(image, command, user=user, detach=True, environment=environment or {},
-                                      volumes={volume: {"bind": mount, "mode": "rw"}}, network_mode="none",
-                                      labels={"org.grpo-deploy.managed-by": "grpo-deploy"})
+                                      network_mode="none", labels={"org.grpo-deploy.managed-by": "grpo-deploy"},
+                                      **where)
     try:
         code = container.wait(timeout=timeout).get("StatusCode", 1)
         out = container.logs(stdout=True, stderr=False).decode(errors="replace")

@@ -26,6 +26,21 @@ def disk_free(target: str) -> DiskFree:
     return DiskFree(str(path), usage.free, usage.total)
 
 
+def tree_bytes(root: str, skip: tuple[str, ...] = ()) -> int:
+    """Bytes the files under *root* occupy on disk (allocated blocks, as `du`), the top-level names in *skip* left
+    out; 0 when *root* does not exist or cannot be read."""
+    total = 0
+    for current, dirs, files in os.walk(root):
+        if current == root:
+            dirs[:] = [d for d in dirs if d not in skip]
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(current, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
 class DockerUnavailable(RuntimeError):
     pass
 

@@ -15,7 +15,19 @@ from .resolve import DATASET_SIZES, Resolved, as_dict, gpu_split
 from .spec import ArchitectureSpec
 
 GB = 1e9
-CKPT_EXTRA_BYTES = 8 * 1024**2  # trainer state, RNG, scheduler, dataloader state: a few MB
+CKPT_EXTRA_BYTES = 8 * 1024**2  # verl: tokenizer/config (huggingface/), extra state, data.pt: a few MB
+# TRL checkpoint parts besides the LoRA weights and Adam state, measured on the CPU rehearsal (transformers 5.24,
+# TRL 1.16, PEFT 0.21, torch 2.13): the flat 8 MiB once used here made plan and the disk watchdog overestimate a
+# rehearsal checkpoint (459 KB real) 19-fold, so plan named the 1st save as the failing one where the 4th failed.
+SAFETENSORS_HEADER_PER_TENSOR = 130  # JSON header entry per tensor (134,608 B file for 131,072 B of weights, 28)
+OPTIMIZER_BYTES_PER_TENSOR = 900  # torch pickle of Adam's per-parameter state (285,723 B for 262,144 B of moments)
+ADAPTER_FILES_BYTES = 8_000  # adapter_config.json (1.6 KB) + PEFT's README.md model card (5.2 KB)
+TOKENIZER_BYTES_PER_ENTRY = 48  # tokenizer.json: Qwen2.5 7.03 MB for 151,665 entries; the tiny model 3.5 KB for 100
+TOKENIZER_FIXED_BYTES = 2_000  # tokenizer_config.json, chat_template.jinja
+TRAINER_STATE_BYTES_PER_LOG = 2_800  # trainer_state.json: 5,872 / 11,339 / 16,720 B at steps 2 / 4 / 6 (log every step)
+TRL_CHECKPOINT_FIXED_BYTES = 32_000  # rng_state.pth 14.3 KB, training_args.bin 6 KB, scheduler.pt 1.5 KB, rollout_state
+TRL_CHECKPOINT_FILES = 12
+FS_BLOCK = 4096  # a file occupies whole blocks: up to one block of slack per file
 
 
 class Architecture(ArchitectureSpec):
@@ -121,8 +133,42 @@ def save_steps(res: Resolved, steps: int) -> list[int]:
     return out
 
 
-def checkpoint_bytes(res: Resolved, arch: Architecture) -> tuple[int, int, list[str]]:
-    """(checkpoint size, adapter size, explanation lines)."""
+def lora_tensors(res: Resolved, arch: Architecture) -> int:
+    """LoRA weight tensors (A and B per targeted linear layer per block)."""
+    target = res.settings.lora.target_modules
+    names = arch.linear_shapes() if target in ("all-linear", None) else \
+        [m for m in ([target] if isinstance(target, str) else target) if m in arch.linear_shapes()]
+    return 2 * len(names) * arch.num_hidden_layers
+
+
+def trl_checkpoint_parts(res: Resolved, arch: Architecture, step: int) -> dict[str, int]:
+    """Bytes of each part of TRL's `checkpoint-<step>` for a PEFT LoRA run, as transformers 5 / TRL 1.16 / PEFT 0.21
+    write it (measured on the rehearsal, tests/faults/test_disk_full_replay.py): the adapter, Adam's two moments, the
+    tokenizer (its tokenizer.json grows with the vocabulary: ~46 B per entry for Qwen2.5, ~35 for the tiny model),
+    trainer_state.json (its log_history grows ~2.8 KB per logged step), small fixed files, and one filesystem block
+    of slack per file (what `du` and a full disk count)."""
+    lora = arch.lora_params(res.settings.lora.r, res.settings.lora.target_modules)
+    tensors = lora_tensors(res, arch)
+    logging_steps = int(getattr(res.settings.trl, "logging_steps", None) or 1)
+    return {
+        "adapter": lora * 4 + tensors * SAFETENSORS_HEADER_PER_TENSOR + ADAPTER_FILES_BYTES,
+        "optimizer": lora * 8 + tensors * OPTIMIZER_BYTES_PER_TENSOR,
+        "tokenizer": arch.vocab_size * TOKENIZER_BYTES_PER_ENTRY + TOKENIZER_FIXED_BYTES,
+        "trainer_state": TRAINER_STATE_BYTES_PER_LOG * (max(step, 0) // logging_steps + 1),
+        "fixed": TRL_CHECKPOINT_FIXED_BYTES,
+        "block_slack": TRL_CHECKPOINT_FILES * FS_BLOCK,
+    }
+
+
+def adapter_dir_bytes(res: Resolved, arch: Architecture) -> int:
+    """One published adapter version (`.vllm_lora/trl-policy-vN`: weights, adapter_config.json, README.md)."""
+    lora = arch.lora_params(res.settings.lora.r, res.settings.lora.target_modules)
+    return lora * 4 + lora_tensors(res, arch) * SAFETENSORS_HEADER_PER_TENSOR + ADAPTER_FILES_BYTES + 3 * FS_BLOCK
+
+
+def checkpoint_bytes(res: Resolved, arch: Architecture, step: int | None = None) -> tuple[int, int, list[str]]:
+    """(checkpoint size, adapter size, explanation lines). TRL: the checkpoint written at *step* (default: the run's
+    last step, the largest one, since trainer_state.json grows)."""
     lora = arch.lora_params(res.settings.lora.r, res.settings.lora.target_modules)
     adapter = lora * 4  # PEFT saves the fp32 LoRA weights
     optim = lora * 8  # Adam: two fp32 moments per trainable parameter
@@ -133,9 +179,18 @@ def checkpoint_bytes(res: Resolved, arch: Architecture) -> tuple[int, int, list[
         why = [f"verl FSDP checkpoint = frozen base in {'bf16' if base_bytes == 2 else 'fp32 (model_dtype default)'} "
                f"{base / GB:.2f} GB + LoRA {adapter / GB:.3f} GB + Adam state {optim / GB:.3f} GB"]
         return total, 0, why
-    total = adapter + optim + CKPT_EXTRA_BYTES
-    why = [f"TRL checkpoint = LoRA adapter {adapter / GB:.4f} GB + Adam state {optim / GB:.4f} GB + trainer state"]
-    return total, adapter, why
+    parts = trl_checkpoint_parts(res, arch, total_steps(res) if step is None else step)
+    total = sum(parts.values())
+    why = ["TRL checkpoint = " + " + ".join(f"{name.replace('_', ' ')} {_human(b)}" for name, b in parts.items())
+           + f" = {_human(total)}"]
+    return total, adapter_dir_bytes(res, arch), why
+
+
+def _human(n: float) -> str:
+    for unit, size in (("GB", GB), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.{1 if unit != 'GB' else 2}f} {unit}"
+    return f"{int(n)} B"
 
 
 def plan_disk(res: Resolved, arch: Architecture, free_bytes: int | None, filesystem: str, free_source: str) -> DiskPlan:
@@ -146,19 +201,24 @@ def plan_disk(res: Resolved, arch: Architecture, free_bytes: int | None, filesys
     adapters_kept = res.adapter_slots if res.engine_info.adapters_on_volume else 0
     margin = int(res.settings.checkpoints.disk_margin_gb * GB)
     fixed = adapter * adapters_kept + margin
+    # TRL checkpoints grow a little with every save (trainer_state.json's log history): each save has its own size
+    sizes = [checkpoint_bytes(res, arch, step)[0] if res.engine_info.adapters_on_volume else ckpt for step in saves]
 
     def present_while_saving(i: int, k: int | None) -> int:  # checkpoints on disk while save i (1-based) is written
         return i if k is None else min(i - 1, k) + 1
 
+    def bytes_while_saving(i: int, k: int | None) -> int:  # the newest of them are kept: sum their sizes
+        return sum(sizes[i - present_while_saving(i, k):i])
+
     n_saves = len(saves)
-    peak = (present_while_saving(n_saves, keep) * ckpt if n_saves else 0) + fixed
+    peak = (bytes_while_saving(n_saves, keep) if n_saves else 0) + fixed
     plan = DiskPlan(filesystem=filesystem, free_bytes=free_bytes, free_source=free_source, checkpoint_bytes=ckpt,
                     adapter_bytes=adapter, adapters_kept=adapters_kept, margin_bytes=margin, total_steps=steps,
                     save_steps=saves, keep=keep, peak_bytes=peak, fits=None, explanation=list(why))
     plan.explanation.append(
         f"{n_saves} saves over {steps} steps (every {res.settings.checkpoints.save_every}), keep "
         f"{'all' if keep is None else keep}: peak {present_while_saving(n_saves, keep) if n_saves else 0} checkpoints "
-        f"while one is written + {adapters_kept} adapters + {margin / GB:.1f} GB margin = {peak / GB:.1f} GB")
+        f"while one is written + {adapters_kept} adapters + {_human(margin)} margin = {_human(peak)}")
     if free_bytes is None:
         plan.explanation.append("free space unknown: measured by preflight on the host that holds the volume")
         return plan
@@ -166,24 +226,24 @@ def plan_disk(res: Resolved, arch: Architecture, free_bytes: int | None, filesys
     if plan.fits:
         return plan
     for i, step in enumerate(saves, start=1):
-        if present_while_saving(i, keep) * ckpt + fixed > free_bytes:
+        if bytes_while_saving(i, keep) + fixed > free_bytes:
             plan.fails_at_save, plan.fails_at_step = i, step
             break
     best = int((free_bytes - fixed) // ckpt) - 1 if ckpt else None
     plan.recommended_keep = best if best is not None and best >= 1 else None
-    keep_all_peak = (n_saves * ckpt if n_saves else 0) + fixed
+    keep_all_peak = (bytes_while_saving(n_saves, None) if n_saves else 0) + fixed
     plan.extra_needed_bytes = max(0, keep_all_peak - free_bytes)
     ordinal = {1: "1st", 2: "2nd", 3: "3rd"}.get(plan.fails_at_save or 0, f"{plan.fails_at_save}th")
     msg = (f"the run runs out of disk at the {ordinal} save (step {plan.fails_at_step}): "
-           f"{free_bytes / GB:.1f} GB free on {filesystem}, {ckpt / GB:.1f} GB per checkpoint")
+           f"{_human(free_bytes)} free on {filesystem}, {_human(ckpt)} per checkpoint")
     plan.explanation.append(msg)
     if plan.recommended_keep:
         plan.explanation.append(
             f"set checkpoints.keep: {plan.recommended_keep} (the largest that fits: a save needs room for one more "
-            f"checkpoint before the oldest is deleted), or add {plan.extra_needed_bytes / GB:.1f} GB to keep all")
+            f"checkpoint before the oldest is deleted), or add {_human(plan.extra_needed_bytes)} to keep all")
     else:
         plan.explanation.append(f"not even one checkpoint plus the next fits: add at least "
-                                f"{(2 * ckpt + fixed - free_bytes) / GB:.1f} GB or move checkpoints.dir")
+                                f"{_human(2 * ckpt + fixed - free_bytes)} or move checkpoints.dir")
     return plan
 
 

@@ -19,6 +19,7 @@ from .hosts import facts as host_facts
 from .hosts.connect import Host, HostError, SshOptions, connect, on_all
 from .plan import Plan, make_plan
 from .resolve import Resolved
+from .runtime.checkpoints import QUARANTINE_DIR
 from .runtime.table import table
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -150,7 +151,46 @@ def _storage_host(res: Resolved):
 
 
 def checkpoint_free_space(ctx: Context) -> tuple[int | None, str, str]:
-    """(free bytes, filesystem measured, how it was measured) for the checkpoint directory."""
+    """(free bytes, filesystem measured, how it was measured) for the checkpoint directory. What this run already
+    has there (its checkpoints and adapters, not quarantine/) counts as free: the plan's peak counts them already, so
+    a resume after the disk watchdog stopped the run is not refused for the very checkpoints it resumes from."""
+    free, where, how = _measured_free_space(ctx)
+    if free is None or ctx.res.settings.checkpoints.dir is None or "--free-space" in how:
+        return free, where, how
+    own = _own_checkpoint_bytes(ctx)
+    if own:
+        free += own
+        how += f", plus {own / 1e6:,.1f} MB of this run's own checkpoints and adapters already there"
+    return free, where, how
+
+
+def _own_checkpoint_bytes(ctx: Context) -> int:
+    """Bytes on disk under the run's checkpoint directory, quarantine/ left out (0 when absent or unreadable)."""
+    res = ctx.res
+    host = _storage_host(res)
+    rel = os.path.relpath(res.checkpoint_dir, res.spec.storage.mount)
+    if res.spec.storage.nfs is not None and not host.shared_dir:
+        return 0  # measured on the NFS server, not here
+    if host.address != "local":
+        try:
+            conn = ctx.connector(host)
+            base = host.shared_dir or host_facts.volume_mountpoint(conn, res.spec.storage.volume)
+            if not base:
+                return 0
+            r = conn.run(["du", "-s", "-B1", f"--exclude={QUARANTINE_DIR}", os.path.join(base, rel)])
+        except HostError:
+            return 0
+        first = r.out.split()[0] if r.ok and r.out.split() else ""
+        return int(first) if first.isdigit() else 0
+    if host.shared_dir:
+        base = host.shared_dir
+    else:
+        client = ctx.docker()
+        base = facts.volume_mountpoint(client, res.spec.storage.volume) if client is not None else None
+    return facts.tree_bytes(os.path.join(base, rel), skip=(QUARANTINE_DIR,)) if base else 0
+
+
+def _measured_free_space(ctx: Context) -> tuple[int | None, str, str]:
     res = ctx.res
     host = _storage_host(res)
     if host.name in ctx.free_space:
@@ -189,9 +229,12 @@ def checkpoint_headroom(ctx: Context) -> dict[str, Any] | None:
     disk = ctx.plan().disk
     if disk is None or disk.free_bytes is None:
         return None
+    free = _measured_free_space(ctx)[0]  # what is free now: the run's own checkpoints are not free for the next save
+    if free is None:
+        return None
     need = disk.checkpoint_bytes + disk.margin_bytes
-    return {"filesystem": disk.filesystem, "free_bytes": disk.free_bytes, "checkpoint_bytes": disk.checkpoint_bytes,
-            "margin_bytes": disk.margin_bytes, "ok": disk.free_bytes >= need}
+    return {"filesystem": disk.filesystem, "free_bytes": free, "checkpoint_bytes": disk.checkpoint_bytes,
+            "margin_bytes": disk.margin_bytes, "ok": free >= need}
 
 
 def headroom_text(h: dict[str, Any] | None) -> str:

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 
@@ -73,15 +74,19 @@ def quarantine(path: str, output_dir: str) -> str:
     return target
 
 
-def resolve_resume(output_dir: str, resume: str, expect: Shape | None = None) -> tuple[str | None, list[Quarantined]]:
+def resolve_resume(output_dir: str, resume: str, expect: Shape | None = None,
+                   layout: str = "trl") -> tuple[str | None, list[Quarantined]]:
     """The checkpoint to resume from (or None) and what was quarantined on the way.
 
     `never`: start fresh, touch nothing. `auto`: quarantine every incomplete checkpoint, then take the newest complete
     one. Anything else is a checkpoint path, which must be complete. With *expect* (this run's LoRA shape and world
-    size), a checkpoint of another shape is refused with the difference, never silently loaded or skipped.
+    size), a checkpoint of another shape is refused with the difference, never silently loaded or skipped. verl
+    (*layout* "verl") resumes from what its tracker names: see verl_resume.
     """
     if resume == "never":
         return None, []
+    if layout == "verl":
+        return verl_resume(output_dir, resume, expect)
     if resume != "auto":
         reason = incomplete_reason(resume) if os.path.isdir(resume) else "no such directory"
         if reason:
@@ -120,10 +125,10 @@ class Shape:
         return out
 
 
-def _refuse_other_shape(path: str, expect: Shape | None) -> None:
+def _refuse_other_shape(path: str, expect: Shape | None, layout: str = "trl") -> None:
     if expect is None:
         return
-    found = shape_of(path, "trl")
+    found = shape_of(path, layout)
     diff = expect.differences(found)
     if diff:
         raise ResumeError(f"resume: {path} was written by a run of another shape ({'; '.join(diff)}): resuming would "
@@ -253,6 +258,53 @@ def _entry(step: int, path: str, state: str, reason: str, layout: str) -> Checkp
                       list(shape.target_modules) if shape.target_modules else None, shape.world_size)
 
 
+class TrackerUnreadable(ValueError):
+    """verl's tracker is missing or unreadable while global_step_N directories exist: complete cannot be told from
+    half-written, so nothing is moved or removed."""
+
+
+def _require_tracker(directory: str, found: list[Checkpoint]) -> int | None:
+    tracker = verl_tracker(directory)
+    if tracker is None and found:
+        raise TrackerUnreadable(
+            f"{os.path.join(directory, VERL_TRACKER)} is missing or unreadable (verl writes it after each complete "
+            f"save; an interrupted write leaves it empty) while {len(found)} global_step_N exist: complete cannot be "
+            f"told from half-written, so nothing was moved or removed. Check `checkpoints list`, then write the step "
+            f"of the newest complete one into it")
+    return tracker
+
+
+def verl_resume(directory: str, resume: str = "auto", expect: Shape | None = None) -> tuple[str | None,
+                                                                                                list[Quarantined]]:
+    """What a verl restart with `trainer.resume_mode=auto` loads, made safe before it starts: the step its tracker
+    names, which must be complete (verl itself starts from scratch without a word when the tracker or the directory
+    is missing, and never checks the shards); steps newer than the tracker (a save cut short) are quarantined, so that
+    verl does not write the same step into a directory still holding the dead save's files. An explicit `resume`
+    path must be a complete global_step_N. A checkpoint of another LoRA rank or world size is refused."""
+    found = list_checkpoints(directory, "verl")
+    if resume != "auto":
+        match = VERL_PATTERN.match(os.path.basename(os.path.normpath(resume)))
+        parent = os.path.dirname(os.path.normpath(resume))
+        state, reason = (_verl_incomplete(resume, int(match.group(1)), verl_tracker(parent))
+                         if match and os.path.isdir(resume) else ("missing", "no such global_step_N directory"))
+        if state != "complete":
+            raise ResumeError(f"resume: {resume} cannot be resumed from: {reason or state}")
+        _refuse_other_shape(resume, expect, "verl")
+        return resume, []
+    if not found and verl_tracker(directory) is None:
+        return None, []
+    tracker = _require_tracker(directory, found)
+    named = next((c for c in found if c.step == tracker), None)
+    if named is None or not named.complete:
+        why = "does not exist" if named is None else f"is {named.state}: {named.reason}"
+        raise ResumeError(f"resume: {VERL_TRACKER} in {directory} names step {tracker}, whose checkpoint {why}; "
+                          "verl would start from scratch or fail while loading. Fix the tracker (the newest complete "
+                          "step, `checkpoints list`), or start a new run")
+    _refuse_other_shape(named.path, expect, "verl")
+    moved = [Quarantined(c.path, quarantine(c.path, directory), c.reason) for c in found if c.step > tracker]
+    return named.path, moved
+
+
 @dataclass
 class PruneResult:
     removed: list[Checkpoint]
@@ -260,18 +312,22 @@ class PruneResult:
     kept: list[Checkpoint]
 
 
-def prune(directory: str, keep: int, layout: str | None = None, dry_run: bool = False) -> PruneResult:
+def prune(directory: str, keep: int, layout: str | None = None, dry_run: bool = False,
+          leave_partial: bool = False) -> PruneResult:
     """Keep the newest *keep* complete checkpoints. Older complete ones are removed only because newer complete ones
     exist (never the newest complete, never the one verl's tracker names); half-written ones are quarantined, not
-    removed; pruned verl steps (data.pt only) are left alone."""
+    removed (*leave_partial*: left where they are — for a prune while the trainer may be saving); pruned verl steps
+    (data.pt only) are left alone. Everything on disk counts, whichever process wrote it: verl's own retention only
+    knows the saves of the process that made them, so after a resume the older ones are this prune's to enforce.
+    verl without a readable tracker: TrackerUnreadable, nothing touched."""
     if keep < 1:
         raise ValueError("keep must be at least 1: the newest complete checkpoint is never removed")
     layout = layout or detect_layout(directory)
     found = list_checkpoints(directory, layout)
     complete = [c for c in found if c.complete]
-    tracker = verl_tracker(directory) if layout == "verl" else None
+    tracker = _require_tracker(directory, found) if layout == "verl" else None
     doomed = [c for c in complete[:-keep] if c.step != tracker]
-    half = [c for c in found if c.state == "half-written"]
+    half = [] if leave_partial else [c for c in found if c.state == "half-written"]
     if dry_run:
         return PruneResult(doomed, [Quarantined(c.path, "", c.reason) for c in half],
                            [c for c in complete if c not in doomed])
@@ -292,12 +348,18 @@ def _main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layout", choices=["trl", "verl"])
     parser.add_argument("--keep", type=int, default=None, help="prune: complete checkpoints to keep (>= 1)")
     parser.add_argument("--dry-run", action="store_true", help="prune: say what would go, change nothing")
+    parser.add_argument("--leave-partial", action="store_true",
+                        help="prune: leave half-written checkpoints where they are (a save may be in progress)")
     args = parser.parse_args(argv)
     layout = args.layout or detect_layout(args.directory)
     if args.action == "prune":
         if args.keep is None or args.keep < 1:
             parser.error("prune needs --keep N with N >= 1")
-        r = prune(args.directory, args.keep, layout, dry_run=args.dry_run)
+        try:
+            r = prune(args.directory, args.keep, layout, dry_run=args.dry_run, leave_partial=args.leave_partial)
+        except TrackerUnreadable as error:
+            print(f"prune: {error}", file=sys.stderr)
+            return 2
         print(json.dumps({"layout": layout, "dry_run": args.dry_run, "removed": [asdict(c) for c in r.removed],
                           "quarantined": [asdict(q) for q in r.quarantined], "kept": [asdict(c) for c in r.kept]}))
         return 0

@@ -56,6 +56,13 @@ class DiskWatchdog(TrainerCallback):
         self.output_dir, self.config, self.emit, self.free = output_dir, config, emit, free
         self.tripped: Verdict | None = None
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        """One `disk_watchdog_armed` event: the estimate and margin it judges with, and the free space at the start."""
+        if state.is_world_process_zero:
+            self.emit("disk_watchdog_armed", checkpoint_bytes=self.config.checkpoint_bytes,
+                      margin_bytes=self.config.margin_bytes, free_bytes=self.free(self.output_dir))
+        return control
+
     def on_step_end(self, args, state, control, **kwargs):
         if not control.should_save or not state.is_world_process_zero:
             return control

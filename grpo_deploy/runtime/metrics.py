@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -39,26 +40,41 @@ def event_line(record: dict) -> str:
 
 
 class MetricsSink:
-    """Writes `{"event": ..., "time": <unix float>, ...}` lines to `path`, appending across runs and resumes."""
+    """Writes `{"event": ..., "time": <unix float>, ...}` lines to `path`, appending across runs and resumes.
+
+    Each line is one append (`os.write` on an O_APPEND descriptor). A line that cannot be written (the disk is full:
+    the very fault the watchdog and the fault suite are about) goes to stderr, into the container's log, instead of
+    raising — the trainer's own error and its `run_end` must not be replaced by the metrics file's ENOSPC."""
 
     def __init__(self, path: str):
         self.path = os.path.abspath(path)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
         self._lock = threading.Lock()
+        self.unwritten = 0
 
     def emit(self, event: str, /, **fields: Any) -> dict:
         record = event_record(event, **fields)
+        line = event_line(record) + "\n"
         with self._lock:
-            self._file.write(event_line(record) + "\n")
-            self._file.flush()
+            try:
+                if self._fd is None:
+                    raise OSError(f"{self.path} is closed")
+                os.write(self._fd, line.encode("utf-8"))
+            except OSError as error:
+                self.unwritten += 1
+                print(f"metrics: not written to {self.path} ({error}): {line}", end="", file=sys.stderr, flush=True)
         return record
 
     def close(self) -> None:
         with self._lock:
-            if not self._file.closed:
-                os.fsync(self._file.fileno())
-                self._file.close()
+            if self._fd is not None:
+                fd, self._fd = self._fd, None
+                try:
+                    os.fsync(fd)
+                except OSError:
+                    pass
+                os.close(fd)
 
     def __enter__(self) -> MetricsSink:
         return self
