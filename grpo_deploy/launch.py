@@ -515,6 +515,10 @@ def finish(state: RunState, code: int, events: list[dict], out, log: Callable[[s
         log(f"stopping {what} (the shared storage and its checkpoints are kept)")
         stop()
     if code != 0:
+        faults = [e for e in events if e["event"] == "storage_fault"]
+        if faults:
+            log(f"the trainer stopped on a shared-volume fault ({faults[-1].get('kind')}): "
+                f"{faults[-1].get('message')}")
         log(f"the trainer exited with code {code}: see {state.dir / 'logs.txt'}")
         return 1
     return 0

@@ -1,7 +1,7 @@
 """Run status from events (pure): the trainer's metrics.jsonl plus the deployer's own events -> summary and plot.
 
 Event shapes are the runtime's contract (grpo_deploy.runtime.metrics): run_start, trainer_ready, step,
-adapter_load, adapter_prune, run_end; the deployer adds up_start, images_ready (seconds spent building images),
+adapter_load, adapter_prune, storage_fault, run_end; the deployer adds up_start, images_ready (seconds spent building images),
 server_ready, trainer_started, up_end.
 """
 
@@ -52,6 +52,8 @@ class Summary:
     run_gid: int | None = None
     umask: str | None = None
     error: str | None = None
+    fault: str | None = None
+    """The shared-volume fault that stopped the trainer (storage_fault event): the path, the identity, the fix."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,6 +112,9 @@ def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None 
         s.server_ready_s = ready[-1].get("seconds")
         if s.server_ready_s is None and up_start:
             s.server_ready_s = round(ready[-1]["time"] - up_start[-1]["time"], 2)
+    faults = by("storage_fault")
+    if faults and (not start or faults[-1]["time"] >= start[-1]["time"]):
+        s.fault = faults[-1].get("message")
     # The trainer's own end, else the deployer's (`up` stopped before the trainer wrote one: preflight, a crash).
     last_end = end[-1] if end else (by("up_end")[-1] if by("up_end") else None)
     if last_end is not None:
@@ -142,7 +147,7 @@ def summary_text(s: Summary) -> str:
 
     lines = [
         f"run {s.run}: {s.state}, {s.steps}{'/' + str(s.max_steps) if s.max_steps else ''} optimizer steps"
-        + (f" (error: {s.error})" if s.error else ""),
+        + (f" (error: {s.error})" if s.error and s.error != s.fault else " (a shared-volume fault)" if s.fault else ""),
         f"  reward              first 5 steps {n(s.reward_first5)} -> last 5 steps {n(s.reward_last5)}",
         f"  completion length   {n(s.completion_length_first5, '.1f')} -> {n(s.completion_length_last5, '.1f')} tokens",
         f"  adapter syncs       {s.adapter_loads_ok} loaded, {s.adapter_loads_failed} failed, median hand-off "
@@ -156,6 +161,8 @@ def summary_text(s: Summary) -> str:
         f"  identity            uid {n(s.run_uid, 'd')} gid {n(s.run_gid, 'd')} umask {s.umask or '-'}; adapter "
         f"file modes {', '.join(s.adapter_file_modes) or '-'}",
     ]
+    if s.fault:
+        lines.append(f"  stopped by          {s.fault}")
     if s.eta_s is not None:
         lines.append(f"  ETA                 {s.eta_s / 60:.1f} min")
     return "\n".join(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -49,16 +50,24 @@ class MetricsSink:
 
     def emit(self, event: str, /, **fields: Any) -> dict:
         record = event_record(event, **fields)
+        line = event_line(record)
         with self._lock:
-            self._file.write(event_line(record) + "\n")
-            self._file.flush()
+            try:
+                self._file.write(line + "\n")
+                self._file.flush()
+            except OSError as error:  # the shared volume went away or read-only: the container log keeps the event
+                sys.stderr.write(f"metrics: could not write {self.path} ({error}); event: {line}\n")
+                sys.stderr.flush()
         return record
 
     def close(self) -> None:
         with self._lock:
             if not self._file.closed:
-                os.fsync(self._file.fileno())
-                self._file.close()
+                try:
+                    os.fsync(self._file.fileno())
+                    self._file.close()
+                except OSError as error:
+                    sys.stderr.write(f"metrics: could not close {self.path}: {error}\n")
 
     def __enter__(self) -> MetricsSink:
         return self

@@ -86,6 +86,18 @@ def resume_shape(config: RunConfig) -> checkpoints.Shape:
                              int(os.environ.get("WORLD_SIZE", "1")))
 
 
+def storage_fault(config: RunConfig, exc: BaseException):
+    """The shared-volume fault behind *exc* (grpo_deploy.runtime.storage_faults), or None."""
+    from . import storage_faults
+
+    try:
+        complete = [c for c in checkpoints.list_checkpoints(config.output_dir, "trl") if c.complete]
+    except OSError:
+        complete = []
+    roots = [config.output_dir, os.path.dirname(config.lora_dir), os.path.dirname(os.path.abspath(config.metrics_path))]
+    return storage_faults.classify(exc, roots, os.getuid(), os.getgid(), complete[-1].path if complete else None)
+
+
 def run(config: RunConfig, sink: MetricsSink) -> int:
     """One training run, bracketed by run_start and run_end events; returns the exit code."""
     trainer, status, error, resumed_from = None, "ok", None, None
@@ -116,6 +128,11 @@ def run(config: RunConfig, sink: MetricsSink) -> int:
         failure = getattr(getattr(trainer, "vllm_client", None), "last_failure", None)
         if failure:
             error = f"{error} [server said: {failure}]"
+        fault = storage_fault(config, exc)
+        if fault is not None:
+            status, error = "storage-fault", fault.message
+            sink.emit("storage_fault", kind=fault.kind, path=fault.path, message=fault.message,
+                      step=trainer.state.global_step if trainer is not None else 0)
         log.error(f"run failed: {error}")
         if trainer is not None and resume_server(config.server_url):
             log.info("sent POST /resume so that the server is not left paused")

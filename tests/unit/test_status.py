@@ -96,3 +96,15 @@ def test_watch_ends_when_the_run_has_ended(tmp_path):
     records = [json.loads(line) for line in proc.stdout.splitlines()]
     assert proc.returncode == 0, proc.stderr
     assert len(records) == 1 and records[0]["state"] == "finished" and "checkpoint_disk" in records[0]
+
+
+def test_a_storage_fault_is_named_in_status():
+    message = "shared volume: the shared directory /shared/x is read-only (Read-only file system) ..."
+    events = [*_events()[:-1], {"event": "storage_fault", "time": 199.0, "kind": "read-only", "message": message},
+              {"event": "run_end", "time": 200.0, "status": "storage-fault", "error": message, "steps": 10}]
+    s = status.summarize("r", events)
+    assert s.state == "failed" and s.fault == message
+    text = status.summary_text(s)
+    assert "(a shared-volume fault)" in text and f"stopped by          {message}" in text
+    earlier = [{"event": "storage_fault", "time": 120.0, "message": "old"}, *_events()]  # before the latest start
+    assert status.summarize("r", earlier).fault is None

@@ -1,0 +1,177 @@
+"""Shared-volume faults as the trainer meets them mid-run — an adapter the server cannot read, a directory that is
+gone, read-only or denied — turned into one message naming the path, the identity and the fix (stdlib only; the
+only side effect is stat).
+
+Stopping is the answer to both (no retry loop): a share that went read-only, lost its mount or changed owner does
+not heal by itself, every retry of an adapter sync holds the server paused, and the newest complete checkpoint makes
+the fix-then-resume cheap."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from .identity import format_mode
+
+KINDS = {errno.EROFS: "read-only", errno.ENOENT: "missing", errno.EACCES: "permission", errno.EPERM: "permission",
+         errno.ESTALE: "missing", errno.ENOTDIR: "missing"}
+RESUME = "then run `grpo-deploy up` again: it resumes from the newest complete checkpoint"
+# vLLM 0.32 answers 404 "Loading lora X failed: No adapter found for <path>" when it cannot open the adapter (safetensors
+# reports EACCES as "No such file"), and 400 with the OSError's text for other read failures.
+SERVER_CANNOT_READ = re.compile(r"No adapter found|Permission denied|Errno 13|EACCES|No such file|Errno 2", re.I)
+
+
+@dataclass(frozen=True)
+class PathView:
+    """How one path looks to this process: the first component it cannot reach (missing, or a directory it may not
+    enter), or, when it reaches the path, whether it may read (and, for a directory, enter) it."""
+
+    path: str
+    blocked: str | None  # the first path component that is missing or not enterable; None when reachable
+    problem: str | None  # "missing" | "no access" | "not readable" | None
+    mode: str | None  # of `blocked` (or of `path` when reachable)
+    owner: str | None  # uid:gid of the same
+
+    def words(self) -> str:
+        if self.problem is None:
+            return f"{self.path} is readable (mode {self.mode}, owner {self.owner})"
+        if self.problem == "missing":
+            return f"{self.blocked} does not exist"
+        return f"{self.blocked} is mode {self.mode}, owner {self.owner} ({self.problem})"
+
+
+def _stat_words(path: str) -> tuple[str | None, str | None]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None, None
+    return format_mode(st.st_mode), f"{st.st_uid}:{st.st_gid}"
+
+
+def view(path: str) -> PathView:
+    """Walk *path* from `/` down as this process; stop at the first component that is missing or not enterable."""
+    path = os.path.abspath(path)
+    parts = [p for p in path.split("/") if p]
+    current = "/"
+    for part in parts:
+        parent, current = current, os.path.join(current, part)
+        try:
+            os.lstat(current)
+        except FileNotFoundError:
+            return PathView(path, current, "missing", None, None)
+        except (PermissionError, NotADirectoryError) as error:
+            if isinstance(error, NotADirectoryError):
+                return PathView(path, parent, "missing", *_stat_words(parent))
+            return PathView(path, parent, "no access", *_stat_words(parent))
+    mode, owner = _stat_words(path)
+    wanted = os.R_OK | (os.X_OK if os.path.isdir(path) else 0)
+    if not os.access(path, wanted):
+        return PathView(path, path, "not readable", mode, owner)
+    return PathView(path, None, None, mode, owner)
+
+
+def os_errors(exc: BaseException | None) -> Iterator[OSError]:
+    """Every OSError in *exc*'s chain (itself, its cause, its context), outermost first, each once."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError):
+            yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A classified shared-volume fault: what (`kind`), where (`path`), and the message a user reads."""
+
+    kind: str  # read-only | missing | permission | adapter-unreadable
+    path: str
+    message: str
+
+
+class StorageFault(Exception):
+    """Raised (from the original error) where the runtime recognises a shared-volume fault itself."""
+
+    def __init__(self, fault: Fault):
+        super().__init__(fault.message)
+        self.fault = fault
+
+
+def under(path: str, root: str) -> bool:
+    root = os.path.abspath(root).rstrip("/") or "/"
+    path = os.path.abspath(path)
+    return path == root or path.startswith(root + "/")
+
+
+def classify(exc: BaseException, roots: list[str], uid: int, gid: int, newest: str | None) -> Fault | None:
+    """The shared-volume fault behind *exc*: a StorageFault's own, or an OSError (anywhere in its chain) that is
+    EROFS, ENOENT, EACCES or EPERM on a path under one of *roots* (the run's directories on the shared volume); None
+    for anything else (a bug, a bad config: reported as before)."""
+    if isinstance(exc, StorageFault):
+        return exc.fault
+    for error in os_errors(exc):
+        kind = KINDS.get(error.errno)
+        path = error.filename if isinstance(error.filename, str) else None
+        if kind and path and any(under(path, root) for root in roots):
+            return Fault(kind, path, storage_message(kind, path, error.strerror or str(error), uid, gid, newest,
+                                                     view(path)))
+    return None
+
+
+def storage_message(kind: str, path: str, reason: str, uid: int, gid: int, newest: str | None,
+                    seen: PathView | None = None) -> str:
+    """One paragraph: the shared directory *path* is read-only / missing / denied to the trainer (uid:gid), what
+    that means, what was kept, and what to do."""
+    kept = (f"the newest complete checkpoint {newest} is kept" if newest else "no checkpoint was complete yet")
+    what = {
+        "read-only": (f"the shared directory {path} is read-only ({reason}) for the trainer (uid {uid}:{gid})",
+                      "remount the share read-write (on the host: `mount | grep` the share; an NFS export may "
+                      "have turned ro; a filesystem that went read-only after I/O errors needs a check)"),
+        "missing": (f"the shared directory {path} is gone ({reason}): "
+                    + (seen.words() if seen and seen.problem == "missing" else "it no longer resolves"),
+                    "mount the share again (or restore the run directory) at the same path on every host"),
+        "permission": (f"the trainer (uid {uid}:{gid}) may not write {path} ({reason})"
+                       + (f": {seen.words()}" if seen and seen.problem else ""),
+                       f"give the run user its directory back, e.g. `chown -R {uid}:{gid} <dir>` and "
+                       "`chmod -R u+rwX,go+rX <dir>` on the share"),
+    }
+    problem, fix = what.get(kind, (f"the shared directory {path} failed ({reason})", "check the share"))
+    return f"shared volume: {problem}; the run stopped; {kept}. Fix: {fix}; {RESUME}"
+
+
+def server_cannot_read(status: int | None, body: str | None) -> bool:
+    """Whether a failed `POST /v1/load_lora_adapter` answer means the server could not read the adapter files."""
+    return status is not None and status != 200 and bool(SERVER_CANNOT_READ.search(body or ""))
+
+
+def server_reason(body: str | None) -> str:
+    """The server's own words from a vLLM error body (`{"error": {"message": ...}}`), else the body's start."""
+    import json
+
+    try:
+        message = json.loads(body or "").get("error", {}).get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or body or "").strip()[:300]
+
+
+def adapter_unreadable_message(name: str, path: str, status: int | None, body: str | None, uid: int, gid: int,
+                               trainer_view: PathView) -> str:
+    """The vLLM server could not read the adapter the trainer published: which path, the server's words, how the
+    path looks to the trainer (same uid: preflight requires it), and what to do."""
+    theirs = server_reason(body)
+    if trainer_view.problem is None:
+        differs = (f"the trainer (uid {uid}:{gid}) can read it ({trainer_view.words()}), so the server's view of the "
+                   "shared volume differs: on the server host the directory is owned or moded differently, "
+                   "root-squashed (NFS), or another mount hides it")
+    else:
+        differs = f"as the trainer (uid {uid}:{gid}) sees it, {trainer_view.words()}"
+    return (f"adapter unreadable: the vLLM server could not read adapter {name} at {path} (HTTP {status}: {theirs}) "
+            f"— a permission or mount problem on the shared volume, not a missing endpoint. The server runs as "
+            f"the run user uid {uid}:{gid} (preflight requires the trainer's identity); {differs}. Fix: make "
+            f"{os.path.dirname(path)} and its files readable to uid {uid} on the server host (e.g. `chown -R "
+            f"{uid}:{gid}` and `chmod -R u+rwX,go+rX` it; with NFS check the export's squash options), check with "
+            f"`grpo-deploy preflight`, {RESUME}")

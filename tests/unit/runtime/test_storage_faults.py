@@ -1,0 +1,152 @@
+"""Shared-volume faults: how a path looks to a process, which errors are faults of the share, and the messages."""
+
+import dataclasses
+import errno
+import json
+import os
+import shutil
+import tempfile
+
+import pytest
+
+from grpo_deploy.runtime import storage_faults as sf
+from grpo_deploy.runtime.metrics import MetricsSink
+
+NOBODY = 65534
+
+
+def view_as_nobody(path: str) -> dict:
+    """`view(path)` in a forked child of uid/gid 65534 (these tests run as root, whom no mode stops; the
+    interpreter under /root is not executable by nobody, so no new process)."""
+    if os.getuid() != 0:
+        return dataclasses.asdict(sf.view(path))
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop to nobody, answer, leave without running pytest's cleanup
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            os.write(write, json.dumps(dataclasses.asdict(sf.view(path))).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as answer:
+        text = answer.read()
+    os.waitpid(pid, 0)
+    return json.loads(text)
+
+
+@pytest.fixture()
+def open_dir():
+    """A directory every user may enter (pytest's tmp_path sits under a root-only 0700 folder)."""
+    path = tempfile.mkdtemp(prefix="grpo-sf-", dir="/tmp")
+    os.chmod(path, 0o755)
+    yield path
+    for root, dirs, _files in os.walk(path):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o755)
+    shutil.rmtree(path)
+
+
+def test_view_names_the_first_component_it_cannot_enter(open_dir):
+    lora = os.path.join(open_dir, "out", ".vllm_lora")
+    os.makedirs(os.path.join(lora, "trl-policy-v3"))
+    os.chmod(lora, 0o000)
+    seen = view_as_nobody(os.path.join(lora, "trl-policy-v3"))
+    assert seen["blocked"] == lora and seen["problem"] == "no access" and seen["mode"] == "0000"
+    assert seen["owner"] == f"{os.getuid()}:{os.getgid()}"
+
+
+def test_view_of_a_readable_path_and_of_a_missing_one(open_dir):
+    os.makedirs(os.path.join(open_dir, "a"))
+    assert view_as_nobody(os.path.join(open_dir, "a"))["problem"] is None
+    gone = sf.view(os.path.join(open_dir, "b", "c"))
+    assert (gone.blocked, gone.problem) == (os.path.join(open_dir, "b"), "missing")
+    assert gone.words() == f"{open_dir}/b does not exist"
+
+
+def test_view_of_an_unreadable_directory(open_dir):
+    os.chmod(open_dir, 0o711)  # enterable, not listable
+    seen = view_as_nobody(open_dir)
+    assert seen["problem"] == "not readable" and seen["mode"] == "0711"
+
+
+def test_classify_finds_the_oserror_in_the_chain_under_the_shared_roots(tmp_path):
+    path = str(tmp_path / "out" / ".vllm_lora" / ".trl-policy-v7.tmp")
+    try:
+        try:
+            raise OSError(errno.EROFS, "Read-only file system", path)
+        except OSError as inner:
+            raise RuntimeError("sync failed") from inner
+    except RuntimeError as outer:
+        fault = sf.classify(outer, [str(tmp_path / "out")], 1000, 1000, str(tmp_path / "out" / "checkpoint-4"))
+    assert fault.kind == "read-only" and fault.path == path
+    assert f"{path} is read-only" in fault.message and "uid 1000:1000" in fault.message
+    assert "checkpoint-4 is kept" in fault.message and "remount the share read-write" in fault.message
+    assert "grpo-deploy up" in fault.message
+
+
+def test_classify_a_real_enoent_and_leave_other_errors_alone(tmp_path):
+    with pytest.raises(OSError) as gone:
+        open(tmp_path / "run" / "checkpoints" / "x", "w")  # noqa: SIM115 - the real error is the point
+    fault = sf.classify(gone.value, [str(tmp_path / "run")], 1000, 1000, None)
+    assert fault.kind == "missing" and f"{tmp_path}/run does not exist" in fault.message
+    assert "no checkpoint was complete yet" in fault.message
+    assert sf.classify(gone.value, ["/elsewhere"], 1000, 1000, None) is None  # not the shared volume
+    assert sf.classify(ValueError("bad config"), [str(tmp_path)], 1000, 1000, None) is None
+    full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "run" / "x"))
+    assert sf.classify(full, [str(tmp_path)], 1000, 1000, None) is None  # the disk watchdog's business
+
+
+def test_permission_message_says_how_to_give_the_directory_back(tmp_path):
+    error = PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "x"))
+    fault = sf.classify(error, [str(tmp_path)], 1000, 1001, None)
+    assert fault.kind == "permission" and "may not write" in fault.message and "chown -R 1000:1001" in fault.message
+
+
+def test_a_storage_fault_keeps_its_own_classification():
+    fault = sf.Fault("adapter-unreadable", "/s/a", "m")
+    assert sf.classify(sf.StorageFault(fault), ["/nowhere"], 1, 1, None) is fault
+
+
+@pytest.mark.parametrize(("status", "body", "expected"), [
+    (404, '{"error":{"message":"Loading lora trl-policy-v2 failed: No adapter found for /s/x","code":404}}', True),
+    (400, '{"error":{"message":"[Errno 13] Permission denied: \'/s/x/adapter_config.json\'"}}', True),
+    (404, '{"detail":"Not Found"}', False),  # the endpoint really is missing (no VLLM_ALLOW_RUNTIME_LORA_UPDATING)
+    (500, '{"error":{"message":"CUDA out of memory"}}', False),
+    (200, "Success: No adapter found", False),
+    (None, "ConnectionError: refused", False),
+])
+def test_server_cannot_read(status, body, expected):
+    assert sf.server_cannot_read(status, body) is expected
+
+
+def test_adapter_unreadable_message_names_path_identity_and_fix(open_dir):
+    body = '{"error":{"message":"Loading lora trl-policy-v7 failed: No adapter found for /s/x","code":404}}'
+    message = sf.adapter_unreadable_message("trl-policy-v7", f"{open_dir}/trl-policy-v7", 404, body, 1000, 1000,
+                                            sf.view(open_dir))
+    assert message.startswith("adapter unreadable: the vLLM server could not read adapter trl-policy-v7 at ")
+    assert "HTTP 404: Loading lora trl-policy-v7 failed: No adapter found" in message
+    assert "not a missing endpoint" in message and "uid 1000:1000" in message
+    assert "the server's view of the shared volume differs" in message  # the trainer reads it fine
+    assert f"make {open_dir} and its files readable to uid 1000" in message and "grpo-deploy preflight" in message
+    blocked = sf.PathView("/s/x", "/s", "no access", "0000", "0:0")
+    assert "as the trainer (uid 1000:1000) sees it, /s is mode 0000, owner 0:0 (no access)" in \
+        sf.adapter_unreadable_message("n", "/s/x", 404, body, 1000, 1000, blocked)
+
+
+def test_server_reason_falls_back_to_the_body():
+    assert sf.server_reason('{"error":{"message":"nope"}}') == "nope"
+    assert sf.server_reason("plain text") == "plain text"
+    assert sf.server_reason(None) == ""
+
+
+def test_metrics_sink_keeps_running_when_its_file_cannot_be_written(capsys):
+    sink = MetricsSink("/dev/full")  # every write fails with ENOSPC, like a share that went away
+    record = sink.emit("storage_fault", message="m")
+    sink.close()
+    assert record["event"] == "storage_fault"
+    err = capsys.readouterr().err
+    assert "metrics: could not write /dev/full" in err and '"event":"storage_fault"' in err
