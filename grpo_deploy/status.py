@@ -1,8 +1,8 @@
 """Run status from events (pure): the trainer's metrics.jsonl plus the deployer's own events -> summary and plot.
 
 Event shapes are the runtime's contract (grpo_deploy.runtime.metrics): run_start, trainer_ready, step,
-adapter_load, adapter_prune, storage_fault, run_end; the deployer adds up_start, images_ready (seconds spent building images),
-server_ready, trainer_started, up_end.
+adapter_load, adapter_prune, storage_fault, run_end; the deployer adds up_start, images_ready (seconds spent building
+images), server_ready, trainer_started, up_end.
 """
 
 from __future__ import annotations

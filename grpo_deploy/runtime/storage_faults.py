@@ -19,8 +19,8 @@ from .identity import format_mode
 KINDS = {errno.EROFS: "read-only", errno.ENOENT: "missing", errno.EACCES: "permission", errno.EPERM: "permission",
          errno.ESTALE: "missing", errno.ENOTDIR: "missing"}
 RESUME = "then run `grpo-deploy up` again: it resumes from the newest complete checkpoint"
-# vLLM 0.32 answers 404 "Loading lora X failed: No adapter found for <path>" when it cannot open the adapter (safetensors
-# reports EACCES as "No such file"), and 400 with the OSError's text for other read failures.
+# vLLM 0.32 answers 404 "Loading lora X failed: No adapter found for <path>" when it cannot open the adapter
+# (safetensors reports EACCES as "No such file"), and 400 with the OSError's text for other read failures.
 SERVER_CANNOT_READ = re.compile(r"No adapter found|Permission denied|Errno 13|EACCES|No such file|Errno 2", re.I)
 
 
