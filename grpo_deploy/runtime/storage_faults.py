@@ -130,8 +130,8 @@ def storage_message(kind: str, path: str, reason: str, uid: int, gid: int, newes
         "read-only": (f"the shared directory {path} is read-only ({reason}) for the trainer (uid {uid}:{gid})",
                       "remount the share read-write (on the host: `mount | grep` the share; an NFS export may "
                       "have turned ro; a filesystem that went read-only after I/O errors needs a check)"),
-        "missing": (f"the shared directory {path} is gone ({reason}): "
-                    + (seen.words() if seen and seen.problem == "missing" else "it no longer resolves"),
+        "missing": (f"the shared directory {path} is gone ({reason})"
+                    + (f": {seen.words()}" if seen and seen.problem == "missing" else ""),
                     "mount the share again (or restore the run directory) at the same path on every host"),
         "permission": (f"the trainer (uid {uid}:{gid}) may not write {path} ({reason})"
                        + (f": {seen.words()}" if seen and seen.problem else ""),
@@ -175,3 +175,50 @@ def adapter_unreadable_message(name: str, path: str, status: int | None, body: s
             f"{os.path.dirname(path)} and its files readable to uid {uid} on the server host (e.g. `chown -R "
             f"{uid}:{gid}` and `chmod -R u+rwX,go+rX` it; with NFS check the export's squash options), check with "
             f"`grpo-deploy preflight`, {RESUME}")
+
+
+class ShareGuard:
+    """Notices the run directory on the shared volume going away between two writes: gone (ENOENT, ESTALE), or
+    replaced — another filesystem at the same path, which is what a container sees when the share is unmounted under
+    it (the image's empty mount point, where writes would silently land on local disk), or a recreated directory
+    (its marker file, written when the guard is made, is missing). `check()` raises StorageFault; it costs a stat
+    and the read of a few bytes."""
+
+    MARKER = ".grpo-deploy-share"
+
+    def __init__(self, path: str, uid: int, gid: int, newest=lambda: None):
+        import uuid
+
+        self.path, self.uid, self.gid, self.newest = os.path.abspath(path), uid, gid, newest
+        self.device = os.stat(self.path).st_dev
+        self.token: str | None = uuid.uuid4().hex
+        try:
+            with open(os.path.join(self.path, self.MARKER), "w", encoding="ascii") as handle:
+                handle.write(self.token)
+        except OSError:
+            self.token = None  # a read-only run directory: the device check still holds
+
+    def _fault(self, kind: str, reason: str, seen: PathView | None = None) -> StorageFault:
+        return StorageFault(Fault(kind, self.path, storage_message(kind, self.path, reason, self.uid, self.gid,
+                                                                   self.newest(), seen)))
+
+    def check(self) -> None:
+        try:
+            device = os.stat(self.path).st_dev
+        except OSError as error:
+            raise self._fault(KINDS.get(error.errno, "missing"), error.strerror or str(error),
+                              view(self.path)) from error
+        replaced = ("another directory is at its path now (the share was unmounted or remounted elsewhere, or the "
+                    "run directory was removed and recreated)")
+        if device != self.device:
+            raise self._fault("missing", replaced)
+        if self.token is not None:
+            try:
+                with open(os.path.join(self.path, self.MARKER), encoding="ascii") as handle:
+                    same = handle.read(64) == self.token
+            except FileNotFoundError:
+                same = False
+            except OSError as error:  # EACCES and the like: the write that follows will say it precisely
+                same = error.errno != errno.ESTALE
+            if not same:
+                raise self._fault("missing", replaced)

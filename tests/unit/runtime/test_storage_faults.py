@@ -150,3 +150,40 @@ def test_metrics_sink_keeps_running_when_its_file_cannot_be_written(capsys):
     assert record["event"] == "storage_fault"
     err = capsys.readouterr().err
     assert "metrics: could not write /dev/full" in err and '"event":"storage_fault"' in err
+
+
+def test_share_guard_notices_a_run_dir_gone_or_replaced(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    guard = sf.ShareGuard(str(run), 1000, 1000, newest=lambda: f"{run}/checkpoints/checkpoint-4")
+    guard.check()  # unchanged: nothing to say
+    shutil.rmtree(run)
+    run.mkdir()  # what makedirs does after the share vanished: a new, empty directory at the same path
+    with pytest.raises(sf.StorageFault) as replaced:
+        guard.check()
+    assert replaced.value.fault.kind == "missing" and "another directory is at its path" in str(replaced.value)
+    assert "checkpoint-4 is kept" in str(replaced.value) and "mount the share again" in str(replaced.value)
+    run.rmdir()
+    with pytest.raises(sf.StorageFault) as gone:
+        guard.check()
+    assert gone.value.fault.kind == "missing" and f"{run} does not exist" in str(gone.value)
+
+
+def test_the_adapter_publisher_checks_the_share_before_each_save(tmp_path):
+    from types import SimpleNamespace
+
+    from grpo_deploy.runtime.adapters import AdapterPublisher
+
+    saved = []
+    fault = sf.StorageFault(sf.Fault("missing", "/s", "gone"))
+
+    def check():
+        if saved:
+            raise fault
+
+    publisher = AdapterPublisher(lambda event, **f: f, str(tmp_path), keep=2, before_save=check)
+    save = publisher.wrap_save(lambda model, acc, name, dest: saved.append(dest) or os.makedirs(dest))
+    save(None, SimpleNamespace(is_main_process=True), "default", str(tmp_path / "trl-policy-v1"))
+    with pytest.raises(sf.StorageFault):
+        save(None, SimpleNamespace(is_main_process=True), "default", str(tmp_path / "trl-policy-v2"))
+    assert saved == [str(tmp_path / "trl-policy-v1")]  # nothing written once the share is gone
