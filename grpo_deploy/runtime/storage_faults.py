@@ -73,6 +73,51 @@ def view(path: str) -> PathView:
     return PathView(path, None, None, mode, owner)
 
 
+@dataclass(frozen=True)
+class Mount:
+    point: str
+    options: str  # the mount's own options, e.g. "ro,relatime"
+    fstype: str
+    source: str
+
+    @property
+    def read_only(self) -> bool:
+        return "ro" in self.options.split(",")
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def mount_of(path: str, mountinfo: str | None = None) -> Mount | None:
+    """The mount holding *path* (the longest mount point above it, the last one mounted there winning), from
+    /proc/self/mountinfo text; None when it cannot be read."""
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8") as handle:
+                mountinfo = handle.read()
+        except OSError:
+            return None
+    best = None
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 6 or len(tail) < 2:
+            continue
+        point = _unescape(fields[4])
+        if under(path, point) and (best is None or len(point) >= len(best.point)):
+            best = Mount(point, fields[5], tail[0], _unescape(tail[1]))
+    return best
+
+
+def nearest_existing(path: str) -> str:
+    """*path*, or its nearest ancestor that exists (a failed write names a file that was never made)."""
+    path = os.path.abspath(path)
+    while not os.path.lexists(path) and path != "/":
+        path = os.path.dirname(path)
+    return path
+
+
 def os_errors(exc: BaseException | None) -> Iterator[OSError]:
     """Every OSError in *exc*'s chain (itself, its cause, its context), outermost first, each once."""
     seen = set()
@@ -101,9 +146,8 @@ class StorageFault(Exception):
 
 
 def under(path: str, root: str) -> bool:
-    root = os.path.abspath(root).rstrip("/") or "/"
-    path = os.path.abspath(path)
-    return path == root or path.startswith(root + "/")
+    root, path = os.path.abspath(root), os.path.abspath(path)
+    return root == "/" or path == root or path.startswith(root + "/")
 
 
 def classify(exc: BaseException, roots: list[str], uid: int, gid: int, newest: str | None) -> Fault | None:
@@ -116,8 +160,16 @@ def classify(exc: BaseException, roots: list[str], uid: int, gid: int, newest: s
         kind = KINDS.get(error.errno)
         path = error.filename if isinstance(error.filename, str) else None
         if kind and path and any(under(path, root) for root in roots):
-            return Fault(kind, path, storage_message(kind, path, error.strerror or str(error), uid, gid, newest,
-                                                     view(path)))
+            reason = error.strerror or str(error)
+            seen = view(path)
+            where = (seen.blocked or path) if kind == "missing" else nearest_existing(path)
+            if where != path and kind != "missing":
+                reason = f"{reason}, writing {os.path.relpath(path, where)}"
+            if kind == "read-only":
+                mount = mount_of(where)
+                if mount is not None:
+                    reason += f"; mount {mount.point} ({mount.fstype} {mount.source}, {mount.options})"
+            return Fault(kind, where, storage_message(kind, where, reason, uid, gid, newest, seen))
     return None
 
 

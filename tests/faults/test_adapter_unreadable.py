@@ -56,7 +56,9 @@ def test_adapter_dir_unreadable_to_the_server_stops_the_run_naming_path_and_uid(
     assert fault["kind"] == "adapter-unreadable" and fault["path"].startswith(f"{lora_dir}/trl-policy-v")
     assert 0 < detect_s < STOP_WITHIN_S and end["status"] == "storage-fault", (detect_s, end)
     failed = [e for e in events if e["event"] == "adapter_load" and not e["ok"]]
-    assert len(failed) == 1 and failed[0]["status"] in (400, 404), failed  # vLLM's NotFound / BadRequest
+    # vLLM 0.32 on CPU answered 500 "Call to add_lora method failed: Worker failed with error '[Errno 13] Permission
+    # denied ...'" (a file it cannot open answers 404 "No adapter found"); TRL words both as a failed request.
+    assert len(failed) == 1 and failed[0]["status"] in (400, 404, 500), failed
 
     status = cli(fault_run, "status", "--json")
     assert status.returncode == 0, status.stderr
@@ -71,7 +73,7 @@ def test_adapter_dir_unreadable_to_the_server_stops_the_run_naming_path_and_uid(
     listed = cli(fault_run, "checkpoints", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     states = {c["step"]: c["state"] for c in json.loads(listed.stdout)["checkpoints"]}
-    last_step = max(int(e["step"]) for e in events if e["event"] == "step")
+    last_step = int(end["steps"])  # the optimizer steps done, the one whose adapter failed to publish included
     newest = max(s for s, st in states.items() if st == "complete")
     assert set(states.values()) == {"complete"} and newest == SAVE_EVERY * (last_step // SAVE_EVERY), states
     lost = last_step - newest

@@ -74,7 +74,8 @@ def test_view_of_an_unreadable_directory(open_dir):
 
 
 def test_classify_finds_the_oserror_in_the_chain_under_the_shared_roots(tmp_path):
-    path = str(tmp_path / "out" / ".vllm_lora" / ".trl-policy-v7.tmp")
+    (tmp_path / "out" / ".vllm_lora").mkdir(parents=True)
+    path = str(tmp_path / "out" / ".vllm_lora" / ".trl-policy-v7.tmp")  # never made: the write failed
     try:
         try:
             raise OSError(errno.EROFS, "Read-only file system", path)
@@ -82,8 +83,10 @@ def test_classify_finds_the_oserror_in_the_chain_under_the_shared_roots(tmp_path
             raise RuntimeError("sync failed") from inner
     except RuntimeError as outer:
         fault = sf.classify(outer, [str(tmp_path / "out")], 1000, 1000, str(tmp_path / "out" / "checkpoint-4"))
-    assert fault.kind == "read-only" and fault.path == path
-    assert f"{path} is read-only" in fault.message and "uid 1000:1000" in fault.message
+    lora = str(tmp_path / "out" / ".vllm_lora")
+    assert fault.kind == "read-only" and fault.path == lora  # the directory that exists, not the file never made
+    assert f"{lora} is read-only (Read-only file system, writing .trl-policy-v7.tmp; mount " in fault.message
+    assert "uid 1000:1000" in fault.message
     assert "checkpoint-4 is kept" in fault.message and "remount the share read-write" in fault.message
     assert "grpo-deploy up" in fault.message
 
@@ -114,6 +117,8 @@ def test_a_storage_fault_keeps_its_own_classification():
 @pytest.mark.parametrize(("status", "body", "expected"), [
     (404, '{"error":{"message":"Loading lora trl-policy-v2 failed: No adapter found for /s/x","code":404}}', True),
     (400, '{"error":{"message":"[Errno 13] Permission denied: \'/s/x/adapter_config.json\'"}}', True),
+    (500, '{"error":{"message":"Call to add_lora method failed: Worker failed with error \'[Errno 13] Permission '
+          'denied: \'/s/.vllm_lora<path>\'\'","type":"InternalServerError","code":500}}', True),  # seen: vLLM 0.32 CPU
     (404, '{"detail":"Not Found"}', False),  # the endpoint really is missing (no VLLM_ALLOW_RUNTIME_LORA_UPDATING)
     (500, '{"error":{"message":"CUDA out of memory"}}', False),
     (200, "Success: No adapter found", False),
@@ -187,3 +192,30 @@ def test_the_adapter_publisher_checks_the_share_before_each_save(tmp_path):
     with pytest.raises(sf.StorageFault):
         save(None, SimpleNamespace(is_main_process=True), "default", str(tmp_path / "trl-policy-v2"))
     assert saved == [str(tmp_path / "trl-policy-v1")]  # nothing written once the share is gone
+
+
+MOUNTINFO = """\
+613 540 0:52 / / rw,relatime master:1 - overlay overlay rw,lowerdir=/l
+640 613 8:1 /var/lib/docker/volumes/grpo-deploy-shared/_data /shared rw,relatime master:1 - ext4 /dev/sda1 rw
+700 640 8:1 /var/lib/docker/volumes/grpo-deploy-shared/_data/runs/faults/checkpoints /shared/runs/faults/checkpoints \
+ro,relatime - ext4 /dev/sda1 rw
+701 613 0:60 / /mnt/with\\040space rw - tmpfs tmpfs rw
+"""
+
+
+def test_mount_of_takes_the_longest_mount_point_above_the_path():
+    inner = sf.mount_of("/shared/runs/faults/checkpoints/.vllm_lora", MOUNTINFO)
+    assert inner.point == "/shared/runs/faults/checkpoints" and inner.read_only and inner.fstype == "ext4"
+    outer = sf.mount_of("/shared/runs/faults/metrics.jsonl", MOUNTINFO)
+    assert outer.point == "/shared" and not outer.read_only
+    assert sf.mount_of("/etc/passwd", MOUNTINFO).point == "/"
+    assert sf.mount_of("/mnt/with space/x", MOUNTINFO).point == "/mnt/with space"
+    assert sf.mount_of("/shared-other", MOUNTINFO).point == "/"  # a prefix of the name is not a parent
+    assert sf.mount_of("/x", "garbage") is None
+    assert sf.mount_of("/") is not None  # this machine's own table
+
+
+def test_classify_names_the_first_missing_directory(tmp_path):
+    error = FileNotFoundError(errno.ENOENT, "No such file or directory", str(tmp_path / "run" / "ck" / "x"))
+    fault = sf.classify(error, [str(tmp_path)], 1000, 1000, None)
+    assert fault.path == str(tmp_path / "run") and f"{tmp_path}/run is gone" in fault.message

@@ -156,7 +156,8 @@ def test_a_read_only_share_stops_the_run_with_the_storage_fault(tmp_path, monkey
     with StubServer(ROUTES) as server, MetricsSink(str(tmp_path / "metrics.jsonl")) as sink:
         assert train.run(config_for(tmp_path, server.url, unload_stale_adapters=False, resume="never"), sink) == 1
     *_, fault, end = read_events(str(tmp_path / "metrics.jsonl"))
-    assert fault["event"] == "storage_fault" and fault["kind"] == "read-only" and fault["path"] == path
+    assert fault["event"] == "storage_fault" and fault["kind"] == "read-only" and fault["path"] == str(tmp_path / "out")
+    assert "writing .vllm_lora/.trl-policy-v7.tmp" in fault["message"]
     assert fault["step"] == 6 and f"checkpoint {done} is kept" in fault["message"]
     assert end["status"] == "storage-fault" and end["error"] == fault["message"]
     assert ("POST", "/resume", None) in server.requests
