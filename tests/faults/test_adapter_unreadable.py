@@ -45,6 +45,7 @@ def test_adapter_dir_unreadable_to_the_server_stops_the_run_naming_path_and_uid(
 
     code, output = up_with_fault(fault_run, AT_STEP, hide)
     ended = time.time()
+    (fault_run["cwd"] / "up-output.txt").write_text(output)  # kept with the run's folder, for a reader
     assert code == 1, output[-4000:]
     assert "Traceback" not in output and "does not expose" not in output, output[-4000:]
     assert "shared-volume fault (adapter-unreadable)" in output, output[-4000:]
