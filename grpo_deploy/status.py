@@ -2,7 +2,7 @@
 
 Event shapes are the runtime's contract (grpo_deploy.runtime.metrics): run_start, trainer_ready, step,
 adapter_load, adapter_prune, storage_fault, run_end; the deployer adds up_start, images_ready (seconds spent building
-images), server_ready, trainer_started, up_end.
+images), server_ready, trainer_started, server_view (what the server sees of an adapter it could not read), up_end.
 """
 
 from __future__ import annotations
@@ -114,13 +114,27 @@ def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None 
             s.server_ready_s = round(ready[-1]["time"] - up_start[-1]["time"], 2)
     faults = by("storage_fault")
     if faults and (not start or faults[-1]["time"] >= start[-1]["time"]):
-        s.fault = faults[-1].get("message")
+        s.fault = fault_text(events)
     # The trainer's own end, else the deployer's (`up` stopped before the trainer wrote one: preflight, a crash).
     last_end = end[-1] if end else (by("up_end")[-1] if by("up_end") else None)
     if last_end is not None:
         s.state = "finished" if last_end.get("status") == "ok" else "failed"
         s.error = last_end.get("error") or (None if last_end.get("status") == "ok" else last_end.get("status"))
     return s
+
+
+def fault_text(events: list[dict[str, Any]]) -> str | None:
+    """The last storage_fault's message, with what the server saw of the same path when the deployer looked
+    (a later server_view event)."""
+    faults = [e for e in events if e.get("event") == "storage_fault"]
+    if not faults:
+        return None
+    text = str(faults[-1].get("message"))
+    seen = [e for e in events if e.get("event") == "server_view" and e.get("time", 0) >= faults[-1].get("time", 0)]
+    if seen:
+        text += (f" As the server (uid {seen[-1].get('uid')}:{seen[-1].get('gid')}) sees it: "
+                 f"{seen[-1].get('words')}.")
+    return text
 
 
 def _modes(event: dict[str, Any]) -> list[str]:

@@ -274,3 +274,22 @@ class ShareGuard:
                 same = error.errno != errno.ESTALE
             if not same:
                 raise self._fault("missing", replaced)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python3 -m grpo_deploy.runtime.storage_faults view PATH`: how PATH looks to this process, as JSON (the
+    deployer runs it in the server container, as the server's user, when the server could not read an adapter)."""
+    import argparse
+    import dataclasses
+    import json
+
+    parser = argparse.ArgumentParser(prog="python3 -m grpo_deploy.runtime.storage_faults")
+    parser.add_argument("action", choices=("view",))
+    parser.add_argument("path")
+    args = parser.parse_args(argv)
+    print(json.dumps({**dataclasses.asdict(view(args.path)), "uid": os.getuid(), "gid": os.getgid()}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

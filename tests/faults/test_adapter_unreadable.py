@@ -66,6 +66,10 @@ def test_adapter_dir_unreadable_to_the_server_stops_the_run_naming_path_and_uid(
     shown = json.loads(status.stdout)
     assert shown["state"] == "failed" and lora_dir in shown["fault"] and f"uid {uid}:" in shown["fault"]
     assert "chown -R" in shown["fault"] and "Traceback" not in status.stdout + status.stderr
+    # the deployer looked from inside the server container, as the server's user: the covered directory, root 0700
+    gid = res.identities["server"].gid
+    server_sees = f"As the server (uid {uid}:{gid}) sees it: {lora_dir} is mode 0700, owner 0:0"
+    assert server_sees in shown["fault"] and server_sees in output, shown["fault"]
     roles = {h["role"]: h["state"] for h in shown["hosts"]}
     assert roles["server"] == "running", roles  # the server itself is fine and stays up
     logs = cli(fault_run, "logs", "--role", "trainer")
@@ -82,6 +86,7 @@ def test_adapter_dir_unreadable_to_the_server_stops_the_run_naming_path_and_uid(
     fault_row.update(observed=f"stopped {detect_s:.1f} s after the injection (up ended after "
                               f"{ended - injected['time']:.1f} s), at step {last_step}: 1 load answered "
                               f"{failed[0]['status']}, "
-                              f"reported as 'adapter unreadable' with path, uid {uid} and fix in up/status/logs; "
+                              f"reported as 'adapter unreadable' with path, uid {uid}, the server's view ({lora_dir} "
+                              "0700 root) and the fix in up/status; logs name it; "
                               f"server kept running; checkpoints {sorted(states)} complete",
                      **{"steps lost": lost, "data lost": f"none (resume from checkpoint-{newest})"})

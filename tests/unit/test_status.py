@@ -108,3 +108,15 @@ def test_a_storage_fault_is_named_in_status():
     assert "(a shared-volume fault)" in text and f"stopped by          {message}" in text
     earlier = [{"event": "storage_fault", "time": 120.0, "message": "old"}, *_events()]  # before the latest start
     assert status.summarize("r", earlier).fault is None
+
+
+def test_the_servers_own_view_is_added_to_the_fault():
+    from grpo_deploy.launch import view_words
+
+    seen = {"path": "/s/l/v7", "blocked": "/s/l", "problem": "no access", "mode": "0700", "owner": "0:0", "uid": 1000}
+    words = view_words(seen)
+    assert words == "/s/l is mode 0700, owner 0:0 (no access)"
+    events = [{"event": "run_start", "time": 1.0}, {"event": "storage_fault", "time": 2.0, "message": "unreadable."},
+              {"event": "server_view", "time": 3.0, "words": words, "uid": 1000, "gid": 1000}]
+    assert status.summarize("r", events).fault == f"unreadable. As the server (uid 1000:1000) sees it: {words}."
+    assert status.fault_text(events[:2]) == "unreadable." and status.fault_text([]) is None

@@ -219,3 +219,9 @@ def test_classify_names_the_first_missing_directory(tmp_path):
     error = FileNotFoundError(errno.ENOENT, "No such file or directory", str(tmp_path / "run" / "ck" / "x"))
     fault = sf.classify(error, [str(tmp_path)], 1000, 1000, None)
     assert fault.path == str(tmp_path / "run") and f"{tmp_path}/run is gone" in fault.message
+
+
+def test_view_command_prints_json(open_dir, capsys):
+    assert sf.main(["view", open_dir]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["path"] == open_dir and printed["problem"] is None and printed["uid"] == os.getuid()
