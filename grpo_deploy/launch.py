@@ -501,7 +501,8 @@ def _up(state: RunState, keep: bool, fresh: bool, out, restarts: int = 2) -> int
             raise LaunchError(f"{exc}\nnothing of this run is left running") from None
         raise
     if code != 0:
-        note_server_view(client, state)
+        with contextlib.suppress(Exception):  # a diagnosis; a slow or failing engine here must not hide the stop
+            note_server_view(client, state)
     _save_logs(project, state)
     return finish(state, code, run_events(state), out, log, keep, project.down, "the stack")
 
@@ -517,12 +518,9 @@ def note_server_view(client, state: RunState) -> None:
     if not faults or not servers:
         return
     path = faults[-1].get("path", "")
-    try:
-        code, output = servers[0].exec_run(["python3", "-m", "grpo_deploy.runtime.storage_faults", "view", path],
-                                           user=res.identities["server"].user)
-        seen = json.loads(output.decode(errors="replace").strip().splitlines()[-1]) if code == 0 else None
-    except Exception:  # noqa: BLE001 - a diagnosis must never turn a clear stop into a traceback
-        seen = None
+    code, output = servers[0].exec_run(["python3", "-m", "grpo_deploy.runtime.storage_faults", "view", path],
+                                       user=res.identities["server"].user)
+    seen = json.loads(output.decode(errors="replace").strip().splitlines()[-1]) if code == 0 else None
     if seen:
         state.emit("server_view", path=path, words=view_words(seen), uid=seen.get("uid"), gid=seen.get("gid"))
 
