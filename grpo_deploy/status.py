@@ -161,7 +161,7 @@ def summary_text(s: Summary) -> str:
 
     lines = [
         f"run {s.run}: {s.state}, {s.steps}{'/' + str(s.max_steps) if s.max_steps else ''} optimizer steps"
-        + (f" (error: {s.error})" if s.error and s.error != s.fault else " (a shared-volume fault)" if s.fault else ""),
+        + (" (stopped by a shared-volume fault, below)" if s.fault else f" (error: {s.error})" if s.error else ""),
         f"  reward              first 5 steps {n(s.reward_first5)} -> last 5 steps {n(s.reward_last5)}",
         f"  completion length   {n(s.completion_length_first5, '.1f')} -> {n(s.completion_length_last5, '.1f')} tokens",
         f"  adapter syncs       {s.adapter_loads_ok} loaded, {s.adapter_loads_failed} failed, median hand-off "

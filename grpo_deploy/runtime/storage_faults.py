@@ -191,7 +191,7 @@ def storage_message(kind: str, path: str, reason: str, uid: int, gid: int, newes
                        "`chmod -R u+rwX,go+rX <dir>` on the share"),
     }
     problem, fix = what.get(kind, (f"the shared directory {path} failed ({reason})", "check the share"))
-    return f"shared volume: {problem}; the run stopped; {kept}. Fix: {fix}; {RESUME}"
+    return f"shared volume: {problem}; the run stopped; {kept}. Fix: {fix}; {RESUME}."
 
 
 def server_cannot_read(status: int | None, body: str | None) -> bool:
@@ -207,26 +207,26 @@ def server_reason(body: str | None) -> str:
         message = json.loads(body or "").get("error", {}).get("message")
     except (ValueError, AttributeError):
         message = None
-    return str(message or body or "").strip()[:300]
+    text = str(message or body or "").strip()
+    return text.split(", please check the stack trace")[0][:300]
 
 
 def adapter_unreadable_message(name: str, path: str, status: int | None, body: str | None, uid: int, gid: int,
                                trainer_view: PathView) -> str:
     """The vLLM server could not read the adapter the trainer published: which path, the server's words, how the
     path looks to the trainer (same uid: preflight requires it), and what to do."""
-    theirs = server_reason(body)
+    folder = os.path.dirname(path)
     if trainer_view.problem is None:
-        differs = (f"the trainer (uid {uid}:{gid}) can read it ({trainer_view.words()}), so the server's view of the "
-                   "shared volume differs: on the server host the directory is owned or moded differently, "
-                   "root-squashed (NFS), or another mount hides it")
+        differs = ("the trainer can read it, so the server host sees the directory differently (another owner or "
+                   "mode there, NFS root squash, or another mount over it)")
     else:
         differs = f"as the trainer (uid {uid}:{gid}) sees it, {trainer_view.words()}"
-    return (f"adapter unreadable: the vLLM server could not read adapter {name} at {path} (HTTP {status}: {theirs}) "
-            f"— a permission or mount problem on the shared volume, not a missing endpoint. The server runs as "
-            f"the run user uid {uid}:{gid} (preflight requires the trainer's identity); {differs}. Fix: make "
-            f"{os.path.dirname(path)} and its files readable to uid {uid} on the server host (e.g. `chown -R "
-            f"{uid}:{gid}` and `chmod -R u+rwX,go+rX` it; with NFS check the export's squash options), check with "
-            f"`grpo-deploy preflight`, {RESUME}")
+    return (f"adapter unreadable: the vLLM server could not read adapter {name} at {path} (HTTP {status}: "
+            f"{server_reason(body)}). This is a permission or mount problem on the shared volume, not a missing "
+            f"endpoint. The server runs as uid {uid}:{gid}, as the trainer does (preflight requires it); {differs}. "
+            f"Fix: make {folder} and its files readable to uid {uid} on the server host (`chown -R {uid}:{gid} "
+            f"{folder}`, `chmod -R u+rwX,go+rX {folder}`; on NFS check the export's squash options), check with "
+            f"`grpo-deploy preflight`, {RESUME}.")
 
 
 class ShareGuard:

@@ -105,7 +105,8 @@ def test_a_storage_fault_is_named_in_status():
     s = status.summarize("r", events)
     assert s.state == "failed" and s.fault == message
     text = status.summary_text(s)
-    assert "(a shared-volume fault)" in text and f"stopped by          {message}" in text
+    assert "(stopped by a shared-volume fault, below)" in text and "(error:" not in text
+    assert f"stopped by          {message}" in text
     earlier = [{"event": "storage_fault", "time": 120.0, "message": "old"}, *_events()]  # before the latest start
     assert status.summarize("r", earlier).fault is None
 

@@ -134,9 +134,11 @@ def test_adapter_unreadable_message_names_path_identity_and_fix(open_dir):
                                             sf.view(open_dir))
     assert message.startswith("adapter unreadable: the vLLM server could not read adapter trl-policy-v7 at ")
     assert "HTTP 404: Loading lora trl-policy-v7 failed: No adapter found" in message
-    assert "not a missing endpoint" in message and "uid 1000:1000" in message
-    assert "the server's view of the shared volume differs" in message  # the trainer reads it fine
-    assert f"make {open_dir} and its files readable to uid 1000" in message and "grpo-deploy preflight" in message
+    assert "not a missing endpoint" in message and "The server runs as uid 1000:1000" in message
+    assert "the server host sees the directory differently" in message  # the trainer reads it fine
+    folder = os.path.dirname(f"{open_dir}/trl-policy-v7")
+    assert f"make {folder} and its files readable to uid 1000" in message and f"chown -R 1000:1000 {folder}" in message
+    assert "grpo-deploy preflight" in message and message.endswith("newest complete checkpoint.")
     blocked = sf.PathView("/s/x", "/s", "no access", "0000", "0:0")
     assert "as the trainer (uid 1000:1000) sees it, /s is mode 0000, owner 0:0 (no access)" in \
         sf.adapter_unreadable_message("n", "/s/x", 404, body, 1000, 1000, blocked)
@@ -144,6 +146,7 @@ def test_adapter_unreadable_message_names_path_identity_and_fix(open_dir):
 
 def test_server_reason_falls_back_to_the_body():
     assert sf.server_reason('{"error":{"message":"nope"}}') == "nope"
+    assert sf.server_reason('{"error":{"message":"denied, please check the stack trace above for it"}}') == "denied"
     assert sf.server_reason("plain text") == "plain text"
     assert sf.server_reason(None) == ""
 
