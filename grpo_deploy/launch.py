@@ -517,8 +517,36 @@ def _up(state: RunState, keep: bool, fresh: bool, out, restarts: int = 2) -> int
         if isinstance(exc, compose.ComposeError):
             raise LaunchError(f"{exc}\nnothing of this run is left running") from None
         raise
+    if code != 0:
+        with contextlib.suppress(Exception):  # a diagnosis; a slow or failing engine here must not hide the stop
+            note_server_view(client, state)
     _save_logs(project, state)
     return finish(state, code, run_events(state), out, log, keep, project.down, "the stack")
+
+
+def note_server_view(client, state: RunState) -> None:
+    """When the trainer stopped because the server could not read an adapter, look at that path from inside the
+    server container, as the server's user (`storage_faults view`), and record what it sees (a `server_view` event):
+    the trainer only knows its own view. Best effort: a server that is gone leaves the trainer's words alone."""
+    res = state.res
+    text = fetch_metrics(client, res) or (state.metrics_copy.read_text() if state.metrics_copy.exists() else "")
+    faults = [e for e in parse_events(text) if e["event"] == "storage_fault" and e.get("kind") == "adapter-unreadable"]
+    servers = compose.containers(client, res.spec.run.name, "server", all_=False)
+    if not faults or not servers:
+        return
+    path = faults[-1].get("path", "")
+    code, output = servers[0].exec_run(["python3", "-m", "grpo_deploy.runtime.storage_faults", "view", path],
+                                       user=res.identities["server"].user)
+    seen = json.loads(output.decode(errors="replace").strip().splitlines()[-1]) if code == 0 else None
+    if seen:
+        state.emit("server_view", path=path, words=view_words(seen), uid=seen.get("uid"), gid=seen.get("gid"))
+
+
+def view_words(seen: dict) -> str:
+    """storage_faults.PathView.words() for the JSON the server container printed."""
+    from .runtime.storage_faults import PathView
+
+    return PathView(**{k: seen.get(k) for k in ("path", "blocked", "problem", "mode", "owner")}).words()
 
 
 def finish(state: RunState, code: int, events: list[dict], out, log: Callable[[str], None], keep: bool,
@@ -532,6 +560,10 @@ def finish(state: RunState, code: int, events: list[dict], out, log: Callable[[s
         log(f"stopping {what} (the shared storage and its checkpoints are kept)")
         stop()
     if code != 0:
+        faults = [e for e in events if e["event"] == "storage_fault"]
+        if faults:
+            log(f"the trainer stopped on a shared-volume fault ({faults[-1].get('kind')}): "
+                f"{status.fault_text(events) or faults[-1].get('message')}")
         log(f"the trainer exited with code {code}: see {state.dir / 'logs.txt'}")
         return 1
     return 0

@@ -1,8 +1,8 @@
 """Run status from events (pure): the trainer's metrics.jsonl plus the deployer's own events -> summary and plot.
 
 Event shapes are the runtime's contract (grpo_deploy.runtime.metrics): run_start, trainer_ready, step,
-adapter_load, adapter_prune, run_end; the deployer adds up_start, images_ready (seconds spent building images),
-server_ready, trainer_started, up_end.
+adapter_load, adapter_prune, storage_fault, run_end; the deployer adds up_start, images_ready (seconds spent building
+images), server_ready, trainer_started, server_view (what the server sees of an adapter it could not read), up_end.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ class Summary:
     run_gid: int | None = None
     umask: str | None = None
     error: str | None = None
+    fault: str | None = None
+    """The shared-volume fault that stopped the trainer (storage_fault event): the path, the identity, the fix."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,12 +112,29 @@ def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None 
         s.server_ready_s = ready[-1].get("seconds")
         if s.server_ready_s is None and up_start:
             s.server_ready_s = round(ready[-1]["time"] - up_start[-1]["time"], 2)
+    faults = by("storage_fault")
+    if faults and (not start or faults[-1]["time"] >= start[-1]["time"]):
+        s.fault = fault_text(events)
     # The trainer's own end, else the deployer's (`up` stopped before the trainer wrote one: preflight, a crash).
     last_end = end[-1] if end else (by("up_end")[-1] if by("up_end") else None)
     if last_end is not None:
         s.state = "finished" if last_end.get("status") == "ok" else "failed"
         s.error = last_end.get("error") or (None if last_end.get("status") == "ok" else last_end.get("status"))
     return s
+
+
+def fault_text(events: list[dict[str, Any]]) -> str | None:
+    """The last storage_fault's message, with what the server saw of the same path when the deployer looked
+    (a later server_view event)."""
+    faults = [e for e in events if e.get("event") == "storage_fault"]
+    if not faults:
+        return None
+    text = str(faults[-1].get("message"))
+    seen = [e for e in events if e.get("event") == "server_view" and e.get("time", 0) >= faults[-1].get("time", 0)]
+    if seen:
+        text += (f" As the server (uid {seen[-1].get('uid')}:{seen[-1].get('gid')}) sees it: "
+                 f"{seen[-1].get('words')}.")
+    return text
 
 
 def _modes(event: dict[str, Any]) -> list[str]:
@@ -142,7 +161,7 @@ def summary_text(s: Summary) -> str:
 
     lines = [
         f"run {s.run}: {s.state}, {s.steps}{'/' + str(s.max_steps) if s.max_steps else ''} optimizer steps"
-        + (f" (error: {s.error})" if s.error else ""),
+        + (" (stopped by a shared-volume fault, below)" if s.fault else f" (error: {s.error})" if s.error else ""),
         f"  reward              first 5 steps {n(s.reward_first5)} -> last 5 steps {n(s.reward_last5)}",
         f"  completion length   {n(s.completion_length_first5, '.1f')} -> {n(s.completion_length_last5, '.1f')} tokens",
         f"  adapter syncs       {s.adapter_loads_ok} loaded, {s.adapter_loads_failed} failed, median hand-off "
@@ -156,6 +175,8 @@ def summary_text(s: Summary) -> str:
         f"  identity            uid {n(s.run_uid, 'd')} gid {n(s.run_gid, 'd')} umask {s.umask or '-'}; adapter "
         f"file modes {', '.join(s.adapter_file_modes) or '-'}",
     ]
+    if s.fault:
+        lines.append(f"  stopped by          {s.fault}")
     if s.eta_s is not None:
         lines.append(f"  ETA                 {s.eta_s / 60:.1f} min")
     return "\n".join(lines)

@@ -157,12 +157,15 @@ class AdapterPublisher:
     emit: Callable[..., dict]
     lora_dir: str
     keep: int
+    before_save: Callable[[], None] | None = None  # e.g. storage_faults.ShareGuard.check: raises when the share went
     _saved: dict[str, _Saved] = field(default_factory=dict)
 
     def wrap_save(self, save: Callable) -> Callable:
         original = getattr(save, "__wrapped__", save)
 
         def save_and_sync(model, accelerator, adapter_name, dest_dir):
+            if self.before_save is not None:
+                self.before_save()
             started = time.time()
             original(model, accelerator, adapter_name, dest_dir)
             if not accelerator.is_main_process:

@@ -23,3 +23,16 @@ class MetricsCallback(TrainerCallback):
             return
         event = "train_summary" if any(key in logs for key in SUMMARY_KEYS) else "step"
         self.sink.emit(event, step=state.global_step, **logs)
+
+
+class ShareGuardCallback(TrainerCallback):
+    """Before a step's checkpoint save, `check()` the run directory on the shared volume (storage_faults.ShareGuard):
+    a share that is gone stops the run with its message instead of a save into the wrong place."""
+
+    def __init__(self, check):
+        self.check = check
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save:
+            self.check()
+        return control

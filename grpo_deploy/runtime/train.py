@@ -47,8 +47,8 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
     import torch
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
-    from . import attention_shim, trl_hooks
-    from .callbacks import MetricsCallback
+    from . import attention_shim, storage_faults, trl_hooks
+    from .callbacks import MetricsCallback, ShareGuardCallback
     from .disk_watchdog import DiskWatchdog
 
     if config.device == "cuda" and not torch.cuda.is_available():
@@ -72,7 +72,11 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
     )
     if config.disk_watchdog is not None:
         trainer.add_callback(DiskWatchdog(config.output_dir, config.disk_watchdog, sink.emit))
-    publisher = AdapterPublisher(sink.emit, config.lora_dir, safe_keep(config.adapters.keep, config.max_staleness))
+    guard = storage_faults.ShareGuard(os.path.dirname(os.path.abspath(config.metrics_path)), os.getuid(), os.getgid(),
+                                      newest=lambda: newest_complete(config))
+    trainer.add_callback(ShareGuardCallback(guard.check))
+    publisher = AdapterPublisher(sink.emit, config.lora_dir, safe_keep(config.adapters.keep, config.max_staleness),
+                                 before_save=guard.check)
     trl_hooks.instrument_adapter_sync(trainer, publisher)
     trl_hooks.install_failpoints(trainer, config.output_dir, sink.emit)
     return trainer, shim
@@ -84,6 +88,23 @@ def resume_shape(config: RunConfig) -> checkpoints.Shape:
     modules = config.lora.target_modules
     return checkpoints.Shape(config.lora.r, tuple(sorted(modules)) if isinstance(modules, list) else None,
                              int(os.environ.get("WORLD_SIZE", "1")))
+
+
+def newest_complete(config: RunConfig) -> str | None:
+    """The newest complete checkpoint's path (what a resume would take), or None."""
+    try:
+        complete = [c for c in checkpoints.list_checkpoints(config.output_dir, "trl") if c.complete]
+    except OSError:
+        return None
+    return complete[-1].path if complete else None
+
+
+def storage_fault(config: RunConfig, exc: BaseException):
+    """The shared-volume fault behind *exc* (grpo_deploy.runtime.storage_faults), or None."""
+    from . import storage_faults
+
+    roots = [config.output_dir, os.path.dirname(config.lora_dir), os.path.dirname(os.path.abspath(config.metrics_path))]
+    return storage_faults.classify(exc, roots, os.getuid(), os.getgid(), newest_complete(config))
 
 
 def run(config: RunConfig, sink: MetricsSink) -> int:
@@ -116,6 +137,11 @@ def run(config: RunConfig, sink: MetricsSink) -> int:
         failure = getattr(getattr(trainer, "vllm_client", None), "last_failure", None)
         if failure:
             error = f"{error} [server said: {failure}]"
+        fault = storage_fault(config, exc)
+        if fault is not None:
+            status, error = "storage-fault", fault.message
+            sink.emit("storage_fault", kind=fault.kind, path=fault.path, message=fault.message,
+                      step=trainer.state.global_step if trainer is not None else 0)
         log.error(f"run failed: {error}")
         if trainer is not None and resume_server(config.server_url):
             log.info("sent POST /resume so that the server is not left paused")

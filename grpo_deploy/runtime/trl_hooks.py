@@ -10,6 +10,7 @@ import time
 from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
 from trl.experimental.async_grpo import vllm_client as client_module
 
+from . import storage_faults
 from .adapters import AdapterPublisher
 
 log = logging.getLogger(__name__)
@@ -44,8 +45,9 @@ class InstrumentedVLLMClient(client_module.VLLMClient):
     """TRL's HTTP client whose adapter loads are timed and recorded with the server's real status and body.
 
     TRL's `load_lora_adapter` runs unchanged; only the `requests` name it resolves is swapped for the duration of
-    the call, so that a 404 "No adapter found for <path>" (a path the server cannot see) is recorded verbatim instead
-    of only as TRL's "does not expose /v1/load_lora_adapter".
+    the call, so that a 404 "No adapter found for <path>" (a path the server cannot see) is recorded verbatim, and an
+    answer that means the server could not read the adapter raises a StorageFault naming the path, the identity and
+    the fix instead of TRL's "does not expose /v1/load_lora_adapter".
     """
 
     def __init__(self, server_url: str, server_timeout: float, publisher: AdapterPublisher):
@@ -66,7 +68,6 @@ class InstrumentedVLLMClient(client_module.VLLMClient):
             super().load_lora_adapter(lora_name, lora_path, timeout=timeout)
         except BaseException as error:
             raised = error
-            raise
         finally:
             client_module.requests = recorder.requests
             response = recorder.last
@@ -76,6 +77,14 @@ class InstrumentedVLLMClient(client_module.VLLMClient):
                 detail = response.text[:1000] if response is not None else f"{type(raised).__name__}: {raised}"
                 self.last_failure = f"POST /v1/load_lora_adapter {lora_name} -> {status}: {detail}"
             self.publisher.record_load(lora_name, lora_path, status, started, time.time(), error=detail)
+        if raised is not None:
+            if response is not None and storage_faults.server_cannot_read(status, detail):
+                # TRL words every 404 as "does not expose /v1/load_lora_adapter"; the server's body says why.
+                message = storage_faults.adapter_unreadable_message(
+                    lora_name, lora_path, status, detail, os.getuid(), os.getgid(), storage_faults.view(lora_path))
+                fault = storage_faults.Fault("adapter-unreadable", lora_path, message)
+                raise storage_faults.StorageFault(fault) from raised
+            raise raised
         if not self.warmed:
             self.warmed = True
             threading.Thread(target=self._warm_up, args=(lora_name,), name="lora-warm-up", daemon=True).start()

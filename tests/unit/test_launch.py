@@ -1,5 +1,6 @@
 """launch.EnginePatience: a slow Docker engine is ridden out, a silent one ends `up` in one line, real errors pass."""
 
+import io
 import socket
 import threading
 import time
@@ -76,7 +77,7 @@ def test_an_error_that_is_not_the_engine_being_slow_is_raised_as_is():
 # ------------------------------------------------------------------ supervise: restarts after a death mid-run
 
 from grpo_deploy import new_spec, resolve  # noqa: E402
-from grpo_deploy.launch import KILLED, RoleDied, RunState, supervise  # noqa: E402
+from grpo_deploy.launch import KILLED, RoleDied, RunState, finish, supervise  # noqa: E402
 
 
 def scripted_follow(outcomes):
@@ -139,3 +140,15 @@ def test_state_words_name_the_exit_code_and_what_137_means():
     assert launch.state_words("exited", 0) == "exited (code 0)"
     assert launch.state_words("exited", 137) == "exited (code 137 (SIGKILL: killed, or out of memory))"
     assert launch.state_words("dead", 1) == "dead (code 1)"
+
+
+def test_finish_names_a_shared_volume_fault_in_ups_output(tmp_path):
+    st = state(tmp_path)
+    message = "adapter unreadable: the vLLM server could not read adapter trl-policy-v6 at /shared/x ..."
+    events = [{"event": "run_start", "time": 1.0},
+              {"event": "storage_fault", "time": 2.0, "kind": "adapter-unreadable", "message": message},
+              {"event": "run_end", "time": 3.0, "status": "storage-fault", "error": message, "steps": 5}]
+    lines, out = [], io.StringIO()
+    assert finish(st, 1, events, out, lines.append, True, lambda: pytest.fail("--keep"), "the stack") == 1
+    assert lines[-2] == f"the trainer stopped on a shared-volume fault (adapter-unreadable): {message}"
+    assert f"stopped by          {message}" in out.getvalue() and "Traceback" not in out.getvalue()

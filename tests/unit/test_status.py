@@ -96,3 +96,28 @@ def test_watch_ends_when_the_run_has_ended(tmp_path):
     records = [json.loads(line) for line in proc.stdout.splitlines()]
     assert proc.returncode == 0, proc.stderr
     assert len(records) == 1 and records[0]["state"] == "finished" and "checkpoint_disk" in records[0]
+
+
+def test_a_storage_fault_is_named_in_status():
+    message = "shared volume: the shared directory /shared/x is read-only (Read-only file system) ..."
+    events = [*_events()[:-1], {"event": "storage_fault", "time": 199.0, "kind": "read-only", "message": message},
+              {"event": "run_end", "time": 200.0, "status": "storage-fault", "error": message, "steps": 10}]
+    s = status.summarize("r", events)
+    assert s.state == "failed" and s.fault == message
+    text = status.summary_text(s)
+    assert "(stopped by a shared-volume fault, below)" in text and "(error:" not in text
+    assert f"stopped by          {message}" in text
+    earlier = [{"event": "storage_fault", "time": 120.0, "message": "old"}, *_events()]  # before the latest start
+    assert status.summarize("r", earlier).fault is None
+
+
+def test_the_servers_own_view_is_added_to_the_fault():
+    from grpo_deploy.launch import view_words
+
+    seen = {"path": "/s/l/v7", "blocked": "/s/l", "problem": "no access", "mode": "0700", "owner": "0:0", "uid": 1000}
+    words = view_words(seen)
+    assert words == "/s/l is mode 0700, owner 0:0 (no access)"
+    events = [{"event": "run_start", "time": 1.0}, {"event": "storage_fault", "time": 2.0, "message": "unreadable."},
+              {"event": "server_view", "time": 3.0, "words": words, "uid": 1000, "gid": 1000}]
+    assert status.summarize("r", events).fault == f"unreadable. As the server (uid 1000:1000) sees it: {words}."
+    assert status.fault_text(events[:2]) == "unreadable." and status.fault_text([]) is None

@@ -141,3 +141,23 @@ def test_sigterm_is_recorded_as_error(tmp_path, monkeypatch):
         assert train.run(config_for(tmp_path, "http://127.0.0.1:9", unload_stale_adapters=False), sink) == 1
     end = read_events(str(tmp_path / "m.jsonl"))[-1]
     assert end["status"] == "error" and "signal 15" in end["error"] and end["steps"] == 4
+
+
+def test_a_read_only_share_stops_the_run_with_the_storage_fault(tmp_path, monkeypatch):
+    """An EROFS under the checkpoint directory (here raised by the stand-in trainer) becomes a storage_fault event
+    and the run_end error, both naming the path, the uid and the newest complete checkpoint."""
+    done = tmp_path / "out" / "checkpoint-4"
+    done.mkdir(parents=True)
+    (done / "trainer_state.json").write_text("{}")
+    monkeypatch.setattr(train.checkpoints, "incomplete_reason", lambda path: None)
+    path = str(tmp_path / "out" / ".vllm_lora" / ".trl-policy-v7.tmp")
+    fake = FakeTrainer(steps=6, error=OSError(30, "Read-only file system", path))
+    monkeypatch.setattr(train, "build_trainer", lambda config, sink: (fake, "shim"))
+    with StubServer(ROUTES) as server, MetricsSink(str(tmp_path / "metrics.jsonl")) as sink:
+        assert train.run(config_for(tmp_path, server.url, unload_stale_adapters=False, resume="never"), sink) == 1
+    *_, fault, end = read_events(str(tmp_path / "metrics.jsonl"))
+    assert fault["event"] == "storage_fault" and fault["kind"] == "read-only" and fault["path"] == str(tmp_path / "out")
+    assert "writing .vllm_lora/.trl-policy-v7.tmp" in fault["message"]
+    assert fault["step"] == 6 and f"checkpoint {done} is kept" in fault["message"]
+    assert end["status"] == "storage-fault" and end["error"] == fault["message"]
+    assert ("POST", "/resume", None) in server.requests

@@ -12,6 +12,7 @@ from trl.experimental.async_grpo import vllm_client as client_module  # noqa: E4
 
 from grpo_deploy.runtime import trl_hooks  # noqa: E402
 from grpo_deploy.runtime.adapters import AdapterPublisher  # noqa: E402
+from grpo_deploy.runtime.storage_faults import StorageFault  # noqa: E402
 
 from .stub_server import StubServer  # noqa: E402
 
@@ -32,17 +33,28 @@ def test_successful_load_is_recorded(tmp_path):
     assert client_module.requests.__name__ == "requests"  # the swap is undone
 
 
-def test_404_keeps_trl_error_and_records_the_servers_reason(tmp_path):
+def test_404_no_adapter_found_is_an_unreadable_adapter_not_a_missing_endpoint(tmp_path):
     events = []
     body = {"error": {"message": "Loading lora trl-policy-v2 failed: No adapter found for /x", "code": 404}}
     with StubServer({("POST", "/v1/load_lora_adapter"): (404, body)}) as server:
         client = trl_hooks.InstrumentedVLLMClient(server.url, 5, publisher(tmp_path, events))
-        with pytest.raises(RuntimeError, match="does not expose"):  # TRL's own exception, unchanged
-            client.load_lora_adapter("trl-policy-v2", "/x")
+        with pytest.raises(StorageFault) as raised:
+            client.load_lora_adapter("trl-policy-v2", str(tmp_path / "trl-policy-v2"))
+    fault = raised.value.fault
+    assert fault.kind == "adapter-unreadable" and fault.path == str(tmp_path / "trl-policy-v2")
+    assert "could not read adapter trl-policy-v2" in fault.message and "No adapter found" in fault.message
+    assert "does not expose" in str(raised.value.__cause__)  # TRL's own exception is the cause, unchanged
     fields = events[0][1]
     assert fields["status"] == 404 and not fields["ok"] and "No adapter found" in fields["error"]
     assert "No adapter found" in client.last_failure
     assert client_module.requests.__name__ == "requests"
+
+
+def test_a_really_missing_endpoint_keeps_trls_error(tmp_path):
+    with StubServer({}) as server:  # the stub answers 404 {"detail": "Not Found"} for unknown routes
+        client = trl_hooks.InstrumentedVLLMClient(server.url, 5, publisher(tmp_path, []))
+        with pytest.raises(RuntimeError, match="does not expose"):
+            client.load_lora_adapter("trl-policy-v2", "/x")
 
 
 def test_unreachable_server_is_recorded_without_status(tmp_path):
