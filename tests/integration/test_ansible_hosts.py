@@ -81,8 +81,10 @@ def ansible_host_image(os_name: str) -> str:
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
     images = {name: ansible_host_image(os_name) for name, os_name in HOST_OS.items()}
-    with test_hosts(2, tmp_path_factory.mktemp("ansiblehosts"), image=images,
-                    volume_prefix="grpo-ansiblehost") as th:
+    # fresh: the play puts no image in the hosts' engines, and an engine volume last written by the other OS's
+    # dockerd (another Docker version) is not reused
+    with test_hosts(2, tmp_path_factory.mktemp("ansiblehosts"), image=images, volume_prefix="grpo-ansiblehost",
+                    fresh=True) as th:
         yield th
 
 
