@@ -40,6 +40,7 @@ from pathlib import Path
 import pytest
 
 BASE_SUITES = {"debian": "bookworm", "ubuntu": "noble"}  # host OS -> the kit's base suite (recipes.BASE_SUITES)
+BASE_IMAGE = "grpo-deploy/debian:bookworm"  # the default hosts' base (a small image tests tag and ship)
 IMAGE_REPO = "grpo-deploy/testhost"
 SHARED_DIR = "/srv/grpo-shared"
 SHARED_UID = SHARED_GID = 1000
