@@ -8,7 +8,7 @@
 # --pockets: SUITE-<pocket> lines on the same mirror in the image's sources.list (with no MIRROR, the one debootstrap
 # used). A keyring is only ever added: the Release file's signature is always checked.
 set -euo pipefail
-suite=bookworm components=main keyring= script= pockets=
+suite=bookworm components=main keyring='' script='' pockets=''
 while [[ $# -gt 0 && $1 == --* ]]; do
   case $1 in
     --suite) suite=$2 ;;
