@@ -10,6 +10,7 @@ say() { printf '[setup] %s\n' "$*"; }
 need_pkgs=()
 command -v dockerd >/dev/null 2>&1 || need_pkgs+=(docker.io)
 command -v debootstrap >/dev/null 2>&1 || need_pkgs+=(debootstrap)
+command -v gpgv >/dev/null 2>&1 || need_pkgs+=(gpgv)  # debootstrap checks the Release signature with it
 [ -x /usr/sbin/sshd ] || need_pkgs+=(openssh-server)
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 if [ ${#need_pkgs[@]} -gt 0 ]; then

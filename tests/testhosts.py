@@ -9,7 +9,9 @@ same path in every host (it stands in for an NFS share: no kernel NFS client can
 
     hosts = hosts_fixture(2, small_disk={"spark1": "64m"})  # in a test module: a module-scoped fixture
 
-The host image is built from the kit's debootstrap base (no registry) and reused while its inputs are unchanged. Each
+The host image is built from the kit's debootstrap base (no registry; Debian bookworm, or Ubuntu noble with
+host_image("ubuntu")), the base built through `grpo-deploy images base` when missing, and the host image reused while
+its inputs are unchanged. test_hosts(image={"spark1": ..., "spark2": ...}) mixes them. Each
 host's inner /var/lib/docker lives on the kept volume grpo-testhost-<name>-docker, so images shipped into a host
 survive to the next run; when another live set of test hosts is using that volume (two test sessions at once), the
 host gets a throwaway volume instead (two engines on one /var/lib/docker would corrupt it). Containers left by a
@@ -26,6 +28,7 @@ import os
 import secrets
 import socket
 import subprocess
+import sys
 import sysconfig
 import tarfile
 import tempfile
@@ -36,7 +39,8 @@ from pathlib import Path
 
 import pytest
 
-BASE_IMAGE = "grpo-deploy/debian:bookworm"
+BASE_SUITES = {"debian": "bookworm", "ubuntu": "noble"}  # host OS -> the kit's base suite (recipes.BASE_SUITES)
+BASE_IMAGE = "grpo-deploy/debian:bookworm"  # the default hosts' base (a small image tests tag and ship)
 IMAGE_REPO = "grpo-deploy/testhost"
 SHARED_DIR = "/srv/grpo-shared"
 SHARED_UID = SHARED_GID = 1000
@@ -47,8 +51,9 @@ READY_TIMEOUT_S = 120
 LABEL = "org.grpo-deploy.testhost"
 COMPOSE_PLUGIN = "/usr/libexec/docker/cli-plugins/docker-compose"
 
+# The same on both OSes: Ubuntu noble has every package under the same name (docker.io in universe).
 DOCKERFILE = f"""\
-FROM {BASE_IMAGE}
+FROM {{base}}
 RUN apt-get update -qq \\
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \\
       docker.io openssh-server iproute2 procps python3 ca-certificates >/dev/null \\
@@ -106,10 +111,37 @@ def compose_binary() -> Path:
     return path
 
 
-def host_image(no_cache: bool = False, timeout: float = 1200) -> str:
-    """The test-host image, built when missing (or always, with *no_cache*); its tag is a hash of its inputs."""
+def _suite(os_name: str):
+    from grpo_deploy.image_build.recipes import BASE_SUITES as KIT_SUITES
+
+    if os_name not in BASE_SUITES:
+        raise ValueError(f"os_name={os_name!r}: one of {', '.join(BASE_SUITES)}")
+    return KIT_SUITES[BASE_SUITES[os_name]]
+
+
+def base_image(os_name: str = "debian", timeout: float = 1200) -> str:
+    """The kit's debootstrap base for *os_name* (a BASE_SUITES key), built with `grpo-deploy images base --suite`
+    when missing (root; about a minute, plus the download)."""
+    suite = _suite(os_name)
+    if _docker("image", "ls", "-q", suite.tag).strip():
+        return suite.tag
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "images", "base", "--suite", suite.name],
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    if proc.returncode != 0:
+        raise RuntimeError(f"{suite.tag} missing and `grpo-deploy images base --suite {suite.name}` failed "
+                           f"(exit {proc.returncode}): {(proc.stdout + proc.stderr)[-1500:]}")
+    print(f"[testhosts] built the base {suite.tag} in {time.monotonic() - start:.1f} s")
+    return suite.tag
+
+
+def host_image(no_cache: bool = False, timeout: float = 1200, os_name: str = "debian") -> str:
+    """The test-host image on *os_name*'s base (debian, ubuntu), built when missing (or always, with *no_cache*); its
+    tag is a hash of its inputs."""
     compose = compose_binary().read_bytes()
-    files = {"Dockerfile": (DOCKERFILE.encode(), 0o644), "entrypoint.sh": (ENTRYPOINT.encode(), 0o755),
+    dockerfile = DOCKERFILE.replace("{base}", _suite(os_name).tag)
+    files = {"Dockerfile": (dockerfile.encode(), 0o644), "entrypoint.sh": (ENTRYPOINT.encode(), 0o755),
              "sshd.conf": (SSHD_CONF.encode(), 0o644), "docker-compose": (compose, 0o755)}
     digest = hashlib.sha256()
     for name, (data, _mode) in files.items():
@@ -118,8 +150,7 @@ def host_image(no_cache: bool = False, timeout: float = 1200) -> str:
     if not no_cache and _docker("image", "ls", "-q", tag).strip():
         print(f"[testhosts] reusing {tag}")
         return tag
-    if not _docker("image", "ls", "-q", BASE_IMAGE).strip():
-        raise RuntimeError(f"{BASE_IMAGE} missing: build it with `grpo-deploy images base` (root)")
+    base_image(os_name, timeout)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for name, (data, mode) in files.items():
@@ -371,10 +402,11 @@ def _teardown(th: TestHosts, started: list[TestHost], throwaway: list[str]) -> N
 @contextlib.contextmanager
 def test_hosts(n: int, tmp_path: Path, small_disk: dict[str, str] | None = None, fresh: bool = False,
                timeout: float = READY_TIMEOUT_S, volume_prefix: str = "grpo-testhost",
-               image: str | None = None) -> Iterator[TestHosts]:
+               image: str | dict[str, str] | None = None) -> Iterator[TestHosts]:
     """n hosts spark1..n (hostname, network alias and ssh alias alike) on a new network, ready when yielded.
 
-    *image* is the host image (default host_image()); one built FROM it, for a test that needs more in its hosts.
+    *image* is the host image (default host_image()); one built FROM it, for a test that needs more in its hosts; or
+    {host name: image} for every host (e.g. a Debian and an Ubuntu host).
     *small_disk* {host name: size} mounts a tmpfs of that size (owned 1000:1000) at SMALL_DIR on those hosts.
     *fresh* removes the kept docker volumes <volume_prefix>-<name>-docker before starting (an empty engine).
     Files (key, known_hosts, ssh_config) and the shared directory go under *tmp_path*."""
@@ -383,7 +415,11 @@ def test_hosts(n: int, tmp_path: Path, small_disk: dict[str, str] | None = None,
     unknown = set(small_disk or {}) - {f"spark{i}" for i in range(1, n + 1)}
     if unknown:
         raise ValueError(f"small_disk names hosts that are not in the set: {sorted(unknown)}")
-    image = image or host_image()
+    if not isinstance(image, dict):
+        image = image or host_image()
+    images = image if isinstance(image, dict) else {f"spark{i}": image for i in range(1, n + 1)}
+    if set(images) != {f"spark{i}" for i in range(1, n + 1)}:
+        raise ValueError(f"image names {sorted(images)}; the set is spark1..spark{n}")
     tag = secrets.token_hex(3)
     work = Path(tmp_path) / f"testhosts-{tag}"
     work.mkdir(parents=True)
@@ -422,7 +458,7 @@ def test_hosts(n: int, tmp_path: Path, small_disk: dict[str, str] | None = None,
                         "--network-alias", host.name, *RUN_FLAGS, "-v", f"{host.volume}:/var/lib/docker",
                         "-v", f"{shared}:{SHARED_DIR}", *tmpfs, "--label", f"{LABEL}=1",
                         "--label", f"{LABEL}.owner={_owner()}", "--label", f"{LABEL}.network={network}",
-                        "--label", f"{LABEL}.volume-kept={int(host.volume_kept)}", image)
+                        "--label", f"{LABEL}.volume-kept={int(host.volume_kept)}", images[host.name])
         for host in hosts:
             address = f'{{{{(index .NetworkSettings.Networks "{network}").IPAddress}}}}'
             host.ip = _docker("inspect", "--format", address, host.container).strip()

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .door import BadValue, checked_path, image_tag, mirror_url, run_id
+from .door import BadValue, base_suite, checked_path, image_tag, mirror_url, run_id
 from .progress import StepFailed
-from .recipes import BASE_TAG, RECIPES
+from .recipes import BASE_SUITES, BASE_TAG, RECIPES
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 IMAGE_RECIPES = sorted(n for n, r in RECIPES.items() if r.tag)
@@ -50,10 +50,12 @@ def cmd_base(args) -> int:
     from .base import build_base
 
     images, _, build = _places()
-    built = build_base(_client(), args.tag, images / "base.sh", build / "rootfs", build / "logs", args.mirror,
-                       args.force)
+    suite = BASE_SUITES[args.suite]
+    tag = args.tag or suite.tag
+    built = build_base(_client(), tag, images / "base.sh", build / "rootfs", build / "logs", args.mirror,
+                       args.force, suite)
     if not built:
-        print(f"base image {args.tag}: present (--force rebuilds it)")
+        print(f"base image {tag}: present (--force rebuilds it)")
     return 0
 
 
@@ -147,12 +149,17 @@ def add_images_parser(subparsers) -> None:
         epilog="Typical: grpo-deploy images build cpu (makes the base and the wheelhouse when missing).")
     sub = images.add_subparsers(dest="images_command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("base", help="debootstrap Debian bookworm and import it (needs root)",
-                       description="debootstrap a minimal Debian bookworm (images/base.sh, as root) and import it "
-                                   "with the Docker SDK. The mirror is the one this host's apt uses, else "
-                                   "debootstrap's default.")
-    p.add_argument("--tag", type=image_tag, default=BASE_TAG, help=f"image tag (default {BASE_TAG})")
-    p.add_argument("--mirror", type=mirror_url, help="Debian mirror URL (default: this host's apt sources)")
+    p = sub.add_parser("base", help="debootstrap Debian bookworm (or Ubuntu noble) and import it (needs root)",
+                       description="debootstrap a minimal Debian bookworm, or another suite of --suite "
+                                   "(images/base.sh, as root), checking the archive's signature, and import it with "
+                                   "the Docker SDK. The mirror is the one this host's apt uses for the suite, else "
+                                   "debootstrap's default for it.")
+    p.add_argument("--suite", type=base_suite, default="bookworm",
+                   help=f"one of {', '.join(sorted(BASE_SUITES))} (default bookworm)")
+    p.add_argument("--tag", type=image_tag,
+                   help=f"image tag (default grpo-deploy/DISTRO:SUITE: {BASE_TAG}, {BASE_SUITES['noble'].tag})")
+    p.add_argument("--mirror", type=mirror_url,
+                   help="the suite's mirror URL (default: this host's apt sources, else debootstrap's default)")
     p.add_argument("--force", action="store_true", help="rebuild when the tag exists")
     p.set_defaults(fn=lambda a: _run(cmd_base, a))
 

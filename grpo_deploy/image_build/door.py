@@ -1,5 +1,5 @@
-"""The door of `grpo-deploy images`: every flag value (tag, uid/gid, folder, mirror URL) checked into a type once;
-a refusal is one line saying what was wrong and how to write it."""
+"""The door of `grpo-deploy images`: every flag value (tag, uid/gid, folder, suite, mirror URL) checked into a type
+once; a refusal is one line saying what was wrong and how to write it."""
 
 from __future__ import annotations
 
@@ -48,6 +48,15 @@ def checked_path(text: str) -> str:
     if problem:
         raise BadValue(f"{_shown(text)} is not a usable path: it has {problem}; give a plain absolute or relative "
                        "path")
+    return text
+
+
+def base_suite(text: str) -> str:
+    """A suite `images base` knows how to debootstrap (recipes.BASE_SUITES)."""
+    from .recipes import BASE_SUITES
+
+    if text not in BASE_SUITES:
+        raise BadValue(f"{_shown(text)} is not a base suite: give one of {', '.join(sorted(BASE_SUITES))}")
     return text
 
 

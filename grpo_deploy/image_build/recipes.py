@@ -1,5 +1,6 @@
 """The recipe table: what each image the kit builds without a registry needs — its Dockerfiles, lock, target platform,
-pip download flags and in-image check. Data only; adding an image is adding an entry here."""
+pip download flags and in-image check — and the suites its debootstrap base can be. Data only; adding an image is
+adding an entry here."""
 
 from __future__ import annotations
 
@@ -10,7 +11,37 @@ from pathlib import Path
 
 from .. import image_tags
 
-BASE_TAG = f"{image_tags.NAMESPACE}/debian:bookworm"
+
+@dataclass(frozen=True)
+class BaseSuite:
+    """A distribution suite `grpo-deploy images base --suite` can debootstrap (images/base.sh) into a base image.
+    Paths are relative to the kit's images/ folder; None leaves the choice to debootstrap."""
+
+    name: str  # the suite (codename) debootstrap fetches
+    distro: str  # the image repository: grpo-deploy/<distro>:<name>
+    components: tuple[str, ...] = ("main",)
+    script: str | None = None  # debootstrap's script for the suite, when its own table may not name it
+    keyring: str | None = None  # the archive's signing key when no package of this host carries it
+    keyring_fingerprint: str | None = None  # the one key *keyring* must hold (checked by the unit tests)
+    pockets: tuple[str, ...] = ()  # SUITE-<pocket> lines on the same mirror in the image's sources.list
+
+    @property
+    def tag(self) -> str:
+        return f"{image_tags.NAMESPACE}/{self.distro}:{self.name}"
+
+
+BASE_SUITES = {
+    "bookworm": BaseSuite("bookworm", "debian"),
+    # Ubuntu 24.04, for the Ansible test hosts (DGX OS is Ubuntu). Debian 12's debootstrap predates noble: its generic
+    # Ubuntu script (gutsy) carries the default mirror. Debian 12 has no ubuntu-keyring package: the archive key
+    # (2018) ships in images/keyrings/, taken from noble's ubuntu-keyring package and checked against its fingerprint.
+    # universe holds docker.io; -updates and -security are pockets of the same archive.
+    "noble": BaseSuite("noble", "ubuntu", components=("main", "universe"), script="gutsy",
+                       keyring="keyrings/ubuntu-archive-2018.gpg",
+                       keyring_fingerprint="F6ECB3762474EDA9D21B7022871920D1991BC93C",
+                       pockets=("updates", "security")),
+}
+BASE_TAG = BASE_SUITES["bookworm"].tag
 """The debootstrap base (images/base.sh + docker import): FROM of every image built here."""
 DEBIAN_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 SYSTEM_CA = "{system-ca}"

@@ -1,19 +1,24 @@
-"""ansible/site.yml run for real, over SSH, against two test hosts (tests/testhosts.py: Debian bookworm containers with
-their own sshd and Docker engine, one host directory mounted at /srv/grpo-shared in both), then checked with the kit's
-own testinfra suite (`grpo-deploy check`).
+"""ansible/site.yml run for real, over SSH, against two test hosts (tests/testhosts.py: containers with their own sshd
+and Docker engine, one host directory mounted at /srv/grpo-shared in both): spark1 is Ubuntu 24.04 (noble), spark2
+Debian 12 (bookworm); then checked with the kit's own testinfra suite (`grpo-deploy check`).
 
-- The hosts are the deployer's test hosts plus sudo for the login user (Ansible's become): an image built FROM the
-  test-host image, kept by the hash of its inputs. They run on their own network with their own kept engine volumes
-  (grpo-ansiblehost-<name>-docker), so other test sessions' hosts are never touched.
+- Every role of the play runs on both OSes in the one converge: both hosts are run hosts (spark1 the trainer, spark2
+  the server), in spark_link and in nfs_server (each exports; the clients mount the first), so no second converge
+  with the roles swapped is needed.
+- The hosts are the deployer's test hosts plus sudo for the login user (Ansible's become): an image per OS built FROM
+  that OS's test-host image (itself FROM the kit's debootstrap base: `grpo-deploy images base [--suite noble]`,
+  built when missing), kept by the hash of its inputs. They run on their own network with their own kept engine
+  volumes (grpo-ansiblehost-<name>-docker), so other test sessions' hosts are never touched.
 - What a container cannot run is skipped by the play's named conditions, not by the test: grpo_nfs_kernel is false
   there (no kernel NFS server or client: the export directory and its export line are written, exportfs, the service
   and the mount are not), grpo_has_gpu is false (no NVIDIA toolkit), spark_link_applicable is false (no netplan, no
   CX-7 interfaces). The Docker engine is present and is kept (no package is installed from the network).
 - The play converges (changes on the first run), a second run reports changed=0, the kit's preflight (the play's last
-  play) passes, and `grpo-deploy check` passes; then a host broken on purpose (the shared directory chowned to root,
-  the login user dropped from the docker group on spark2) fails the named checks of `grpo-deploy check` and the
-  play's preflight (a full run repairs both: the converge above shows the play sets them; not repeated here, to keep the
-  test's run time down).
+  play) passes, and `grpo-deploy check` passes, on both hosts; then hosts broken on purpose fail the named checks of
+  `grpo-deploy check` on each OS: the shared directory chowned to root (both hosts), the login user dropped from the
+  docker group on the Debian host (the Ubuntu host's check passes; the play's preflight names the Debian host), then
+  the same on the Ubuntu host with the Debian host repaired (a full run repairs both: the converge above shows the
+  play sets them; not repeated here, to keep the test's run time down).
 """
 
 from __future__ import annotations
@@ -42,14 +47,17 @@ ROOT = Path(__file__).resolve().parents[2]
 ANSIBLE = ROOT / "ansible"
 IMAGE_REPO = "grpo-deploy/testhost-ansible"
 EXPORT_DIR = "/srv/grpo-export"
+SOCKET = "/var/run/docker.sock"
 RUN_UID = 1000
+HOST_OS = {"spark1": "ubuntu", "spark2": "debian"}  # the os-release ID of each test host
+OS_SHOWN = {"ubuntu": r"Ubuntu 24\.04", "debian": r"Debian 12"}  # as Ansible's facts name them (a regex)
 HOST_CHECKS = ("shared_dir_present", "shared_dir_owner", "shared_dir_mode", "login_user_can_use_docker",
                "docker_engine_answers", "compose_v2_answers", "checkpoint_disk_headroom")
 
 
-def ansible_host_image() -> str:
-    """The test-host image plus sudo (no password) for the login user; built once per input hash."""
-    base = host_image()
+def ansible_host_image(os_name: str) -> str:
+    """*os_name*'s test-host image plus sudo (no password) for the login user; built once per input hash."""
+    base = host_image(os_name=os_name)
     dockerfile = (f"FROM {base}\n"
                   "RUN apt-get update -qq \\\n"
                   " && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends sudo \\\n"
@@ -72,8 +80,11 @@ def ansible_host_image() -> str:
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
-    with test_hosts(2, tmp_path_factory.mktemp("ansiblehosts"), image=ansible_host_image(),
-                    volume_prefix="grpo-ansiblehost") as th:
+    images = {name: ansible_host_image(os_name) for name, os_name in HOST_OS.items()}
+    # fresh: the play puts no image in the hosts' engines, and an engine volume last written by the other OS's
+    # dockerd (another Docker version) is not reused
+    with test_hosts(2, tmp_path_factory.mktemp("ansiblehosts"), image=images, volume_prefix="grpo-ansiblehost",
+                    fresh=True) as th:
         yield th
 
 
@@ -101,7 +112,9 @@ def inventory(hosts, tmp_path_factory) -> Path:
                                        "servers": {"hosts": {"spark2": {"spark_link_host_id": 2}}}}},
             "spark_link": {"hosts": {"spark1": None, "spark2": None},
                            "vars": {"spark_link_ports": [{"interface": "enp1s0f1np1", "subnet": "192.168.100.0/24"}]}},
-            "nfs_server": {"hosts": {"spark1": None}, "vars": {"nfs_server_clients": ["spark1", "spark2"]}},
+            # Both export, so the nfs_server role runs on both OSes; the clients mount the first (spark1).
+            "nfs_server": {"hosts": {"spark1": None, "spark2": None},
+                           "vars": {"nfs_server_clients": ["spark1", "spark2"]}},
         }}}
     path = tmp_path_factory.mktemp("ansibleinv") / "inventory.yml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -141,32 +154,42 @@ def check(spec: Path, hosts) -> subprocess.CompletedProcess:
     return proc
 
 
+def os_release(host) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in host.exec(["cat", "/etc/os-release"]).splitlines() if "=" in line)
+    return {k: v.strip('"') for k, v in pairs}
+
+
 def test_site_converges_is_idempotent_and_passes_check(hosts, inventory, spec):
-    for host in hosts:  # what the play must create is not there before it runs
+    for host in hosts:  # what the play must create is not there before it runs, on the OS the test says
+        assert os_release(host)["ID"] == HOST_OS[host.name], os_release(host)
         assert host.exec(["getent", "passwd", str(RUN_UID)], check=False) == ""
     first = play(inventory, spec, hosts)
     assert first.returncode == 0, first.stdout[-4000:] + first.stderr
     counts = recap(first.stdout)
-    assert counts["spark1"]["changed"] >= 4 and counts["spark2"]["changed"] >= 2, counts  # user, group, dirs, export
+    # user, group, shared dir, export dir and line on each
+    assert counts["spark1"]["changed"] >= 4 and counts["spark2"]["changed"] >= 4, counts
     assert counts["localhost"]["failed"] == 0 and "grpo-deploy preflight:" in first.stdout, first.stdout[-3000:]
-    # The named conditions held, and what a container cannot run was skipped by them.
-    assert "grpo_has_gpu=False grpo_nfs_kernel=False (detected" in first.stdout, first.stdout
-    assert "spark_link_applicable is false on spark1: no /usr/sbin/netplan" in first.stdout
+    # The named conditions held on each OS, and what a container cannot run was skipped by them.
+    for name, os_name in HOST_OS.items():
+        shown = (rf"ok: \[{name}\] => {{\s*\"msg\": \"grpo_has_gpu=False grpo_nfs_kernel=False "
+                 rf"\(detected; {OS_SHOWN[os_name]}\b")
+        assert re.search(shown, first.stdout), (name, first.stdout[-6000:])
+        assert f"spark_link_applicable is false on {name}: no /usr/sbin/netplan" in first.stdout
     assert "Install the Docker engine (none installed)" in first.stdout  # the task ran, and skipped: docker.io is there
     for host in hosts:
         assert host.exec(["getent", "passwd", str(RUN_UID)]).split(":")[:4] == ["grpo", "x", str(RUN_UID), str(RUN_UID)]
         assert host.exec(["stat", "-c", "%u:%g %a", SHARED_DIR]).strip() == f"{RUN_UID}:{RUN_UID} 775"
         assert host.exec(["sh", "-c", "test -e /etc/netplan/40-grpo-spark-link.yaml && echo written || echo absent"]
                          ).strip() == "absent"
-    spark1 = hosts["spark1"]
-    assert spark1.exec(["stat", "-c", "%u:%g %a", EXPORT_DIR]).strip() == f"{RUN_UID}:{RUN_UID} 775"
-    export = spark1.exec(["cat", "/etc/exports.d/grpo-deploy.exports"]).splitlines()[-1]
-    assert export == (f"{EXPORT_DIR} spark1(rw,sync,no_subtree_check,root_squash) "
-                      "spark2(rw,sync,no_subtree_check,root_squash)"), export
+        assert host.exec(["stat", "-c", "%u:%g %a", EXPORT_DIR]).strip() == f"{RUN_UID}:{RUN_UID} 775", host.name
+        export = host.exec(["cat", "/etc/exports.d/grpo-deploy.exports"]).splitlines()[-1]
+        assert export == (f"{EXPORT_DIR} spark1(rw,sync,no_subtree_check,root_squash) "
+                          "spark2(rw,sync,no_subtree_check,root_squash)"), (host.name, export)
 
     second = play(inventory, spec, hosts)
     assert second.returncode == 0, second.stdout[-4000:] + second.stderr
     counts = recap(second.stdout)
+    assert set(counts) == {"spark1", "spark2", "localhost"}, counts
     assert all(c["changed"] == 0 and c["failed"] == 0 for c in counts.values()), counts
 
     proc = check(spec, hosts)
@@ -176,18 +199,20 @@ def test_site_converges_is_idempotent_and_passes_check(hosts, inventory, spec):
         assert got[("spark1", name)].startswith("PASS") and got[("spark2", name)].startswith("PASS"), name
 
 
-def test_broken_host_fails_named_checks_and_preflight_play(hosts, inventory, spec):
-    spark1, spark2 = hosts["spark1"], hosts["spark2"]
-    spark2.exec(["chown", "0:0", SHARED_DIR])  # one directory behind both hosts: both see it
-    spark2.exec(["gpasswd", "-d", LOGIN_USER, "docker"])
-    assert spark1.exec(["stat", "-c", "%u:%g", SHARED_DIR]).strip() == "0:0"  # the same directory behind spark1
+def test_broken_hosts_fail_named_checks_on_each_os(hosts, inventory, spec):
+    ubuntu, debian = hosts["spark1"], hosts["spark2"]
+    debian.exec(["chown", "0:0", SHARED_DIR])  # one directory behind both hosts: both see it
+    debian.exec(["gpasswd", "-d", LOGIN_USER, "docker"])
+    assert ubuntu.exec(["stat", "-c", "%u:%g", SHARED_DIR]).strip() == "0:0"  # the same directory behind spark1
     proc = check(spec, hosts)
     got = check_lines(proc.stdout)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     for name in ("spark1", "spark2"):
         assert got[(name, "shared_dir_owner")].startswith("FAIL"), got
         assert f"{SHARED_DIR} is owned by 0:0; the run runs as {RUN_UID}:{RUN_UID}" in got[(name, "shared_dir_owner")]
+        assert got[(name, "shared_dir_present")].startswith("PASS"), got
     assert got[("spark2", "login_user_can_use_docker")].startswith("FAIL"), got
+    assert f"the login user {LOGIN_USER} cannot use {SOCKET}" in got[("spark2", "login_user_can_use_docker")]
     assert got[("spark1", "login_user_can_use_docker")].startswith("PASS"), got
 
     # The play's preflight (the kit's own checks, run by the preflight role) fails on it too, naming check and host.
@@ -197,3 +222,12 @@ def test_broken_host_fails_named_checks_and_preflight_play(hosts, inventory, spe
     assert failed, pre.stdout
     assert "docker on spark1" not in pre.stdout
 
+    # The same break on the Ubuntu host, the Debian host repaired: now only spark1 fails it.
+    debian.exec(["gpasswd", "-a", LOGIN_USER, "docker"])
+    ubuntu.exec(["gpasswd", "-d", LOGIN_USER, "docker"])
+    proc = check(spec, hosts)
+    got = check_lines(proc.stdout)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert got[("spark1", "login_user_can_use_docker")].startswith("FAIL"), got
+    assert f"the login user {LOGIN_USER} cannot use {SOCKET}" in got[("spark1", "login_user_can_use_docker")]
+    assert got[("spark2", "login_user_can_use_docker")].startswith("PASS"), got

@@ -97,3 +97,9 @@ def test_list_prints_the_table(capsys):
     assert cli.main(["images", "list"]) == 0
     out = capsys.readouterr().out
     assert "cpu" in out and "grpo-deploy/cpu:" in out and "trainer-arm64" in out
+
+
+@pytest.mark.parametrize("value", [*HOSTILE, "noble\n", "jammy", "Noble", "$suite", "../noble", "-noble"])
+def test_suites_refused_in_one_line_exit_2(value: str, capsys):
+    code, err = _main(["images", "base", f"--suite={value}"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "is not a base suite: give one of bookworm, noble" in err
