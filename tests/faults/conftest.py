@@ -49,6 +49,14 @@ def fault_row(request):
     yield row
 
 
+@pytest.fixture()
+def another_fault_row(request, fault_row):
+    """A second row for a test that injects two faults into one run (it shares the test's verdict)."""
+    row = {"test": request.node.name, **{c: "-" for c in COLUMNS}}
+    ROWS.append(row)
+    yield row
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -1,5 +1,6 @@
 """Fault-suite helper: one `grpo-deploy up` in the background, its output read line by line so that a test can
-inject its fault at a given optimizer step, with a watchdog that kills it after a bound."""
+inject its fault at a given optimizer step, with a watchdog that kills it after a bound; and what a server-kill test
+checks of the run afterwards."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+
+from grpo_deploy.runtime.metrics import parse_events
 
 UP_TIMEOUT_S = 1800
 STEP = re.compile(r"step (\d+)/(\d+)")
@@ -41,3 +44,20 @@ def up_with_fault(run: dict, at_step: int, inject: Callable[[int], None], *extra
 def cli(run: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "grpo_deploy.cli", *args, "-f", str(run["spec"])], cwd=run["cwd"],
                           capture_output=True, text=True, timeout=timeout)
+
+
+def resumed_after_kill(metrics_text: str, killed: dict, max_steps: int, save_every: int) -> dict:
+    """After a server kill at killed["step"] (time killed["time"]): the run started twice, the second time from a
+    checkpoint at most one interval back, reached max_steps, and every adapter load after the restart succeeded."""
+    events = parse_events(metrics_text)
+    starts = [e for e in events if e["event"] == "run_start"]
+    m = re.search(r"checkpoint-(\d+)$", starts[-1].get("resumed_from") or "")
+    assert len(starts) == 2 and m, [e.get("resumed_from") for e in starts]
+    resumed = int(m.group(1))
+    lost = killed["step"] - resumed
+    assert 0 <= lost <= save_every, (killed["step"], resumed)
+    steps = sorted({int(e["step"]) for e in events if e["event"] == "step"})
+    assert steps[-1] == max_steps
+    after = [e for e in events if e["event"] == "adapter_load" and e["time"] > killed["time"] + 5]
+    assert after and all(e["ok"] for e in after), [e.get("error") for e in after if not e["ok"]]
+    return {"resumed": resumed, "lost": lost, "last_step": steps[-1], "loads_after": len(after)}

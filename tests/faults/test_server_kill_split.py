@@ -7,17 +7,15 @@ interval is lost."""
 from __future__ import annotations
 
 import json
-import re
 import time
 
 import pytest
 
-from grpo_deploy.runtime.metrics import parse_events
 from tests.specs import split_spec
 from tests.testhosts import test_hosts
 
 from .conftest import MAX_STEPS, SAVE_EVERY
-from .running import cli, up_with_fault
+from .running import cli, resumed_after_kill, up_with_fault
 
 RUN = "faults-split"
 KILL_AT_STEP = 6  # saves at 4, 8, 12, 16: the kill lands two steps past a checkpoint
@@ -61,19 +59,9 @@ def test_server_killed_on_its_host_is_restarted_and_the_trainer_resumes(hosts, s
     assert code == 0, output[-4000:]
     assert "restarting the server and the trainer" in output and "server ready again" in output, output[-3000:]
     assert "Traceback" not in output
-    metrics = (split_run["cwd"] / ".grpo-deploy" / RUN / "metrics.jsonl").read_text()
-    events = parse_events(metrics)
-    starts = [e for e in events if e["event"] == "run_start"]
-    m = re.search(r"checkpoint-(\d+)$", starts[-1].get("resumed_from") or "")
-    assert len(starts) == 2 and m, [e.get("resumed_from") for e in starts]
-    resumed_step = int(m.group(1))
-    lost = killed["step"] - resumed_step
-    assert 0 <= lost <= SAVE_EVERY, (killed["step"], resumed_step)
-    steps = sorted({int(e["step"]) for e in events if e["event"] == "step"})
-    assert steps[-1] == MAX_STEPS
-    after = [e for e in events if e["event"] == "adapter_load" and e["time"] > killed["time"] + 5]
-    assert after and all(e["ok"] for e in after), [e.get("error") for e in after if not e["ok"]]
+    got = resumed_after_kill((split_run["cwd"] / ".grpo-deploy" / RUN / "metrics.jsonl").read_text(), killed,
+                             MAX_STEPS, SAVE_EVERY)
     fault_row.update(observed=f"status over SSH after {killed['status_s']:.1f} s: {killed['status']}; resumed from "
-                              f"checkpoint-{resumed_step}; {len(after)} adapter loads on the new server, all OK; "
-                              f"{steps[-1]}/{MAX_STEPS} steps",
-                     **{"steps lost": lost, "data lost": "none"})
+                              f"checkpoint-{got['resumed']}; {got['loads_after']} adapter loads on the new server, all "
+                              f"OK; {got['last_step']}/{MAX_STEPS} steps",
+                     **{"steps lost": got["lost"], "data lost": "none"})
