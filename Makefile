@@ -17,7 +17,7 @@ demo: setup ## THE MAIN JOB: the CPU rehearsal (real vLLM server + real TRL asyn
 test: setup ## run every test this machine can run (unit, static, integration with real containers)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu and not cuda_build" -rs --durations=30 $(PYTEST_ARGS)
 
-test-cuda-images: ## build the air-gapped x86_64 CUDA server/trainer images and run the in-image checks (cold: ~53 min)
+test-cuda-images: ## build the air-gapped x86_64 CUDA server/trainer images and run the in-image checks (cold: 4 min 40 s idle, 53 min on a loaded machine)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m cuda_build tests/integration/test_cuda_images.py -rs $(PYTEST_ARGS)
 
 test-unit: ## unit tests only (no Docker)
