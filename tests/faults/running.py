@@ -4,10 +4,12 @@ checks of the run afterwards."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 from grpo_deploy.runtime.metrics import parse_events
@@ -61,3 +63,46 @@ def resumed_after_kill(metrics_text: str, killed: dict, max_steps: int, save_eve
     after = [e for e in events if e["event"] == "adapter_load" and e["time"] > killed["time"] + 5]
     assert after and all(e["ok"] for e in after), [e.get("error") for e in after if not e["ok"]]
     return {"resumed": resumed, "lost": lost, "last_step": steps[-1], "loads_after": len(after)}
+
+
+def stopped_by_storage_fault(run: dict, docker_client, role: str, at_step: int, inject: Callable, kind: str,
+                             within_s: float) -> dict:
+    """`up` of the fault run with *inject*(container of *role*) at *at_step*; the run must stop (exit 1, no
+    traceback) with one storage_fault of *kind* recorded within *within_s* of the injection. up's output is kept
+    beside the run (up-output.txt). Returns output, events, the fault and run_end events, and the timings."""
+    from grpo_deploy import compose
+
+    injected = {}
+
+    def injection(step: int) -> None:
+        (container,) = compose.containers(docker_client, run["res"].spec.run.name, role)
+        inject(container)
+        injected.update(step=step, time=time.time())
+
+    code, output = up_with_fault(run, at_step, injection)
+    ended = time.time()
+    (run["cwd"] / "up-output.txt").write_text(output)
+    assert code == 1, output[-4000:]
+    assert "Traceback" not in output, output[-4000:]
+    assert f"shared-volume fault ({kind})" in output, output[-4000:]
+    events = parse_events((run["state"] / "metrics.jsonl").read_text())
+    (fault,) = [e for e in events if e["event"] == "storage_fault"]
+    (end,) = [e for e in events if e["event"] == "run_end"]
+    detect_s = fault["time"] - injected["time"]
+    assert fault["kind"] == kind and 0 < detect_s < within_s and end["status"] == "storage-fault", (detect_s, end)
+    return {"output": output, "events": events, "fault": fault, "end": end, "detect_s": detect_s,
+            "up_s": ended - injected["time"]}
+
+
+def checkpoints_after_stop(run: dict, end: dict, save_every: int) -> dict:
+    """After a run stopped by a fault: every checkpoint complete, the newest the last save before the stop, at most
+    one interval of steps lost."""
+    listed = cli(run, "checkpoints", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    states = {c["step"]: c["state"] for c in json.loads(listed.stdout)["checkpoints"]}
+    last_step = int(end["steps"])  # the optimizer steps done, the one whose adapter failed to publish included
+    newest = max(s for s, st in states.items() if st == "complete")
+    assert set(states.values()) == {"complete"} and newest == save_every * (last_step // save_every), states
+    lost = last_step - newest
+    assert 0 <= lost <= save_every
+    return {"steps": sorted(states), "last_step": last_step, "newest": newest, "lost": lost}

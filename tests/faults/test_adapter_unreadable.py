@@ -13,14 +13,10 @@ server paused, and the newest complete checkpoint makes fix-then-`up` cheap."""
 from __future__ import annotations
 
 import json
-import time
 
-from grpo_deploy import compose
-from grpo_deploy.runtime.metrics import parse_events
-
-from .conftest import RUN, SAVE_EVERY
+from .conftest import SAVE_EVERY
 from .namespaces import hide_behind_root_dir, require_nsenter
-from .running import cli, up_with_fault
+from .running import checkpoints_after_stop, cli, stopped_by_storage_fault
 
 AT_STEP = 5  # saves at 4, 8, 12, 16: the newest complete checkpoint when the fault lands is checkpoint-4
 STOP_WITHIN_S = 60
@@ -36,26 +32,13 @@ def test_adapter_dir_unreadable_to_the_server_stops_the_run_naming_path_and_uid(
                      expected=f"run stops within {STOP_WITHIN_S} s; up/status/logs name the path, uid {uid} and the "
                               f"fix, not 'does not expose'; no traceback; checkpoints intact; <= {SAVE_EVERY} steps "
                               "lost")
-    injected = {}
-
-    def hide(step: int) -> None:
-        (server,) = compose.containers(docker_client, RUN, "server")
-        hide_behind_root_dir(server, lora_dir)
-        injected.update(step=step, time=time.time())
-
-    code, output = up_with_fault(fault_run, AT_STEP, hide)
-    ended = time.time()
-    (fault_run["cwd"] / "up-output.txt").write_text(output)  # kept with the run's folder, for a reader
-    assert code == 1, output[-4000:]
-    assert "Traceback" not in output and "does not expose" not in output, output[-4000:]
-    assert "shared-volume fault (adapter-unreadable)" in output, output[-4000:]
+    got = stopped_by_storage_fault(fault_run, docker_client, "server", AT_STEP,
+                                   lambda server: hide_behind_root_dir(server, lora_dir), "adapter-unreadable",
+                                   STOP_WITHIN_S)
+    output, events, fault = got["output"], got["events"], got["fault"]
+    assert "does not expose" not in output, output[-4000:]
     assert "could not read adapter trl-policy-v" in output and f"at {lora_dir}/trl-policy-v" in output
-    events = parse_events((fault_run["state"] / "metrics.jsonl").read_text())
-    (fault,) = [e for e in events if e["event"] == "storage_fault"]
-    (end,) = [e for e in events if e["event"] == "run_end"]
-    detect_s = fault["time"] - injected["time"]
-    assert fault["kind"] == "adapter-unreadable" and fault["path"].startswith(f"{lora_dir}/trl-policy-v")
-    assert 0 < detect_s < STOP_WITHIN_S and end["status"] == "storage-fault", (detect_s, end)
+    assert fault["path"].startswith(f"{lora_dir}/trl-policy-v"), fault
     failed = [e for e in events if e["event"] == "adapter_load" and not e["ok"]]
     # vLLM 0.32 on CPU answered 500 "Call to add_lora method failed: Worker failed with error '[Errno 13] Permission
     # denied ...'" (a file it cannot open answers 404 "No adapter found"); TRL words both as a failed request.
@@ -75,18 +58,11 @@ def test_adapter_dir_unreadable_to_the_server_stops_the_run_naming_path_and_uid(
     logs = cli(fault_run, "logs", "--role", "trainer")
     assert "adapter unreadable: the vLLM server could not read adapter" in logs.stdout + logs.stderr
 
-    listed = cli(fault_run, "checkpoints", "list", "--json")
-    assert listed.returncode == 0, listed.stderr
-    states = {c["step"]: c["state"] for c in json.loads(listed.stdout)["checkpoints"]}
-    last_step = int(end["steps"])  # the optimizer steps done, the one whose adapter failed to publish included
-    newest = max(s for s, st in states.items() if st == "complete")
-    assert set(states.values()) == {"complete"} and newest == SAVE_EVERY * (last_step // SAVE_EVERY), states
-    lost = last_step - newest
-    assert 0 <= lost <= SAVE_EVERY
-    fault_row.update(observed=f"stopped {detect_s:.1f} s after the injection (up ended after "
-                              f"{ended - injected['time']:.1f} s), at step {last_step}: 1 load answered "
+    ck = checkpoints_after_stop(fault_run, got["end"], SAVE_EVERY)
+    fault_row.update(observed=f"stopped {got['detect_s']:.1f} s after the injection (up ended after "
+                              f"{got['up_s']:.1f} s), at step {ck['last_step']}: 1 load answered "
                               f"{failed[0]['status']}, "
                               f"reported as 'adapter unreadable' with path, uid {uid}, the server's view ({lora_dir} "
                               "0700 root) and the fix in up/status; logs name it; "
-                              f"server kept running; checkpoints {sorted(states)} complete",
-                     **{"steps lost": lost, "data lost": f"none (resume from checkpoint-{newest})"})
+                              f"server kept running; checkpoints {ck['steps']} complete",
+                     **{"steps lost": ck["lost"], "data lost": f"none (resume from checkpoint-{ck['newest']})"})

@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
 
 from grpo_deploy import compose
-from grpo_deploy.runtime.metrics import parse_events
 
-from .conftest import RUN, SAVE_EVERY
+from .conftest import SAVE_EVERY
 from .namespaces import make_read_only, require_nsenter
-from .running import cli, up_with_fault
+from .running import checkpoints_after_stop, cli, stopped_by_storage_fault
 
 AT_STEP = 5  # saves at 4, 8, 12, 16: checkpoint-4 is complete when the share turns read-only
 STOP_WITHIN_S = 60
@@ -35,26 +33,12 @@ def test_shared_dir_read_only_stops_the_run_keeping_the_newest_checkpoint(fault_
                      expected=f"run stops within {STOP_WITHIN_S} s, naming the path and 'read-only' and the fix; no "
                               "traceback; newest complete checkpoint kept; nothing half-written; "
                               f"<= {SAVE_EVERY} steps lost")
-    injected = {}
-
-    def freeze(step: int) -> None:
-        (trainer,) = compose.containers(docker_client, RUN, "trainer")
-        make_read_only(trainer, ckpt)
-        injected.update(step=step, time=time.time())
-
-    code, output = up_with_fault(fault_run, AT_STEP, freeze)
-    ended = time.time()
-    (fault_run["cwd"] / "up-output.txt").write_text(output)  # kept with the run's folder, for a reader
-    assert code == 1, output[-4000:]
-    assert "Traceback" not in output, output[-4000:]
-    assert "shared-volume fault (read-only)" in output and ckpt in output and "is read-only" in output
-    events = parse_events((fault_run["state"] / "metrics.jsonl").read_text())
-    (fault,) = [e for e in events if e["event"] == "storage_fault"]
-    (end,) = [e for e in events if e["event"] == "run_end"]
-    detect_s = fault["time"] - injected["time"]
-    assert fault["kind"] == "read-only" and (fault["path"] + "/").startswith(f"{ckpt}/"), fault
+    got = stopped_by_storage_fault(fault_run, docker_client, "trainer", AT_STEP,
+                                   lambda trainer: make_read_only(trainer, ckpt), "read-only", STOP_WITHIN_S)
+    output, fault = got["output"], got["fault"]
+    assert ckpt in output and "is read-only" in output
+    assert (fault["path"] + "/").startswith(f"{ckpt}/"), fault
     assert re.search(rf"; mount {ckpt} \(.*, ro[,)]", fault["message"]), fault["message"]  # its mount table
-    assert 0 < detect_s < STOP_WITHIN_S and end["status"] == "storage-fault", (detect_s, end)
     assert "remount the share read-write" in fault["message"] and "is kept" in fault["message"]
 
     status = cli(fault_run, "status", "--json")
@@ -64,21 +48,14 @@ def test_shared_dir_read_only_stops_the_run_keeping_the_newest_checkpoint(fault_
     logs = cli(fault_run, "logs", "--role", "trainer")
     assert "is read-only" in logs.stdout + logs.stderr
 
-    listed = cli(fault_run, "checkpoints", "list", "--json")
-    assert listed.returncode == 0, listed.stderr
-    states = {c["step"]: c["state"] for c in json.loads(listed.stdout)["checkpoints"]}
-    last_step = int(end["steps"])  # the optimizer steps done, the one whose adapter failed to publish included
-    newest = max(s for s, st in states.items() if st == "complete")
-    assert set(states.values()) == {"complete"} and newest == SAVE_EVERY * (last_step // SAVE_EVERY), states
-    assert f"checkpoint-{newest} is kept" in fault["message"], fault["message"]
+    ck = checkpoints_after_stop(fault_run, got["end"], SAVE_EVERY)
+    assert f"checkpoint-{ck['newest']} is kept" in fault["message"], fault["message"]
     code_, out, err = compose.run_once(docker_client, res.images["trainer"],
                                        ["find", ckpt, "-name", ".*.tmp", "-o", "-name", "*.tmp"],
                                        res.identities["trainer"].user, res.spec.storage.volume,
                                        res.spec.storage.mount)
     assert code_ == 0 and out.strip() == "", out + err  # no staged adapter or checkpoint left behind
-    lost = last_step - newest
-    assert 0 <= lost <= SAVE_EVERY
-    fault_row.update(observed=f"EROFS at step {last_step}, stopped {detect_s:.1f} s after the injection (up ended "
-                              f"after {ended - injected['time']:.1f} s); up/status/logs: '{fault['path']} is "
-                              f"read-only', remount + resume; checkpoints {sorted(states)} complete, no .tmp left",
-                     **{"steps lost": lost, "data lost": f"none (resume from checkpoint-{newest})"})
+    fault_row.update(observed=f"EROFS at step {ck['last_step']}, stopped {got['detect_s']:.1f} s after the injection "
+                              f"(up ended after {got['up_s']:.1f} s); up/status/logs: '{fault['path']} is "
+                              f"read-only', remount + resume; checkpoints {ck['steps']} complete, no .tmp left",
+                     **{"steps lost": ck["lost"], "data lost": f"none (resume from checkpoint-{ck['newest']})"})
