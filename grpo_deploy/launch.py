@@ -421,21 +421,6 @@ def supervise(state: RunState, log: Callable[[str], None], since: float, restart
                 log(f"server ready again in {ready_s:.1f} s; progress per optimizer step:")
 
 
-def share_source(res: Resolved) -> tuple[str, dict[str, str] | None]:
-    """What a one-off container mounts at storage.mount to see what the stack's containers see: hosts[].shared_dir
-    (bound, as compose.bind.yaml does), or the volume with compose.nfs.yaml's NFS options, or the plain volume. A
-    plain volume made by a one-off container first would be taken by compose in place of the share (the rehearsal's
-    `up --fresh` with shared_dir once wrote every checkpoint to Docker's own disk, not to the share)."""
-    host = res.host_for(res.engine_info.main_role)
-    nfs = res.spec.storage.nfs
-    if nfs is not None:
-        return res.spec.storage.volume, {"type": "nfs", "o": f"addr={nfs.server},{nfs.options}",
-                                         "device": f":{nfs.export}"}
-    if host is not None and host.shared_dir:
-        return host.shared_dir, None
-    return res.spec.storage.volume, None
-
-
 def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout, restarts: int = 2) -> int:
     """Bring the run up on this host, follow it to the end, summarise, and (unless keep) stop it."""
     _require_local(res)
@@ -477,7 +462,7 @@ def _up(state: RunState, keep: bool, fresh: bool, out, restarts: int = 2) -> int
     started = False
     try:
         if fresh:
-            source, opts = share_source(res)
+            source, opts = preflight.share_source(res, res.host_for(res.engine_info.main_role))
             where = f"the share {source}" if source.startswith("/") else f"volume {source}"
             log(f"--fresh: removing {res.run_dir} on {where}")
             compose.run_once(client, res.images["trainer"], ["rm", "-rf", res.run_dir], res.identities["trainer"].user,

@@ -591,15 +591,29 @@ def driver_verdict(host: str, drivers: list[host_facts.Driver] | None, cuda: tup
                   data)
 
 
+def share_source(res: Resolved, host) -> tuple[str, dict[str, str] | None]:
+    """What the stack's containers on *host* mount at storage.mount, in the order the render picks compose files
+    (compose.nfs.yaml, else compose.bind.yaml, else the plain volume): (the volume name with its NFS driver options),
+    (hosts[].shared_dir, None) or (the volume name, None). One-off containers mount the same, so that a plain volume
+    made by one of them is never taken by compose in place of the share (`up --fresh` once wrote every checkpoint to
+    Docker's own disk that way)."""
+    nfs = res.spec.storage.nfs
+    if nfs is not None:
+        return res.spec.storage.volume, {"type": "nfs", "o": f"addr={nfs.server},{nfs.options}",
+                                         "device": f":{nfs.export}"}
+    if host is not None and host.shared_dir:
+        return host.shared_dir, None
+    return res.spec.storage.volume, None
+
+
 def probe_mount(res: Resolved, host) -> list[str]:
     """`docker run` arguments that mount the run's shared storage on *host* where the containers will see it."""
-    mount, nfs = res.spec.storage.mount, res.spec.storage.nfs
-    if host.shared_dir:
-        return ["-v", f"{host.shared_dir}:{mount}"]
+    mount = res.spec.storage.mount
+    source, nfs = share_source(res, host)
     if nfs is not None:
-        return ["--mount", f'type=volume,dst={mount},volume-driver=local,volume-opt=type=nfs,'
-                           f'"volume-opt=o=addr={nfs.server},{nfs.options}",volume-opt=device=:{nfs.export}']
-    return ["-v", f"{res.spec.storage.volume}:{mount}"]
+        return ["--mount", f'type=volume,dst={mount},volume-driver=local,volume-opt=type={nfs["type"]},'
+                           f'"volume-opt=o={nfs["o"]}",volume-opt=device={nfs["device"]}']
+    return ["-v", f"{source}:{mount}"]
 
 
 def _in_container(ctx: Context, host, image: str, ident, argv: list[str]):

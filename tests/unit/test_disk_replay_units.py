@@ -9,7 +9,7 @@ import os
 import yaml
 from transformers import TrainerControl, TrainerState
 
-from grpo_deploy import launch, plan, preflight, resolve, spec
+from grpo_deploy import plan, preflight, resolve, spec
 from grpo_deploy.runtime.config import DiskWatchdogConfig
 from grpo_deploy.runtime.disk_watchdog import DiskWatchdog
 from tests.specs import spec_data, spec_yaml
@@ -66,15 +66,26 @@ def test_the_seed_scenario_fails_at_the_4th_save_from_per_save_sizes():
     assert "KB per checkpoint" in " ".join(d.explanation)  # not "0.0 GB"
 
 
+def _share(res):
+    return preflight.share_source(res, res.host_for(res.engine_info.main_role))
+
+
 def test_share_source_is_what_compose_mounts(tmp_path):
     share = tmp_path / "share"
-    assert launch.share_source(_res()) == ("grpo-deploy-shared", None)
-    assert launch.share_source(_res(**{"hosts.0.shared_dir": str(share)})) == (str(share), None)
+    assert _share(_res()) == ("grpo-deploy-shared", None)
+    assert _share(_res(**{"hosts.0.shared_dir": str(share)})) == (str(share), None)
     nfs = _res(**{"storage.nfs": {"server": "10.0.0.5", "export": "/export/grpo"}})
-    volume, opts = launch.share_source(nfs)
+    volume, opts = _share(nfs)
     assert volume == "grpo-deploy-shared"
     assert opts == {"type": "nfs", "o": "addr=10.0.0.5,nfsvers=4.1,hard,lookupcache=positive",
                     "device": ":/export/grpo"}
+
+
+def test_preflight_probes_mount_what_compose_mounts_when_nfs_and_shared_dir_are_both_set(tmp_path):
+    both = _res(**{"storage.nfs": {"server": "10.0.0.5", "export": "/export/grpo"},
+                   "hosts.0.shared_dir": str(tmp_path / "share")})
+    args = preflight.probe_mount(both, both.host_for("trainer"))
+    assert args[0] == "--mount" and "volume-opt=type=nfs" in args[1] and str(tmp_path) not in " ".join(args)
 
 
 def test_a_resume_counts_the_runs_own_checkpoints_as_free(tmp_path):
