@@ -55,10 +55,3 @@ def produced() -> set[str]:
         tags |= {arch_tag(image.name, arch) for arch in image.arches} | {manifest_tag(image.name)}
     return tags
 
-
-def deps_tag(arch: str, version: str = __version__, namespace: str = NAMESPACE) -> str:
-    """The dependency image under the air-gapped CUDA server and trainer images (images/cuda/Dockerfile.deps), e.g.
-    grpo-deploy/cuda-deps:0.1.0-cu130-amd64. Those two role images carry the same per-arch tags as the registry path
-    (arch_tag of vllm and trainer), so the a100/h200 profiles name them either way; their label
-    org.grpo-deploy.build-path=airgap tells them apart."""
-    return f"{namespace}/cuda-deps:{version}-{cuda_suffix(GPU_IMAGES['vllm'].cuda)}-{arch}"

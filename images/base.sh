@@ -3,12 +3,13 @@
 # image. Called by `grpo-deploy images base` (grpo_deploy/image_build/base.py, which holds the suite table and
 # imports ROOTFS with the Docker SDK).
 # Usage: base.sh [--suite S] [--components a,b] [--keyring FILE] [--script NAME] [--pockets "updates security"]
+#                [--arch ARCH]
 #                ROOTFS [MIRROR [SECURITY_MIRROR]]
 # Defaults: bookworm, main, debootstrap's own keyring and script. No MIRROR: debootstrap's default for the suite.
 # --pockets: SUITE-<pocket> lines on the same mirror in the image's sources.list (with no MIRROR, the one debootstrap
 # used). A keyring is only ever added: the Release file's signature is always checked.
 set -euo pipefail
-suite=bookworm components=main keyring='' script='' pockets=''
+suite=bookworm components=main keyring='' script='' pockets='' arch=''
 while [[ $# -gt 0 && $1 == --* ]]; do
   case $1 in
     --suite) suite=$2 ;;
@@ -16,6 +17,7 @@ while [[ $# -gt 0 && $1 == --* ]]; do
     --keyring) keyring=$2 ;;
     --script) script=$2 ;;
     --pockets) pockets=$2 ;;
+    --arch) arch=$2 ;;
     *) echo "base.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift 2
@@ -31,6 +33,8 @@ unmount_below() {
 trap unmount_below EXIT
 args=(--variant=minbase --components="$components")
 if [[ -n $keyring ]]; then args+=(--keyring="$keyring"); fi
+# Another architecture: debootstrap runs its second stage through the host's QEMU binfmt handler.
+if [[ -n $arch ]]; then args+=(--arch="$arch"); fi
 args+=("$suite" "$rootfs")
 # An empty MIRROR argument is debootstrap's default mirror for the suite; SCRIPT (4th argument) needs one before it.
 if [[ -n $mirror || -n $script ]]; then args+=("$mirror"); fi

@@ -13,6 +13,11 @@ command -v debootstrap >/dev/null 2>&1 || need_pkgs+=(debootstrap)
 command -v gpgv >/dev/null 2>&1 || need_pkgs+=(gpgv)  # debootstrap checks the Release signature with it
 [ -x /usr/sbin/sshd ] || need_pkgs+=(openssh-server)
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
+# arm64 (DGX Spark) images are built on x86_64 under QEMU user emulation.
+if [ "$(uname -m)" = x86_64 ]; then
+  [ -e /usr/libexec/qemu-binfmt/aarch64-binfmt-P ] || need_pkgs+=(qemu-user-static)
+  command -v update-binfmts >/dev/null 2>&1 || need_pkgs+=(binfmt-support)
+fi
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     say "missing system packages: ${need_pkgs[*]} (run as root: apt-get install -y ${need_pkgs[*]})"; exit 1
@@ -20,6 +25,16 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   say "installing ${need_pkgs[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_pkgs[@]}" >/dev/null
+fi
+
+if [ "$(uname -m)" = x86_64 ] && [ ! -e /proc/sys/fs/binfmt_misc/qemu-aarch64 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    say "no QEMU handler for arm64 (as root: update-binfmts --enable qemu-aarch64): arm64 images cannot be built"
+  else
+    mountpoint -q /proc/sys/fs/binfmt_misc || mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+    update-binfmts --enable qemu-aarch64
+    say "registered QEMU user emulation for arm64 (flags: $(sed -n 's/^flags: //p' /proc/sys/fs/binfmt_misc/qemu-aarch64))"
+  fi
 fi
 
 if ! docker info >/dev/null 2>&1; then

@@ -1,9 +1,11 @@
 """The base image without a registry: images/base.sh debootstraps a suite of recipes.BASE_SUITES (Debian bookworm by
-default, Ubuntu noble; root), this module imports the tree with the Docker SDK. The mirror is the one this host's apt
-uses for that suite, else debootstrap's default for it. The Release signature is always checked."""
+default, Ubuntu noble; root) for this host's architecture or another one (arm64 on an x86_64 host runs under QEMU
+user emulation), this module imports the tree with the Docker SDK. The mirror is the one this host's apt uses for that
+suite, else debootstrap's default for it. The Release signature is always checked."""
 
 from __future__ import annotations
 
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -16,6 +18,10 @@ from .recipes import BASE_SUITES, BaseSuite
 from .wheelhouse import run_logged
 
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
+QEMU_HINT = ("apt-get install qemu-user-static binfmt-support (registers qemu-aarch64 with the F flag, so it works "
+             "inside containers too)")
 ENV_CHANGES = ["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "ENV LANG=C.UTF-8",
                'CMD ["bash"]']
 
@@ -61,10 +67,27 @@ def host_mirrors(paths: tuple[Path, ...] = APT_SOURCES, suite: str = "bookworm")
     return main, security
 
 
+def foreign_arch_problem(arch: str | None, machine: str | None = None, binfmt: Path = BINFMT) -> str | None:
+    """Why this host cannot run *arch*'s binaries (debootstrap's second stage, RUN steps, in-image checks), or None:
+    its own architecture, or a qemu-user binfmt handler registered and enabled for it."""
+    machine = machine or platform.machine()
+    if arch is None or MACHINES[arch] == machine:
+        return None
+    handler = binfmt / f"qemu-{MACHINES[arch]}"
+    try:
+        first = handler.read_text().splitlines()[:1]
+    except OSError:
+        return f"this {machine} host has no QEMU user emulation registered for {arch} ({handler} is missing): "  \
+               + QEMU_HINT
+    if first != ["enabled"]:
+        return f"the QEMU handler {handler} for {arch} is registered but disabled: echo 1 > {handler}"
+    return None
+
+
 def script_args(suite: BaseSuite, images: Path, rootfs: Path, mirror: str | None,
-                security: str | None) -> list[str]:
+                security: str | None, arch: str | None = None) -> list[str]:
     """images/base.sh's arguments for *suite* into *rootfs* (a None mirror: debootstrap's default)."""
-    args = ["--suite", suite.name, "--components", ",".join(suite.components)]
+    args = ["--suite", suite.name, "--components", ",".join(suite.components), *(["--arch", arch] if arch else [])]
     if suite.keyring:
         args += ["--keyring", str(images / suite.keyring)]
     if suite.script:
@@ -75,13 +98,17 @@ def script_args(suite: BaseSuite, images: Path, rootfs: Path, mirror: str | None
 
 
 def build_base(client, tag: str, script: Path, work_dir: Path, log_dir: Path, mirror: str | None = None,
-               force: bool = False, suite: BaseSuite = BASE_SUITES["bookworm"]) -> bool:
-    """debootstrap *suite* (images/base.sh) then `docker import`; False when *tag* exists and not force."""
+               force: bool = False, suite: BaseSuite = BASE_SUITES["bookworm"], arch: str | None = None) -> bool:
+    """debootstrap *suite* (images/base.sh) for *arch* (None: this host's) then `docker import`; False when *tag*
+    exists and not force."""
     if not force and image_or_none(client, tag) is not None:
         return False
     missing = [tool for tool in ("debootstrap", "gpgv") if shutil.which(tool) is None]
     if missing:
         raise StepFailed(f"{' and '.join(missing)} not installed (apt-get install debootstrap gpgv)")
+    problem = foreign_arch_problem(arch)
+    if problem:
+        raise StepFailed(problem)
     keyring = script.parent / suite.keyring if suite.keyring else None
     if keyring is not None and not keyring.is_file():
         raise StepFailed(f"{keyring} is missing: the kit ships the {suite.name} archive key there")
@@ -92,13 +119,16 @@ def build_base(client, tag: str, script: Path, work_dir: Path, log_dir: Path, mi
     rootfs = Path(tempfile.mkdtemp(prefix="rootfs.", dir=work_dir))
     try:
         with Step(f"base image {tag}", log_dir / "image-base.log") as step:
-            step.update(f"debootstrap --variant=minbase {suite.name} (about a minute)")
-            code = run_logged(["bash", str(script), *script_args(suite, script.parent, rootfs, mirror, security)],
+            step.update(f"debootstrap --variant=minbase {suite.name}{f' --arch {arch}' if arch else ''} "
+                        f"({'minutes under emulation' if foreign_arch_problem(arch, 'none') else 'about a minute'})")
+            code = run_logged(["bash", str(script), *script_args(suite, script.parent, rootfs, mirror, security,
+                                                                 arch)],
                               step, lambda line: step.update(f"debootstrap: {line.strip()[:70]}"))
             if code != 0:
                 raise StepFailed(f"debootstrap failed (exit {code})")
             step.update("docker import")
             labels = {"org.grpo-deploy.base": f"debootstrap minbase {suite.name}",
+                      "org.grpo-deploy.base-arch": arch or "native",
                       "org.grpo-deploy.base-mirror": mirror or "debootstrap default",
                       "org.grpo-deploy.base-created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             label_change = "LABEL " + " ".join(f'{k}="{v}"' for k, v in labels.items())
@@ -106,8 +136,7 @@ def build_base(client, tag: str, script: Path, work_dir: Path, log_dir: Path, mi
             with subprocess.Popen(["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."],
                                   stdout=subprocess.PIPE, stderr=step.log) as tar:
                 chunks = iter(lambda: tar.stdout.read(1 << 20), b"")
-                client.api.import_image_from_data(chunks, repository=repo, tag=version,
-                                                  changes=[*ENV_CHANGES, label_change])
+                import_rootfs(client, chunks, repo, version, [*ENV_CHANGES, label_change], arch)
             if tar.returncode != 0:
                 raise StepFailed(f"tar of the root filesystem failed (exit {tar.returncode})")
             step.done(f"built {tag} ({human(client.images.get(tag).attrs['Size'])})")
@@ -115,3 +144,51 @@ def build_base(client, tag: str, script: Path, work_dir: Path, log_dir: Path, mi
         # base.sh unmounted what debootstrap mounted; stay on this filesystem all the same.
         subprocess.run(["rm", "-rf", "--one-file-system", str(rootfs)], check=False)
     return True
+
+
+def import_rootfs(client, chunks, repo: str, tag: str, changes: list[str], arch: str | None) -> None:
+    """`docker import` of a tar stream. For another architecture than the engine's, the image's config is then made
+    to say it (Docker 20.10 ignores the import's platform): images built FROM it inherit it, and an engine on that
+    architecture runs them without a platform warning."""
+    client.api.import_image_from_data(chunks, repository=repo, tag=tag, changes=changes)
+    if arch is not None:
+        set_architecture(client, f"{repo}:{tag}", arch)
+
+
+def set_architecture(client, ref: str, arch: str) -> None:
+    """Rewrite the architecture in a (small) image's config: docker save, edit config JSON, docker load."""
+    import hashlib
+    import io
+    import json
+    import tarfile
+
+    image = client.images.get(ref)
+    if image.attrs.get("Architecture") == arch:
+        return
+    saved = io.BytesIO(b"".join(image.save(named=True)))
+    out = io.BytesIO()
+    with tarfile.open(fileobj=saved) as src, tarfile.open(fileobj=out, mode="w") as dst:
+        manifest = json.loads(src.extractfile("manifest.json").read())
+        old_name = manifest[0]["Config"]
+        config = json.loads(src.extractfile(old_name).read())
+        config["architecture"] = arch
+        config.pop("variant", None)
+        if arch == "arm64":
+            config["variant"] = "v8"
+        config_bytes = json.dumps(config, separators=(",", ":")).encode()
+        new_name = hashlib.sha256(config_bytes).hexdigest() + ".json"
+        manifest[0]["Config"] = new_name
+        replaced = {old_name: (new_name, config_bytes),
+                    "manifest.json": ("manifest.json", json.dumps(manifest).encode())}
+        for member in src.getmembers():
+            if member.name in replaced:
+                name, data = replaced[member.name]
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(data), 0o644
+                dst.addfile(info, io.BytesIO(data))
+            else:
+                dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+    old_id = image.id
+    client.images.load(out.getvalue())
+    if client.images.get(ref).id != old_id:
+        client.images.remove(old_id, noprune=False)

@@ -4,6 +4,7 @@ are streamed as tar from the files themselves (no staging folders), progress is 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -17,7 +18,7 @@ from pathlib import Path
 from .. import __version__
 from . import locks, wheelhouse
 from .progress import Step, StepFailed, human
-from .recipes import BASE_TAG, Recipe
+from .recipes import BASE_SUITES, Recipe, known_base
 
 DEPS_REPO_SUFFIX = "-deps"
 INSTALL_STAGE_LABEL = "org.grpo-deploy.stage={recipe}-deps-install"
@@ -30,22 +31,32 @@ CHUNK = 1 << 20
 # ---------------------------------------------------------------- cache keys (pure)
 
 def instructions(dockerfile_text: str) -> str:
-    """A Dockerfile without its comments and blank lines: editing a comment must not cost a dependency rebuild."""
+    """A Dockerfile (or a lock) without its comments and blank lines: editing a comment must not cost a dependency
+    rebuild."""
     return "\n".join(line for line in dockerfile_text.splitlines()
                      if line.strip() and not line.lstrip().startswith("#"))
 
 
-def deps_key(lock: bytes, dockerfile_text: str, base: str) -> str:
-    """sha256 over the lock's content, the Dockerfile's instructions and the base image's tag (the formula images
-    built before this module carry, so their dependency images stay valid)."""
-    text = f"{hashlib.sha256(lock).hexdigest()}  requirements.lock\n{instructions(dockerfile_text)}\n{base}\n"
+def deps_key(lock: bytes, dockerfile_text: str, base: str, files: dict[str, bytes] | None = None,
+             args: dict[str, str] | None = None) -> str:
+    """sha256 over the lock's pins (its comments and blank lines left out, as the Dockerfile's), the Dockerfile's
+    instructions, the base image's tag, the other context files (name, sha256) and the build arguments that are not
+    read from the lock."""
+    pins = instructions(lock.decode(errors="replace")).encode()
+    text = f"{hashlib.sha256(pins).hexdigest()}  requirements.lock\n{instructions(dockerfile_text)}\n{base}\n"
+    text += "".join(f"{hashlib.sha256(data).hexdigest()}  {name}\n" for name, data in sorted((files or {}).items()))
+    text += "".join(f"{name}={value}\n" for name, value in sorted((args or {}).items()))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def deps_repo(recipe: Recipe) -> str:
+    """The recipe's deps_repo, else its tag's repository + '-deps' (grpo-deploy/cpu-deps)."""
+    return recipe.deps_repo or (recipe.tag or f"grpo-deploy/{recipe.name}").rsplit(":", 1)[0] + DEPS_REPO_SUFFIX
+
+
 def deps_tag(recipe: Recipe, key: str) -> str:
-    """grpo-deploy/cpu-deps:<first 12 of the key>."""
-    repo = (recipe.tag or f"grpo-deploy/{recipe.name}").rsplit(":", 1)[0]
-    return f"{repo}{DEPS_REPO_SUFFIX}:{key[:12]}"
+    """grpo-deploy/cpu-deps:<first 12 of the key>-<arch>."""
+    return f"{deps_repo(recipe)}:{key[:12]}-{recipe.platform.arch}"
 
 
 def code_key(dockerfile: bytes, members: list[tuple[str, int, str]], deps_image_id: str, args: dict[str, str]) -> str:
@@ -179,22 +190,56 @@ def build_deps(client, recipe: Recipe, images: Path, wheel_dir: Path, log_dir: P
     """The dependency image: built only when its tag (the hash of its inputs) is missing. (its tag, built now)."""
     dockerfile = (images / recipe.deps_dockerfile).read_text()
     lock_bytes = (images / recipe.lock).read_bytes()
-    key = deps_key(lock_bytes, dockerfile, recipe.base)
+    files = {Path(f).name: (images / f) for f in recipe.deps_files}
+    key = deps_key(lock_bytes, dockerfile, recipe.base,
+                   {f"{name} {path.stat().st_mode & 0o777:o}": path.read_bytes() for name, path in files.items()},
+                   recipe.deps_args)
     tag = deps_tag(recipe, key)
     if not force and image_or_none(client, tag) is not None:
         return tag, False
     wheelhouse.ensure(recipe, images, wheel_dir, log_dir)
-    wheels = locks.select(locks.parse(lock_bytes.decode(), str(images / recipe.lock)), wheel_dir)
+    pins = locks.parse(lock_bytes.decode(), str(images / recipe.lock))
+    wheels = locks.select(pins, wheel_dir)
     members = [Member("Dockerfile", dockerfile.encode()), Member("requirements.lock", lock_bytes),
-               *(Member(Path(f).name, images / f) for f in recipe.deps_files),
-               *(Member(f"wheels/{w.name}", w) for w in wheels)]
-    with Step(f"dependency image {tag}", log_dir / f"image-{recipe.name}-deps.log") as step:
-        docker_build(client, members, step, tag=tag, buildargs={"BASE_IMAGE": recipe.base, **recipe.build_args},
-                     labels={"org.grpo-deploy.deps-hash": key})
-        # The install stage (the wheels and a second copy of the environment) is only a stepping stone.
-        client.images.prune(filters={"label": INSTALL_STAGE_LABEL.format(recipe=recipe.name)})
-        step.done(f"built {tag} ({human(client.images.get(tag).attrs['Size'])})")
+               *(Member(name, path, path.stat().st_mode & 0o777) for name, path in files.items())]
+    args = {"BASE_IMAGE": recipe.base, **{arg: locks.version_of(pins, project) for arg, project in
+                                          recipe.versions.items()}, **recipe.deps_args}
+    with Step(f"dependency image {tag}", log_dir / f"image-{recipe.name}-deps.log") as step, \
+            contextlib.ExitStack() as stack:
+        if recipe.wheels_over_loopback:
+            args["WHEELS_URL"] = stack.enter_context(wheelhouse.served(wheel_dir, wheels))
+            extra = {"network_mode": "host"}  # the RUN reaches the host's loopback
+        else:
+            members += [Member(f"wheels/{w.name}", w) for w in wheels]
+            extra = {}
+        docker_build(client, members, step, tag=tag, buildargs=args, labels={"org.grpo-deploy.deps-hash": key},
+                     **extra)
+        if not recipe.wheels_over_loopback:  # the install stage (wheels, a second venv) was a stepping stone
+            client.images.prune(filters={"label": INSTALL_STAGE_LABEL.format(recipe=recipe.name)})
+        retired = retire_old_deps(client, tag)
+        step.done(f"built {tag} ({human(client.images.get(tag).attrs['Size'])})"
+                  + (f"; untagged {len(retired)} older one(s) of this recipe" if retired else ""))
     return tag, True
+
+
+def retire_old_deps(client, keep: str) -> list[str]:
+    """Untag the other dependency images of *keep*'s repository and architecture this module built (they carry
+    org.grpo-deploy.deps-hash): a CUDA one is about 10 GB. Docker frees their layers once no image or container uses
+    them; nothing else is touched."""
+    import docker.errors
+
+    repo, _, version = keep.rpartition(":")
+    arch = version.rsplit("-", 1)[-1]
+    retired = []
+    for image in client.images.list(name=repo, filters={"label": "org.grpo-deploy.deps-hash"}):
+        for old in image.tags:
+            if old.rpartition(":")[0] == repo and old.endswith(f"-{arch}") and old != keep:
+                try:
+                    client.images.remove(old, noprune=False)
+                    retired.append(old)
+                except docker.errors.APIError:
+                    pass  # in use by a container: left as it is
+    return retired
 
 
 def build(client, recipe: Recipe, images: Path, package_dir: Path, build_dir: Path, *, tag: str | None = None,
@@ -206,11 +251,13 @@ def build(client, recipe: Recipe, images: Path, package_dir: Path, build_dir: Pa
     log_dir.mkdir(parents=True, exist_ok=True)  # the build state lives here, never in the kit's own folders
     wheel_dir = wheel_dir or build_dir / "wheelhouse" / recipe.wheelhouse_name()
     if image_or_none(client, recipe.base) is None:
-        if recipe.base != BASE_TAG:
+        known = known_base(recipe.base)
+        if known is None:
             raise StepFailed(f"the base image {recipe.base} is missing: build or load it first")
-        from .base import build_base  # the kit's own base: debootstrap (root) + import, about a minute
+        from .base import build_base  # the kit's own base: debootstrap (root) + import, a minute (4 under QEMU)
 
-        build_base(client, BASE_TAG, images / "base.sh", build_dir / "rootfs", log_dir)
+        build_base(client, recipe.base, images / "base.sh", build_dir / "rootfs", log_dir,
+                   suite=BASE_SUITES[known[0]], arch=known[1])
     base_tag, deps_built = build_deps(client, recipe, images, wheel_dir, log_dir, force)
     if recipe.dockerfile is None:
         client.images.get(base_tag).tag(*tag.rsplit(":", 1))
@@ -227,7 +274,23 @@ def build(client, recipe: Recipe, images: Path, package_dir: Path, build_dir: Pa
     if not force and current is not None and current.labels.get("org.grpo-deploy.build-hash") == key:
         return BuildResult(tag, base_tag, deps_built, False)
     with Step(f"code image {tag}", log_dir / f"image-{recipe.name}.log") as step:
-        docker_build(client, [Member("Dockerfile", dockerfile), *members], step, tag=tag,
-                     buildargs={**args, "BUILD_HASH": key})
+        new_id = docker_build(client, [Member("Dockerfile", dockerfile), *members], step, tag=tag,
+                              buildargs={**args, "BUILD_HASH": key})
+        if current is not None and current.id != new_id and "org.grpo-deploy.build-hash" in current.labels:
+            remove_untagged(client, current.id)  # the image this build replaced (and the old deps it held)
         step.done(f"built {tag} for UID:GID {uid}:{gid}")
     return BuildResult(tag, base_tag, deps_built, True)
+
+
+def remove_untagged(client, image_id: str) -> bool:
+    """Remove an image this module built once nothing names it any more; one a container or another tag still uses
+    stays."""
+    import docker.errors
+
+    try:
+        if client.images.get(image_id).tags:
+            return False
+        client.images.remove(image_id, noprune=False)
+        return True
+    except docker.errors.APIError:
+        return False

@@ -8,9 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .door import BadValue, base_suite, checked_path, image_tag, mirror_url, run_id
+from .door import BadValue, base_arch, base_suite, checked_path, image_tag, mirror_url, run_id
 from .progress import StepFailed
-from .recipes import BASE_SUITES, BASE_TAG, RECIPES
+from .recipes import BASE_SUITES, BASE_TAG, RECIPES, base_tag
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 IMAGE_RECIPES = sorted(n for n, r in RECIPES.items() if r.tag)
@@ -51,9 +51,9 @@ def cmd_base(args) -> int:
 
     images, _, build = _places()
     suite = BASE_SUITES[args.suite]
-    tag = args.tag or suite.tag
+    tag = args.tag or base_tag(args.suite, args.arch)
     built = build_base(_client(), tag, images / "base.sh", build / "rootfs", build / "logs", args.mirror,
-                       args.force, suite)
+                       args.force, suite, args.arch)
     if not built:
         print(f"base image {tag}: present (--force rebuilds it)")
     return 0
@@ -70,24 +70,36 @@ def cmd_wheelhouse(args) -> int:
     return 0
 
 
+def _one_tag(args) -> None:
+    if args.tag and len(args.recipe) > 1:
+        raise BadValue(f"--tag names one image; {len(args.recipe)} recipes given ({' '.join(args.recipe)}): "
+                       "give one recipe with --tag, or leave --tag out")
+
+
 def cmd_build(args) -> int:
     from .build import build as build_image
 
+    _one_tag(args)
     images, package, build = _places()
-    recipe = RECIPES[args.recipe]
-    result = build_image(_client(), recipe, images, package, build, tag=args.tag, uid=args.uid, gid=args.gid,
-                         wheel_dir=Path(args.wheelhouse) if args.wheelhouse else None, force=args.force)
-    what = "rebuilt" if result.code_built else "up to date (inputs unchanged)"
-    print(f"{result.tag}: {what}; dependencies {result.deps_tag}{' (built now)' if result.deps_built else ''}")
+    client = _client()
+    for name in dict.fromkeys(args.recipe):
+        result = build_image(client, RECIPES[name], images, package, build, tag=args.tag, uid=args.uid,
+                             gid=args.gid, wheel_dir=Path(args.wheelhouse) if args.wheelhouse else None,
+                             force=args.force)
+        what = "rebuilt" if result.code_built else "up to date (inputs unchanged)"
+        print(f"{result.tag}: {what}; dependencies {result.deps_tag}{' (built now)' if result.deps_built else ''}")
     return 0
 
 
 def cmd_verify(args) -> int:
     from .verify import verify
 
+    _one_tag(args)
     images, _, build = _places()
-    recipe = RECIPES[args.recipe]
-    verify(_client(), recipe, images, args.tag or recipe.tag, build / "logs", args.uid, args.gid)
+    client = _client()
+    for name in dict.fromkeys(args.recipe):
+        recipe = RECIPES[name]
+        verify(client, recipe, images, args.tag or recipe.tag, build / "logs", args.uid, args.gid)
     return 0
 
 
@@ -133,7 +145,7 @@ def cmd_lint(args) -> int:
 def cmd_list(args) -> int:
     for name, r in sorted(RECIPES.items()):
         what = f"image {r.tag}" if r.tag else "wheelhouse only"
-        print(f"{name:16} {what:34} lock {r.lock}  (CPython {r.platform.python}, {r.platform.arch})")
+        print(f"{name:18} {what:40} lock {r.lock}  (CPython {r.platform.python}, {r.platform.arch})")
     return 0
 
 
@@ -146,7 +158,9 @@ def add_images_parser(subparsers) -> None:
                     "its inputs, and a thin code image. Each long step prints one progress line and writes its full "
                     "output to a log under the build folder (build/ in a checkout, ~/.cache/grpo-deploy/build for an "
                     "installed kit, or $GRPO_BUILD_DIR); a failure shows the log's last lines and its path.",
-        epilog="Typical: grpo-deploy images build cpu (makes the base and the wheelhouse when missing).")
+        epilog="Typical: grpo-deploy images build cpu (makes the base and the wheelhouse when missing); "
+               "grpo-deploy images build cuda-server-amd64 cuda-trainer-amd64 && grpo-deploy images verify "
+               "cuda-server-amd64 cuda-trainer-amd64 (the air-gapped x86_64 GPU images).")
     sub = images.add_subparsers(dest="images_command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("base", help="debootstrap Debian bookworm (or Ubuntu noble) and import it (needs root)",
@@ -156,8 +170,12 @@ def add_images_parser(subparsers) -> None:
                                    "debootstrap's default for it.")
     p.add_argument("--suite", type=base_suite, default="bookworm",
                    help=f"one of {', '.join(sorted(BASE_SUITES))} (default bookworm)")
+    p.add_argument("--arch", type=base_arch,
+                   help="another architecture than this host's (arm64 on x86_64 runs under QEMU user emulation: "
+                        "apt-get install qemu-user-static binfmt-support); its tag ends in -ARCH")
     p.add_argument("--tag", type=image_tag,
-                   help=f"image tag (default grpo-deploy/DISTRO:SUITE: {BASE_TAG}, {BASE_SUITES['noble'].tag})")
+                   help=f"image tag (default grpo-deploy/DISTRO:SUITE[-ARCH]: {BASE_TAG}, {BASE_SUITES['noble'].tag}, "
+                        f"{base_tag(arch='arm64')})")
     p.add_argument("--mirror", type=mirror_url,
                    help="the suite's mirror URL (default: this host's apt sources, else debootstrap's default)")
     p.add_argument("--force", action="store_true", help="rebuild when the tag exists")
@@ -172,13 +190,17 @@ def add_images_parser(subparsers) -> None:
     p.add_argument("--dir", type=checked_path, help="wheelhouse folder (default BUILD/wheelhouse/RECIPE)")
     p.set_defaults(fn=lambda a: _run(cmd_wheelhouse, a))
 
-    p = sub.add_parser("build", help="build a recipe's image (dependency image cached by its inputs, code image)",
-                       description="Build the recipe's dependency image when the hash of its lock, Dockerfile "
-                                   "instructions and base is new (making the wheelhouse first when wheels are "
-                                   "missing), then the thin code image TAG on it; the code image is skipped when its "
-                                   "input-hash label (org.grpo-deploy.build-hash) matches.")
-    p.add_argument("recipe", choices=IMAGE_RECIPES, metavar="RECIPE", help=f"one of {', '.join(IMAGE_RECIPES)}")
-    p.add_argument("--tag", type=image_tag, help="image tag (default: the recipe's, e.g. grpo-deploy/cpu:VERSION)")
+    p = sub.add_parser("build", help="build recipes' images (dependency image cached by its inputs, code image)",
+                       description="Build each recipe's dependency image when the hash of its lock, Dockerfile "
+                                   "instructions, base and other inputs is new (making the base and the wheelhouse "
+                                   "first when missing), then the thin code image TAG on it; the code image is "
+                                   "skipped when its input-hash label (org.grpo-deploy.build-hash) matches. The "
+                                   "cuda-* recipes are the air-gapped x86_64 CUDA server and trainer images (about 4 "
+                                   "GB of wheels, a 10 GB dependency image shared by both).")
+    p.add_argument("recipe", choices=IMAGE_RECIPES, metavar="RECIPE", nargs="+",
+                   help=f"one or more of {', '.join(IMAGE_RECIPES)} (the cuda-* pair shares one dependency image)")
+    p.add_argument("--tag", type=image_tag, help="image tag, with one recipe (default: the recipe's, e.g. "
+                                                 "grpo-deploy/cpu:VERSION)")
     p.add_argument("--uid", type=run_id, default=1000, help="run user's UID baked into the image (default 1000)")
     p.add_argument("--gid", type=run_id, default=1000, help="run user's GID (default 1000)")
     p.add_argument("--wheelhouse", type=checked_path, help="wheelhouse folder (default BUILD/wheelhouse/RECIPE)")
@@ -188,8 +210,9 @@ def add_images_parser(subparsers) -> None:
     p = sub.add_parser("verify", help="run the recipe's checks inside a built image",
                        description="Run the recipe's in-image checks (user and ids, HOME, imports, server --help, "
                                    "model) in a throw-away container; ids default to the image's labels.")
-    p.add_argument("recipe", choices=IMAGE_RECIPES, metavar="RECIPE", help=f"one of {', '.join(IMAGE_RECIPES)}")
-    p.add_argument("--tag", type=image_tag, help="image to check (default: the recipe's tag)")
+    p.add_argument("recipe", choices=IMAGE_RECIPES, metavar="RECIPE", nargs="+",
+                   help=f"one or more of {', '.join(IMAGE_RECIPES)}")
+    p.add_argument("--tag", type=image_tag, help="image to check, with one recipe (default: the recipe's tag)")
     p.add_argument("--uid", type=run_id, help="expected UID (default: the image's org.grpo-deploy.uid label)")
     p.add_argument("--gid", type=run_id, help="expected GID (default: the image's org.grpo-deploy.gid label)")
     p.set_defaults(fn=lambda a: _run(cmd_verify, a))

@@ -60,6 +60,16 @@ def base_suite(text: str) -> str:
     return text
 
 
+def base_arch(text: str) -> str:
+    """An architecture the kit builds images for (image_tags.ARCHES: Docker's names)."""
+    from ..image_tags import ARCHES
+
+    if text not in ARCHES:
+        raise BadValue(f"{_shown(text)} is not an architecture: give one of {', '.join(ARCHES)} (Docker's names; "
+                       "x86_64 is amd64, aarch64 is arm64)")
+    return text
+
+
 def mirror_url(text: str) -> str:
     """An http(s):// or file:// Debian mirror URL without spaces, quotes or '$'."""
     if not _URL.fullmatch(text) or ".." in text.split("/"):

@@ -42,7 +42,22 @@ BASE_SUITES = {
                        pockets=("updates", "security")),
 }
 BASE_TAG = BASE_SUITES["bookworm"].tag
-"""The debootstrap base (images/base.sh + docker import): FROM of every image built here."""
+"""The debootstrap base (images/base.sh + docker import) for this host's architecture: FROM of the images built here."""
+
+
+def base_tag(suite: str = "bookworm", arch: str | None = None) -> str:
+    """The base image of *suite*: this host's architecture without *arch*, else tagged -ARCH (grpo-deploy/debian:
+    bookworm-arm64: debootstrap --arch, run under QEMU user emulation on a host of another architecture)."""
+    return BASE_SUITES[suite].tag + (f"-{arch}" if arch else "")
+
+
+def known_base(tag: str) -> tuple[str, str | None] | None:
+    """(suite, arch) of a base tag base_tag makes, None for any other image."""
+    for suite in BASE_SUITES:
+        for arch in (None, *image_tags.ARCHES):
+            if base_tag(suite, arch) == tag:
+                return suite, arch
+    return None
 DEBIAN_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 SYSTEM_CA = "{system-ca}"
 """Placeholder in pip_flags for this machine's CA bundle (resolved at run time by system_ca_bundle)."""
@@ -79,9 +94,12 @@ class Recipe:
     """One image (or one wheelhouse for an image built elsewhere). Paths are relative to the kit's images/ folder.
 
     With deps_dockerfile the build makes a dependency image FROM *base*, tagged by a hash of the lock, the Dockerfile's
-    instructions and the base (so it is rebuilt only when one changes), from a context of: the Dockerfile, the lock as
-    requirements.lock, *deps_files* at their base names and the lock's wheels under wheels/. With dockerfile a thin code
-    image goes on top (context: the grpo_deploy package and *code_files*), labelled with a hash of its inputs."""
+    instructions, the base, *deps_files* and *deps_args* (so it is rebuilt only when one changes), from a context of:
+    the Dockerfile, the lock as requirements.lock, *deps_files* at their base names and the lock's wheels under
+    wheels/ — or, with wheels_over_loopback, no wheels: the wheelhouse is served on 127.0.0.1 for the build's
+    duration (build arg WHEELS_URL, host network), so a 4 GB wheelhouse is neither sent as context nor kept in a layer.
+    With dockerfile a thin code image goes on top (context: the grpo_deploy package and *code_files*), labelled with
+    a hash of its inputs. Recipes with the same deps_repo, lock and deps inputs share one dependency image."""
 
     name: str
     lock: str
@@ -102,21 +120,46 @@ class Recipe:
     lock_base: str | None = None
     lock_keep_changed: bool = False  # keep pins the base carries at another version (verl replaces some)
     sdist_only: tuple[str, ...] = ()  # requirements PyPI has only as source archives (pinned in sdist_lock)
-    build_args: dict[str, str] = field(default_factory=dict)
+    build_args: dict[str, str] = field(default_factory=dict)  # the code image's
+    deps_args: dict[str, str] = field(default_factory=dict)  # the dependency image's (part of its key)
     versions: dict[str, str] = field(default_factory=dict)  # build arg -> project whose locked version it gets
+    deps_repo: str | None = None  # the dependency image's repository (default: the tag's repository + "-deps")
+    wheelhouse: str | None = None  # the wheelhouse folder's name, shared by recipes of one lock (default: name)
+    wheels_over_loopback: bool = False
 
     def wheelhouse_name(self) -> str:
-        return self.name
+        return self.wheelhouse or self.name
 
 
-CPU_PLATFORM = Platform("3.11", (2, 36), "amd64")  # Debian bookworm: python3 3.11, glibc 2.36
+BOOKWORM = {arch: Platform("3.11", (2, 36), arch) for arch in image_tags.ARCHES}
+"""The kit's own base: Debian bookworm, python3 3.11, glibc 2.36."""
+BOOKWORM_AMD64 = BOOKWORM["amd64"]
 VLLM_PLATFORM = {arch: Platform("3.12", (2, 35), arch) for arch in image_tags.ARCHES}  # vLLM images: Ubuntu 22.04
-COMMON = (("common/entrypoint.sh", "common/entrypoint.sh", 0o755),
-          ("common/create-user.sh", "common/create-user.sh", 0o755),
-          ("common/verify-dists.py", "common/verify-dists.py", 0o644))
+USER_SCRIPTS = (("common/entrypoint.sh", "common/entrypoint.sh", 0o755),
+                ("common/create-user.sh", "common/create-user.sh", 0o755))
+COMMON = (*USER_SCRIPTS, ("common/verify-dists.py", "common/verify-dists.py", 0o644))
+
+
+def cuda_airgap(role: str, image: str, arch: str = "amd64") -> Recipe:
+    """The air-gapped CUDA image of one role (images/cuda): FROM the kit's own base, vLLM + TRL + PEFT and the CUDA
+    user-space libraries (nvidia-* wheels) from one hash-pinned lock, both roles on one shared dependency image. It
+    carries the same per-arch tag as the registry path's image (image_tags.arch_tag), so the GPU profiles name it
+    either way; the label org.grpo-deploy.build-path=airgap tells them apart."""
+    return Recipe(
+        f"cuda-{role}-{arch}", f"cuda/requirements-{arch}.lock", BOOKWORM[arch], tag=image_tags.arch_tag(image, arch),
+        deps_dockerfile="cuda/Dockerfile.deps", dockerfile="cuda/Dockerfile",
+        deps_files=("common/verify-dists.py", "common/check-cuda.sh"),
+        code_files=(*USER_SCRIPTS, ("cuda/check-image.py", "check-image.py", 0o755)),
+        verify="cuda/check-image.py", pip_flags=ISOLATED_PIP, base=BASE_TAG if arch == "amd64" else base_tag(arch=arch),
+        lock_requires=("vllm=={vllm/Dockerfile:VLLM_VERSION}", "trl=={trainer/Dockerfile:TRL_VERSION}",
+                       "peft=={trainer/Dockerfile:PEFT_VERSION}", "kernels=={trainer/Dockerfile:KERNELS_VERSION}"),
+        build_args={"ROLE": role, "CUDA": image_tags.GPU_IMAGES[image].cuda, "ARCH": arch},
+        deps_args={"CUDA": image_tags.GPU_IMAGES[image].cuda},
+        versions={"VLLM_VERSION": "vllm", "TRL_VERSION": "trl", "PEFT_VERSION": "peft"},
+        deps_repo=f"{image_tags.NAMESPACE}/cuda-deps", wheelhouse=f"cuda-{arch}", wheels_over_loopback=True)
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
-    Recipe("cpu", "cpu/requirements.lock", CPU_PLATFORM, tag=image_tags.CPU_TAG,
+    Recipe("cpu", "cpu/requirements.lock", BOOKWORM_AMD64, tag=image_tags.CPU_TAG,
            deps_dockerfile="cpu/Dockerfile.deps", dockerfile="cpu/Dockerfile",
            deps_files=("common/verify-dists.py",), code_files=COMMON, verify="cpu/verify.sh",
            lock_source="cpu/requirements.in", lock_excluded=("torchvision", "torchaudio", "torchcodec"),
@@ -132,6 +175,8 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
              lock_base="vllm=={verl/Dockerfile:VLLM_VERSION}", lock_keep_changed=True,
              sdist_only=("antlr4-python3-runtime==4.9.3",))  # hydra-core 1.3 needs 4.9.*; PyPI has no wheel
       for arch in image_tags.ARCHES),
+    *(cuda_airgap(role, image, arch) for arch in image_tags.ARCHES
+      for role, image in (("server", "vllm"), ("trainer", "trainer"))),
 )}
 
 

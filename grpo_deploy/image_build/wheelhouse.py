@@ -3,11 +3,18 @@ host, into a folder that a `pip install --no-index` build reads; source-only pac
 
 from __future__ import annotations
 
+import contextlib
+import html
+import http.server
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 from . import locks
 from .progress import Step, StepFailed, human
@@ -102,3 +109,43 @@ def _build_sdists(recipe: Recipe, images: Path, directory: Path, step: Step) -> 
                                *archives], step)
     if code != 0:
         raise StepFailed(f"building wheels from {recipe.sdist_lock} failed (pip exited {code})")
+
+
+@contextlib.contextmanager
+def served(directory: Path, wheels: list[Path]) -> Iterator[str]:
+    """Serve exactly *wheels* (files of *directory*) on 127.0.0.1, an ephemeral port, for a `pip install --no-index
+    --find-links URL` inside a `docker build` on the host network: a directory listing of their names at /, each
+    file at /NAME, 404 for anything else. Yields the URL; the server stops when the block ends."""
+    files = {w.name: w for w in wheels if w.parent == directory}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            name = unquote(self.path.split("?", 1)[0].lstrip("/"))
+            if name == "":
+                body = "".join(f'<a href="{quote(n)}">{html.escape(n)}</a>\n' for n in sorted(files)).encode()
+                self._send(200, "text/html", len(body))
+                self.wfile.write(body)
+            elif name in files:
+                self._send(200, "application/octet-stream", files[name].stat().st_size)
+                with files[name].open("rb") as handle:
+                    shutil.copyfileobj(handle, self.wfile, 1 << 20)
+            else:
+                self._send(404, "text/plain", 0)
+
+        def _send(self, code: int, kind: str, length: int) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(length))
+            self.end_headers()
+
+        def log_message(self, format, *args) -> None:  # noqa: A002 - the base class's signature
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True, name="wheelhouse-server")
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """In-image check of the air-gapped CUDA images, run without a GPU: what can be verified inside the built image.
 
-Usage (build.py and tests/integration/test_cuda_images.py pass the image's own labels):
+Usage: `grpo-deploy images verify cuda-server-amd64` runs this file from the kit with the image's own labels as
+EXPECT_* environment values; by hand, in the image (the build keeps a copy) or with flags:
   docker run --rm IMAGE python3 /opt/grpo-deploy/bin/check-image.py \
       --role server|trainer --uid 1000 --gid 1000 --cuda 13.0 --vllm 0.31.0 [--trl 1.16.0]
 
 One line per check: `ok`, `FAIL`, or `n/a` for what cannot run without a GPU (said plainly, never counted as a
 pass); exit 1 when any check fails, 2 for bad arguments. Checks: run user and HOME, caches writable, `python3` and
-`python`, tini and the entrypoint, torch's CUDA build, vllm and its OpenAI server module, trl and peft, TRL's vLLM
-version gate, the modules compose and k8s start (`python3 -m grpo_deploy.runtime.serve|train|health`), and
-`vllm serve --help` (which needs a GPU to build its defaults: reported as n/a when it says so).
+`python`, tini and the entrypoint, torch's CUDA build, the ptxas TRITON_PTXAS_PATH names (arm64), vllm and its
+OpenAI server module, trl and peft, TRL's vLLM version gate, the modules compose and k8s start (`python3 -m
+grpo_deploy.runtime.serve|train|health`), and `vllm serve --help` (which needs a GPU to build its defaults: reported
+as n/a when it says so).
 """
 
 from __future__ import annotations
@@ -83,6 +85,24 @@ def check_tools(r: Report) -> None:
     for path in ("/usr/bin/tini", "/opt/grpo-deploy/bin/entrypoint.sh"):
         usable = os.access(path, os.X_OK)
         r.check("entrypoint", usable, f"{path} {'executable' if usable else 'missing or not executable'}")
+
+
+def check_ptxas(r: Report, cuda: str) -> None:
+    """Where TRITON_PTXAS_PATH is set (the arm64 image: GB10's sm_121a), it must be a ptxas of the image's CUDA."""
+    path = os.environ.get("TRITON_PTXAS_PATH")
+    if not path:
+        return
+    try:
+        done = subprocess.run([path, "--version"], capture_output=True, text=True, check=False, timeout=120)
+        out = done.stdout
+    except OSError as error:
+        r.check("ptxas", False, f"TRITON_PTXAS_PATH={path}: {error.strerror or error}")
+        return
+    # CUDA's minor version compatibility: a ptxas of the same major (the nvcc wheel is newer than torch's 13.0).
+    major = f"release {cuda.split('.')[0]}."
+    line = next((ln for ln in out.splitlines() if "release" in ln), "no release line")
+    r.check("ptxas", done.returncode == 0 and major in out,
+            f"TRITON_PTXAS_PATH={path}: {line.strip()}, expected CUDA {cuda.split('.')[0]}.x")
 
 
 def check_torch(r: Report, cuda: str) -> None:
@@ -159,14 +179,24 @@ def check_vllm_cli(r: Report) -> None:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+    """Each expectation from its flag, else from the environment `grpo-deploy images verify` sets from the image's
+    labels (EXPECT_ROLE, EXPECT_UID, EXPECT_GID, EXPECT_CUDA, EXPECT_VLLM, EXPECT_TRL)."""
     parser = argparse.ArgumentParser(prog="check-image.py", description=__doc__.splitlines()[0])
-    parser.add_argument("--role", choices=("server", "trainer"), required=True)
-    parser.add_argument("--uid", type=int, required=True)
-    parser.add_argument("--gid", type=int, required=True)
-    parser.add_argument("--cuda", required=True, help="major.minor, the image's org.grpo-deploy.cuda-version")
-    parser.add_argument("--vllm", required=True, help="the image's org.grpo-deploy.vllm-version")
-    parser.add_argument("--trl", default=None, help="the image's org.grpo-deploy.trl-version")
-    return parser.parse_args(argv)
+
+    def env(name: str) -> str | None:
+        return os.environ.get(f"EXPECT_{name.upper()}") or None
+
+    parser.add_argument("--role", choices=("server", "trainer"), default=env("role"))
+    parser.add_argument("--uid", type=int, default=env("uid"))
+    parser.add_argument("--gid", type=int, default=env("gid"))
+    parser.add_argument("--cuda", default=env("cuda"), help="major.minor, the image's org.grpo-deploy.cuda-version")
+    parser.add_argument("--vllm", default=env("vllm"), help="the image's org.grpo-deploy.vllm-version")
+    parser.add_argument("--trl", default=env("trl"), help="the image's org.grpo-deploy.trl-version")
+    options = parser.parse_args(argv)
+    unset = [f"--{name}" for name in ("role", "uid", "gid", "cuda", "vllm") if getattr(options, name) is None]
+    if unset:
+        parser.error(f"{', '.join(unset)} not given and not in the environment (EXPECT_...)")
+    return options
 
 
 def main(argv: list[str]) -> int:
@@ -177,6 +207,7 @@ def main(argv: list[str]) -> int:
     check_caches(r)
     check_tools(r)
     check_torch(r, options.cuda)
+    check_ptxas(r, options.cuda)
     check_packages(r, options.vllm, options.trl)
     check_trl_gate(r)
     check_entry_modules(r)

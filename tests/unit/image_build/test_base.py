@@ -101,3 +101,33 @@ def test_the_shipped_ubuntu_keyring_holds_exactly_the_pinned_archive_key():
     fingerprint = hashlib.sha1(b"\x99" + len(keys[0]).to_bytes(2, "big") + keys[0]).hexdigest().upper()
     assert fingerprint == noble.keyring_fingerprint == "F6ECB3762474EDA9D21B7022871920D1991BC93C"
     assert not [tag for tag, _ in _packets(data) if tag in (5, 7)], "no secret key material"
+
+
+def test_another_architecture_passes_arch_to_debootstrap_and_tags_it(tmp_path: Path):
+    args = base.script_args(recipes.BASE_SUITES["bookworm"], tmp_path, tmp_path / "r", None, None, "arm64")
+    assert args[args.index("--arch") + 1] == "arm64"
+    assert "--arch" not in base.script_args(recipes.BASE_SUITES["bookworm"], tmp_path, tmp_path / "r", None, None)
+    assert recipes.base_tag(arch="arm64") == "grpo-deploy/debian:bookworm-arm64"
+    assert recipes.known_base("grpo-deploy/debian:bookworm-arm64") == ("bookworm", "arm64")
+    assert recipes.known_base(recipes.BASE_TAG) == ("bookworm", None)
+    assert recipes.known_base("grpo-deploy/debian:trixie") is None
+
+
+def test_a_foreign_architecture_needs_an_enabled_qemu_handler(tmp_path: Path):
+    assert base.foreign_arch_problem(None, "x86_64", tmp_path) is None
+    assert base.foreign_arch_problem("amd64", "x86_64", tmp_path) is None  # the host's own
+    assert base.foreign_arch_problem("arm64", "aarch64", tmp_path) is None
+    missing = base.foreign_arch_problem("arm64", "x86_64", tmp_path)
+    assert "qemu-aarch64" in missing and "qemu-user-static binfmt-support" in missing
+    (tmp_path / "qemu-aarch64").write_text("disabled\ninterpreter /usr/libexec/qemu-binfmt/aarch64-binfmt-P\n")
+    assert "disabled" in base.foreign_arch_problem("arm64", "x86_64", tmp_path)
+    (tmp_path / "qemu-aarch64").write_text("enabled\ninterpreter /usr/libexec/qemu-binfmt/aarch64-binfmt-P\n")
+    assert base.foreign_arch_problem("arm64", "x86_64", tmp_path) is None
+
+
+def test_the_arm64_cuda_recipes_stand_on_the_arm64_base():
+    for role in ("server", "trainer"):
+        recipe = recipes.RECIPES[f"cuda-{role}-arm64"]
+        assert recipe.base == recipes.base_tag(arch="arm64") and recipe.platform.arch == "arm64"
+        assert recipe.build_args["ARCH"] == "arm64" and recipe.tag.endswith("-cu130-arm64")
+    assert recipes.RECIPES["cuda-server-amd64"].base == recipes.BASE_TAG

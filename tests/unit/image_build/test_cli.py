@@ -103,3 +103,17 @@ def test_list_prints_the_table(capsys):
 def test_suites_refused_in_one_line_exit_2(value: str, capsys):
     code, err = _main(["images", "base", f"--suite={value}"], capsys)
     assert code == 2 and err.count("\n") == 1 and "is not a base suite: give one of bookworm, noble" in err
+
+
+@pytest.mark.parametrize("value", [*HOSTILE, "arm", "aarch64", "x86_64", "ARM64", "arm64\n", "$arch", "../arm64",
+                                   "-arm64"])
+def test_architectures_refused_in_one_line_exit_2(value: str, capsys):
+    code, err = _main(["images", "base", f"--arch={value}"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "is not an architecture" in err and "Traceback" not in err
+
+
+def test_a_tag_with_several_recipes_is_refused_before_any_build(capsys):
+    for verb in ("build", "verify"):
+        code = cli.main(["images", verb, "cuda-server-amd64", "cuda-trainer-amd64", "--tag=grpo/x:1"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and "--tag names one image" in err
