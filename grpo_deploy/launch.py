@@ -169,9 +169,11 @@ def build_images(client, res: Resolved, log: Callable[[str], None]) -> float:
         if not res.spec.images.build:
             raise LaunchError(f"image {tag} is not on the local engine and images.build is false: load or build it")
         if not cpu:
-            raise LaunchError(f"image {tag} is missing; GPU images are built in a checkout of the kit with `docker "
-                              "buildx bake -f images/docker-bake.hcl` on a machine of that architecture (see "
-                              "images/README.md)")
+            airgap = [r.name for r in RECIPES.values() if r.tag == tag]
+            how = f"`grpo-deploy images build {' '.join(airgap)}` (from wheels, no registry) or " if airgap else ""
+            raise LaunchError(f"image {tag} is missing; build it with {how}`docker buildx bake -f "
+                              "images/docker-bake.hcl` in a checkout on a machine of that architecture (see "
+                              "images/README.md), then load it on the host")
         if labels is not None:  # keeps the UID/GID it was built for; preflight says when the run wants another
             uid, gid = int(labels.get("org.grpo-deploy.uid", "1000")), int(labels.get("org.grpo-deploy.gid", "1000"))
         else:
