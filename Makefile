@@ -17,7 +17,7 @@ demo: setup ## THE MAIN JOB: the CPU rehearsal (real vLLM server + real TRL asyn
 test: setup ## run every test this machine can run (unit, static, integration with real containers, the CUDA image builds)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu" -rs --durations=30 $(PYTEST_ARGS)
 
-test-cuda-images: ## only the air-gapped x86_64 CUDA image builds and their in-image checks (part of `make test`)
+test-cuda-images: ## only the air-gapped CUDA image builds (x86_64; arm64 under QEMU) and their in-image checks (part of `make test`)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m cuda_build tests/integration/test_cuda_images.py -rs $(PYTEST_ARGS)
 
 test-unit: ## unit tests only (no Docker)

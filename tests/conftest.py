@@ -1,4 +1,5 @@
-"""CI rule for the whole suite: with GRPO_NO_SKIPS=1 (set by `make test`) a skipped test fails the run."""
+"""CI rule for the whole suite: with GRPO_NO_SKIPS=1 (set by `make test`) a skipped test fails the run; the arm64
+image build starts in the background when selected (tests/image_prebuild.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,23 @@ def pytest_runtest_logreport(report):
         _SKIPPED.append(report.nodeid)
 
 
+def pytest_collection_modifyitems(session, config, items):
+    from tests import image_prebuild
+
+    image_prebuild.order_last(items)
+
+
+def pytest_collection_finish(session):
+    from tests import image_prebuild
+
+    if not session.config.option.collectonly:
+        image_prebuild.start(session.items)
+
+
 def pytest_sessionfinish(session, exitstatus):
+    from tests import image_prebuild
+
+    image_prebuild.stop()
     if _SKIPPED:
         print(f"\nGRPO_NO_SKIPS: {len(_SKIPPED)} test(s) skipped, which CI counts as failures:")
         for nodeid in _SKIPPED:

@@ -21,6 +21,41 @@ def expectations(labels: dict[str, str], uid: int | None = None, gid: int | None
     return env | {name: labels.get(f"org.grpo-deploy.{label}", "") for name, label in LABELS_TO_ENV.items()}
 
 
+EMULATED_MIDR = "0x00000000413fd0c1"
+"""An Arm Neoverse-N1 main ID register: what oneDNN (inside torch) reads from sysfs at import on arm64."""
+
+
+def emulated_cpu_dir(folder: Path, cpus: int = 2) -> Path:
+    """A stand-in for /sys/devices/system/cpu in a container of another architecture run under QEMU user emulation:
+    qemu-user passes the host's sysfs through, where an x86_64 host has no regs/identification/midr_el1, and torch's
+    oneDNN then crashes at import (SIGSEGV). Used for the in-image checks only; real hosts never see it."""
+    for n in range(cpus):
+        ident = folder / f"cpu{n}" / "regs" / "identification"
+        ident.mkdir(parents=True, exist_ok=True)
+        (ident / "midr_el1").write_text(EMULATED_MIDR + "\n")
+    for name in ("online", "possible", "present"):
+        (folder / name).write_text(f"0-{cpus - 1}\n")
+    return folder
+
+
+def emulation_options(client, image, log_dir: Path) -> dict:
+    """Options for a throw-away container of *image* when it is not of the engine's architecture (QEMU user
+    emulation), else none: the emulated CPU identity, and the image's entrypoint without tini, whose
+    PR_SET_CHILD_SUBREAPER qemu-user does not emulate (tini's own presence is one of the checks)."""
+    from .base import MACHINES
+
+    engine = client.info().get("Architecture", "")
+    arch = image.attrs.get("Architecture", "")
+    if MACHINES.get(arch, arch) == engine or not arch:
+        return {}
+    folder = emulated_cpu_dir(log_dir.parent / "emulated-cpu")
+    options = {"volumes": {str(folder): {"bind": "/sys/devices/system/cpu", "mode": "ro"}}}
+    entrypoint = list(image.attrs.get("Config", {}).get("Entrypoint") or [])
+    if entrypoint and entrypoint[0].endswith("/tini"):
+        options["entrypoint"] = entrypoint[entrypoint.index("--") + 1:] if "--" in entrypoint else entrypoint[1:]
+    return options
+
+
 def verify(client, recipe: Recipe, images: Path, tag: str, log_dir: Path, uid: int | None = None,
            gid: int | None = None) -> None:
     if recipe.verify is None:
@@ -33,7 +68,10 @@ def verify(client, recipe: Recipe, images: Path, tag: str, log_dir: Path, uid: i
     command = ["python3", "-c", script] if recipe.verify.endswith(".py") else ["bash", "-c", script]
     with Step(f"verify {tag}", log_dir / f"verify-{recipe.name}.log") as step:
         step.update("running the in-image checks")
-        container = client.containers.run(tag, command, environment=env, detach=True,
+        emulated = emulation_options(client, image, log_dir)
+        if emulated:
+            step.update(f"running the in-image checks under QEMU user emulation ({image.attrs['Architecture']})")
+        container = client.containers.run(tag, command, environment=env, detach=True, **emulated,
                                           labels={"org.grpo-deploy.managed-by": "grpo-deploy-images"})
         try:
             for chunk in container.logs(stream=True, follow=True):

@@ -126,3 +126,10 @@ def test_the_served_wheelhouse_lists_and_serves_exactly_the_given_wheels(tmp_pat
             assert err.value.code == 404, path
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url, timeout=2)
+
+
+def test_the_emulated_cpu_identity_is_what_onednn_reads(tmp_path: Path):
+    folder = verify.emulated_cpu_dir(tmp_path / "cpu", cpus=2)
+    for n in (0, 1):
+        assert (folder / f"cpu{n}/regs/identification/midr_el1").read_text().strip() == verify.EMULATED_MIDR
+    assert (folder / "online").read_text() == "0-1\n"
