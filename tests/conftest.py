@@ -25,7 +25,13 @@ def pytest_collection_finish(session):
     from tests import image_prebuild
 
     if not session.config.option.collectonly:
-        image_prebuild.start(session.items)
+        image_prebuild.remember(session.items)
+
+
+def pytest_runtest_setup(item):
+    from tests import image_prebuild
+
+    image_prebuild.start_before(item)
 
 
 def pytest_sessionfinish(session, exitstatus):
