@@ -13,6 +13,8 @@ from . import __version__
 NAMESPACE = "grpo-deploy"
 ARCHES = ("amd64", "arm64")
 """Docker's architecture names (linux/<arch>); hosts report x86_64 / aarch64."""
+MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
+"""Docker's architecture name -> what `uname -m` (and the engine's Architecture) says."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..image_tags import MACHINES
 from .build import image_or_none
 from .progress import Step, StepFailed, human
 from .recipes import BASE_SUITES, BaseSuite
@@ -19,7 +20,6 @@ from .wheelhouse import run_logged
 
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 BINFMT = Path("/proc/sys/fs/binfmt_misc")
-MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
 QEMU_HINT = ("apt-get install qemu-user-static binfmt-support (registers qemu-aarch64 with the F flag, so it works "
              "inside containers too)")
 ENV_CHANGES = ["ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "ENV LANG=C.UTF-8",
@@ -67,11 +67,16 @@ def host_mirrors(paths: tuple[Path, ...] = APT_SOURCES, suite: str = "bookworm")
     return main, security
 
 
+def is_foreign(arch: str | None, machine: str | None = None) -> bool:
+    """Whether *arch* (Docker's name; None: this host's) is not the architecture of *machine* (default: this host)."""
+    return arch is not None and MACHINES[arch] != (machine or platform.machine())
+
+
 def foreign_arch_problem(arch: str | None, machine: str | None = None, binfmt: Path = BINFMT) -> str | None:
     """Why this host cannot run *arch*'s binaries (debootstrap's second stage, RUN steps, in-image checks), or None:
     its own architecture, or a qemu-user binfmt handler registered and enabled for it."""
     machine = machine or platform.machine()
-    if arch is None or MACHINES[arch] == machine:
+    if not is_foreign(arch, machine):
         return None
     handler = binfmt / f"qemu-{MACHINES[arch]}"
     try:
@@ -120,7 +125,7 @@ def build_base(client, tag: str, script: Path, work_dir: Path, log_dir: Path, mi
     try:
         with Step(f"base image {tag}", log_dir / "image-base.log") as step:
             step.update(f"debootstrap --variant=minbase {suite.name}{f' --arch {arch}' if arch else ''} "
-                        f"({'minutes under emulation' if foreign_arch_problem(arch, 'none') else 'about a minute'})")
+                        f"({'minutes under emulation' if is_foreign(arch) else 'about a minute'})")
             code = run_logged(["bash", str(script), *script_args(suite, script.parent, rootfs, mirror, security,
                                                                  arch)],
                               step, lambda line: step.update(f"debootstrap: {line.strip()[:70]}"))

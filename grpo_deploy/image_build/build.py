@@ -207,7 +207,7 @@ def build_deps(client, recipe: Recipe, images: Path, wheel_dir: Path, log_dir: P
     with Step(f"dependency image {tag}", log_dir / f"image-{recipe.name}-deps.log") as step, \
             contextlib.ExitStack() as stack:
         if recipe.wheels_over_loopback:
-            args["WHEELS_URL"] = stack.enter_context(wheelhouse.served(wheel_dir, wheels))
+            args["WHEELS_URL"] = stack.enter_context(wheelhouse.served(wheels))
             extra = {"network_mode": "host"}  # the RUN reaches the host's loopback
         else:
             members += [Member(f"wheels/{w.name}", w) for w in wheels]

@@ -76,7 +76,7 @@ class Platform:
 
     @property
     def machine(self) -> str:
-        return {"amd64": "x86_64", "arm64": "aarch64"}[self.arch]
+        return image_tags.MACHINES[self.arch]
 
     def pip_args(self) -> list[str]:
         """pip options selecting this platform's binary wheels (older pips match an explicit --platform literally,

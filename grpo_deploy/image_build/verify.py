@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..image_tags import MACHINES
 from .build import image_or_none
 from .progress import Step, StepFailed
 from .recipes import Recipe
@@ -42,11 +43,10 @@ def emulation_options(client, image, log_dir: Path) -> dict:
     """Options for a throw-away container of *image* when it is not of the engine's architecture (QEMU user
     emulation), else none: the emulated CPU identity, and the image's entrypoint without tini, whose
     PR_SET_CHILD_SUBREAPER qemu-user does not emulate (tini's own presence is one of the checks)."""
-    from .base import MACHINES
+    from .base import is_foreign
 
-    engine = client.info().get("Architecture", "")
     arch = image.attrs.get("Architecture", "")
-    if MACHINES.get(arch, arch) == engine or not arch:
+    if arch not in MACHINES or not is_foreign(arch, client.info().get("Architecture", "")):
         return {}
     folder = emulated_cpu_dir(log_dir.parent / "emulated-cpu")
     options = {"volumes": {str(folder): {"bind": "/sys/devices/system/cpu", "mode": "ro"}}}

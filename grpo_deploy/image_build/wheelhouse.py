@@ -112,11 +112,11 @@ def _build_sdists(recipe: Recipe, images: Path, directory: Path, step: Step) -> 
 
 
 @contextlib.contextmanager
-def served(directory: Path, wheels: list[Path]) -> Iterator[str]:
-    """Serve exactly *wheels* (files of *directory*) on 127.0.0.1, an ephemeral port, for a `pip install --no-index
-    --find-links URL` inside a `docker build` on the host network: a directory listing of their names at /, each
-    file at /NAME, 404 for anything else. Yields the URL; the server stops when the block ends."""
-    files = {w.name: w for w in wheels if w.parent == directory}
+def served(wheels: list[Path]) -> Iterator[str]:
+    """Serve exactly *wheels* on 127.0.0.1, an ephemeral port, for a `pip install --no-index --find-links URL` inside
+    a `docker build` on the host network: a directory listing of their names at /, each file at /NAME, 404 for
+    anything else. Yields the URL; the server stops when the block ends."""
+    files = {w.name: w for w in wheels}
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - http.server's name

@@ -131,3 +131,8 @@ def test_the_arm64_cuda_recipes_stand_on_the_arm64_base():
         assert recipe.base == recipes.base_tag(arch="arm64") and recipe.platform.arch == "arm64"
         assert recipe.build_args["ARCH"] == "arm64" and recipe.tag.endswith("-cu130-arm64")
     assert recipes.RECIPES["cuda-server-amd64"].base == recipes.BASE_TAG
+
+
+def test_is_foreign_compares_dockers_name_with_the_machine():
+    assert base.is_foreign("arm64", "x86_64") and base.is_foreign("amd64", "aarch64")
+    assert not base.is_foreign("amd64", "x86_64") and not base.is_foreign(None, "x86_64")

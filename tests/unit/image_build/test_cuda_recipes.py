@@ -115,7 +115,7 @@ def test_the_served_wheelhouse_lists_and_serves_exactly_the_given_wheels(tmp_pat
     given = tmp_path / "a-1.0-py3-none-any.whl"
     given.write_bytes(b"wheel bytes")
     (tmp_path / "other-2.0-py3-none-any.whl").write_bytes(b"not in the lock")
-    with wheelhouse.served(tmp_path, [given]) as url:
+    with wheelhouse.served([given]) as url:
         assert url.startswith("http://127.0.0.1:")
         listing = urllib.request.urlopen(url, timeout=5).read().decode()
         assert given.name in listing and "other-2.0" not in listing
