@@ -3,7 +3,7 @@ PYTHON ?= python3
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-cuda-images test-unit test-static test-integration images images-cuda images-static bench bench-split render-defaults clean
+.PHONY: help setup demo test ci-fresh test-cuda-images test-arm64-images test-unit test-static test-integration images images-cuda images-static bench bench-split render-defaults clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -19,6 +19,10 @@ test: setup ## run every test this machine can run (unit, static, integration wi
 
 test-cuda-images: ## only the air-gapped CUDA image builds (x86_64; arm64 under QEMU) and their in-image checks (part of `make test`)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m cuda_build tests/integration/test_cuda_images.py -rs $(PYTEST_ARGS)
+
+test-arm64-images: setup ## the arm64 (DGX Spark) CUDA images built under QEMU and checked (~25 min); run it when `make test` says their inputs changed: it records images/cuda/arm64-verified.txt (commit it)
+	GRPO_NO_SKIPS=1 GRPO_ARM64=always $(PYTHON) -m pytest -m arm64_build tests/integration/test_cuda_images.py -rs $(PYTEST_ARGS)
+	$(PYTHON) -m tests.image_prebuild --record
 
 test-unit: ## unit tests only (no Docker)
 	$(PYTHON) -m pytest tests/unit -m "not gpu" -q
@@ -45,6 +49,9 @@ bench: ## start-up ratio and hand-off of the rehearsal (needs `make demo`); mult
 
 bench-split: ## split `up` -> first step over two test hosts against the local one (minutes)
 	$(PYTHON) benchmarks/multihost.py
+
+ci-fresh: ## rehearse CI as a fresh machine runs it: a fresh clone of HEAD against an empty second Docker engine (own namespaces; this engine's images untouched); run before every stop (root, ~60 min)
+	bash scripts/fresh-engine-ci.sh
 
 render-defaults: ## rewrite the committed renders: compose/.env, compose/rendered/, k8s/*/generated/
 	$(PYTHON) -m grpo_deploy.committed

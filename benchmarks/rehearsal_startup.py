@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_deploy import facts, new_spec, resolve
+from grpo_deploy import new_spec, resolve
+from grpo_deploy.hosts import engine
 from grpo_deploy.launch import RunState, write_render
 from grpo_deploy.render_folder import parse_env
 from grpo_deploy.runtime.health import server_healthy
@@ -27,7 +28,7 @@ TARGET_HANDOFF_S = 0.3
 
 
 def bare_server_start(res, timeout: float = 900.0) -> float:
-    client = facts.docker_client()
+    client = engine.client()
     state = RunState(res)
     write_render(state)
     port = 18000

@@ -8,6 +8,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from .hosts import engine
 from .kit_data import kit_dir
 
 RUN_LABEL = "org.grpo-deploy.run"
@@ -78,9 +79,10 @@ def run_once(client, image: str, command: list[str], user: str, volume: str, mou
         where = {"mounts": mounts}
     else:
         where = {"volumes": {volume: {"bind": mount, "mode": "rw"}}}
-    container = client.containers.run(image, command, user=user, detach=True, environment=environment or {},
-                                      network_mode="none", labels={"org.grpo-deploy.managed-by": "grpo-deploy"},
-                                      **where)
+    work = engine.for_work(client)
+    container = work.containers.run(image, command, user=user, detach=True, environment=environment or {},
+                                    network_mode="none", labels={"org.grpo-deploy.managed-by": "grpo-deploy"},
+                                    **where)
     try:
         code = container.wait(timeout=timeout).get("StatusCode", 1)
         out = container.logs(stdout=True, stderr=False).decode(errors="replace")

@@ -263,6 +263,7 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         ctx._remote = None  # re-read: the images are there now
         if _failed(preflight.run_checks(ctx, only=list(AFTER_SHIPPING)), out, log, state):
             return preflight.EXIT_FAILED
+        state.emit("preflight_done")  # the multi-host order: images, shipping, then this last preflight
         server_host, trainer_host = dep.role_host("server"), dep.role_host("trainer")
         if fresh:
             log(f"--fresh: removing {res.run_dir}")

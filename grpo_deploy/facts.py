@@ -41,23 +41,6 @@ def tree_bytes(root: str, skip: tuple[str, ...] = ()) -> int:
     return total
 
 
-class DockerUnavailable(RuntimeError):
-    pass
-
-
-def docker_client(base_url: str | None = None, timeout: int = 10):
-    """A Docker SDK client for the local engine (or *base_url*); raises DockerUnavailable with the reason."""
-    import docker  # imported lazily: plan/render must work without an engine
-
-    try:
-        client = (docker.DockerClient(base_url=base_url, timeout=timeout) if base_url
-                  else docker.from_env(timeout=timeout))
-        client.ping()
-        return client
-    except Exception as exc:  # the SDK raises several types for "no engine"
-        raise DockerUnavailable(str(exc).splitlines()[0][:300]) from None
-
-
 def docker_info(client) -> dict[str, Any]:
     info = client.info()
     return {"server_version": info.get("ServerVersion"), "root_dir": info.get("DockerRootDir"),

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from . import compose, facts, preflight, status
+from .hosts import engine
 from .kit_data import FOLDERS, KitDataMissing, kit_dir
 from .render import render_files
 from .render_folder import WriteRefused, write_tree
@@ -193,7 +194,6 @@ def build_images(client, res: Resolved, log: Callable[[str], None]) -> float:
     return spent
 
 
-UP_ENGINE_TIMEOUT_S = 60  # one API call of the long-lived `up` client (the SDK's 10 s timed out under CI load)
 ENGINE_STALL_S = 120.0  # how long a busy Docker engine may leave polls unanswered before `up` gives up
 
 
@@ -326,8 +326,8 @@ def fetch_metrics(client, res: Resolved) -> str | None:
 
 def fetch_metrics_safe(res: Resolved) -> str | None:
     try:
-        return fetch_metrics(facts.docker_client(), res)
-    except facts.DockerUnavailable:
+        return fetch_metrics(engine.client(), res)
+    except engine.DockerUnavailable:
         return None
 
 
@@ -445,8 +445,8 @@ def _up(state: RunState, keep: bool, fresh: bool, out, restarts: int = 2) -> int
     write_render(state)
     log(f"rendered run {res.spec.run.name} into {state.render_dir}")
     try:
-        client = facts.docker_client(timeout=UP_ENGINE_TIMEOUT_S)
-    except facts.DockerUnavailable as exc:
+        client = engine.client()
+    except engine.DockerUnavailable as exc:
         raise LaunchError(f"no Docker engine answers: {exc}") from None
     refuse_foreign_run(client, state)
     build_s = build_images(client, res, log)
@@ -459,6 +459,7 @@ def _up(state: RunState, keep: bool, fresh: bool, out, restarts: int = 2) -> int
         log("preflight failed: nothing was started")
         state.emit("up_end", status="preflight-failed")
         return preflight.EXIT_FAILED
+    state.emit("preflight_done")
 
     project = state.project()
     started = False
@@ -540,6 +541,8 @@ def finish(state: RunState, code: int, events: list[dict], out, log: Callable[[s
            stop: Callable[[], None], what: str) -> int:
     """The end of an `up` whose trainer exited: the record, the report, then stop `what` unless --keep."""
     state.emit("up_end", status="ok" if code == 0 else "failed", trainer_exit=code)
+    if line := status.phases_text(events):
+        log(line)
     report(state, events, out)
     if keep:
         log(f"--keep: {what} stays up (grpo-deploy down stops it)")
@@ -595,9 +598,9 @@ def summarize(state: RunState, events: list[dict]) -> status.Summary:
 def host_states(res: Resolved) -> list[dict]:
     """Per role on this host: the container's state, exit code and health (for status), like deploy.host_states."""
     try:
-        client = facts.docker_client()
+        client = engine.client()
         found = compose.containers(client, res.spec.run.name)
-    except facts.DockerUnavailable as exc:
+    except engine.DockerUnavailable as exc:
         return [{"host": "local", "role": "-", "state": "no engine", "health": str(exc)}]
     rows = []
     for c in sorted(found, key=lambda c: c.labels.get("com.docker.compose.service", "")):

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import compose, facts, image_tags
+from .hosts import engine
 from .hosts import facts as host_facts
 from .hosts.connect import Host, HostError, SshOptions, connect, on_all
 from .plan import Plan, make_plan
@@ -80,8 +81,8 @@ class Context:
         """The local engine's client, or None (the reason is kept in docker_error)."""
         if self.client is None and self._docker_error is None:
             try:
-                self.client = facts.docker_client()
-            except facts.DockerUnavailable as exc:
+                self.client = engine.client()
+            except engine.DockerUnavailable as exc:
                 self._docker_error = str(exc)
         return self.client
 

@@ -123,6 +123,40 @@ def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None 
     return s
 
 
+PHASE_MILESTONES = (("images", "images_ready"), ("preflight", "preflight_done"), ("server ready", "server_ready"),
+                    ("first step", "step"))
+"""`up`'s phases: each ends at the first event of its name after the latest up_start."""
+
+
+def phases(events: Iterable[dict[str, Any]]) -> list[tuple[str, float]]:
+    """(phase, seconds) of the latest `up`: images, preflight, server ready, first step, the steps, and the total
+    (up_start to the last event); a phase whose milestone is missing is left out."""
+    events = sorted(events, key=lambda e: e.get("time", 0))
+    starts = [e for e in events if e.get("event") == "up_start"]
+    if not starts:
+        return []
+    events = [e for e in events if e["time"] >= starts[-1]["time"]]
+    out, last = [], starts[-1]["time"]
+    for name, milestone in PHASE_MILESTONES:
+        hit = next((e for e in events if e.get("event") == milestone and e["time"] >= last), None)
+        if hit is not None:
+            out.append((name, hit["time"] - last))
+            last = hit["time"]
+    steps = [e for e in events if e.get("event") == "step"]
+    if len(steps) > 1:
+        out.append((f"{len(steps) - 1} more steps", steps[-1]["time"] - steps[0]["time"]))
+    out.append(("total", events[-1]["time"] - starts[-1]["time"]))
+    return out
+
+
+def phases_text(events: Iterable[dict[str, Any]]) -> str:
+    """`phases: images 212 s · preflight 3.1 s · ... · total 577 s` (one line), or '' before any `up`."""
+    got = phases(events)
+    if not got:
+        return ""
+    return "phases: " + " · ".join(f"{name} {s:.1f} s" if s < 10 else f"{name} {s:.0f} s" for name, s in got)
+
+
 def fault_text(events: list[dict[str, Any]]) -> str | None:
     """The last storage_fault's message, with what the server saw of the same path when the deployer looked
     (a later server_view event)."""

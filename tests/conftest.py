@@ -1,7 +1,40 @@
-"""CI rule for the whole suite: with GRPO_NO_SKIPS=1 (set by `make test`) a skipped test fails the run; the arm64
-image build starts in the background when selected (tests/image_prebuild.py)."""
+"""CI rules for the whole suite: with GRPO_NO_SKIPS=1 (set by `make test`) a skipped test fails the run; the arm64
+image build starts in the background when selected (tests/image_prebuild.py); each directory's time and each image
+build are recorded for .ci/run's phase table (tests/ci_phases.py). The session's fixtures for a real engine: one
+client from the kit's own factory, and the cpu image built at most once."""
 
 from __future__ import annotations
+
+import pytest
+
+from tests import ci_phases
+
+
+@pytest.fixture(scope="session")
+def docker_client():
+    """The kit's own client factory (grpo_deploy.hosts.engine), the same timeouts as the product: no second client
+    with other numbers. Raises (a test error, not a skip) when no engine answers: CI starts one."""
+    from grpo_deploy.hosts import engine
+
+    return engine.client()
+
+
+@pytest.fixture(scope="session")
+def cpu_image(docker_client):
+    """The embedded default's cpu image, built or refreshed the way `up` does it (debootstrap base + host wheelhouse +
+    --no-index install; only the code layer is rebuilt when the kit's code changed) — once a session: a failed build
+    is reported in full once, then in one line by each test that needed it."""
+    from grpo_deploy import facts, launch, new_spec, resolve
+    from grpo_deploy.image_build import places
+
+    def build() -> str:
+        res = resolve.resolve(new_spec.embedded_default())
+        launch.build_images(docker_client, res, print)
+        tag = res.images["server"]
+        assert facts.image_labels(docker_client, tag) is not None, f"{tag} is not on the engine after its build"
+        return tag
+
+    return ci_phases.built_once("cpu", build, str(places.build_dir() / "logs" / "image-cpu*.log"))
 
 # In CI (`make test` sets GRPO_NO_SKIPS=1) a skipped test is a failure: what this machine can run, CI runs.
 # Tests that need hardware this machine lacks carry @pytest.mark.gpu and are deselected with -m "not gpu".
@@ -11,14 +44,26 @@ _SKIPPED: list[str] = []
 def pytest_runtest_logreport(report):
     import os
 
+    ci_phases.add_report(report)
     if report.skipped and os.environ.get("GRPO_NO_SKIPS") == "1":
         _SKIPPED.append(report.nodeid)
+
+
+_NOTES: list[str] = []
 
 
 def pytest_collection_modifyitems(session, config, items):
     from tests import image_prebuild
 
+    note = image_prebuild.deselect_unchanged(config, items)
+    if note:
+        _NOTES.append(note)
     image_prebuild.order_last(items)
+
+
+def pytest_terminal_summary(terminalreporter):
+    for note in _NOTES:
+        terminalreporter.write_line(note)
 
 
 def pytest_collection_finish(session):
@@ -31,6 +76,7 @@ def pytest_collection_finish(session):
 def pytest_runtest_setup(item):
     from tests import image_prebuild
 
+    ci_phases.running(item.nodeid)
     image_prebuild.start_before(item)
 
 
@@ -38,6 +84,8 @@ def pytest_sessionfinish(session, exitstatus):
     from tests import image_prebuild
 
     image_prebuild.stop()
+    if not session.config.option.collectonly:
+        ci_phases.write()
     if _SKIPPED:
         print(f"\nGRPO_NO_SKIPS: {len(_SKIPPED)} test(s) skipped, which CI counts as failures:")
         for nodeid in _SKIPPED:

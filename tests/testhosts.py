@@ -39,6 +39,8 @@ from pathlib import Path
 
 import pytest
 
+from tests import ci_phases
+
 BASE_SUITES = {"debian": "bookworm", "ubuntu": "noble"}  # host OS -> the kit's base suite (recipes.BASE_SUITES)
 BASE_IMAGE = "grpo-deploy/debian:bookworm"  # the default hosts' base (a small image tests tag and ship)
 IMAGE_REPO = "grpo-deploy/testhost"
@@ -138,7 +140,14 @@ def base_image(os_name: str = "debian", timeout: float = 1200) -> str:
 
 def host_image(no_cache: bool = False, timeout: float = 1200, os_name: str = "debian") -> str:
     """The test-host image on *os_name*'s base (debian, ubuntu), built when missing (or always, with *no_cache*); its
-    tag is a hash of its inputs."""
+    tag is a hash of its inputs. Once a session (tests/ci_phases.built_once): a failed build is reported once."""
+    if no_cache:
+        return _host_image(True, timeout, os_name)
+    return ci_phases.built_once(f"testhost-{os_name}", lambda: _host_image(False, timeout, os_name),
+                                "the test's output (docker build -q of the test-host image)")
+
+
+def _host_image(no_cache: bool, timeout: float, os_name: str) -> str:
     compose = compose_binary().read_bytes()
     dockerfile = DOCKERFILE.replace("{base}", _suite(os_name).tag)
     files = {"Dockerfile": (dockerfile.encode(), 0o644), "entrypoint.sh": (ENTRYPOINT.encode(), 0o755),

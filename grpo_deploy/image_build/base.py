@@ -12,6 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..hosts import engine
 from ..image_tags import MACHINES
 from .build import image_or_none
 from .progress import Step, StepFailed, human
@@ -141,7 +142,7 @@ def build_base(client, tag: str, script: Path, work_dir: Path, log_dir: Path, mi
             with subprocess.Popen(["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."],
                                   stdout=subprocess.PIPE, stderr=step.log) as tar:
                 chunks = iter(lambda: tar.stdout.read(1 << 20), b"")
-                import_rootfs(client, chunks, repo, version, [*ENV_CHANGES, label_change], arch)
+                import_rootfs(engine.for_work(client), chunks, repo, version, [*ENV_CHANGES, label_change], arch)
             if tar.returncode != 0:
                 raise StepFailed(f"tar of the root filesystem failed (exit {tar.returncode})")
             step.done(f"built {tag} ({human(client.images.get(tag).attrs['Size'])})")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
+from ..hosts import engine
 from . import locks, wheelhouse
 from .progress import Step, StepFailed, human
 from .recipes import BASE_SUITES, Recipe, known_base
@@ -212,14 +213,27 @@ def build_deps(client, recipe: Recipe, images: Path, wheel_dir: Path, log_dir: P
         else:
             members += [Member(f"wheels/{w.name}", w) for w in wheels]
             extra = {}
-        docker_build(client, members, step, tag=tag, buildargs=args, labels={"org.grpo-deploy.deps-hash": key},
-                     **extra)
-        if not recipe.wheels_over_loopback:  # the install stage (wheels, a second venv) was a stepping stone
-            client.images.prune(filters={"label": INSTALL_STAGE_LABEL.format(recipe=recipe.name)})
-        retired = retire_old_deps(client, tag)
-        step.done(f"built {tag} ({human(client.images.get(tag).attrs['Size'])})"
-                  + (f"; untagged {len(retired)} older one(s) of this recipe" if retired else ""))
+        image_id = docker_build(client, members, step, tag=tag, buildargs=args,
+                                labels={"org.grpo-deploy.deps-hash": key}, **extra)
+        step.done(f"built {tag} ({tidy_after_deps(client, recipe, tag, image_id, step)})")
     return tag, True
+
+
+def tidy_after_deps(client, recipe: Recipe, tag: str, image_id: str, step: Step) -> str:
+    """After a dependency build that succeeded: drop its install stage and the older dependency images, and say how
+    big the new one is. None of it can fail the build (engine.housekeeping); the built image is looked up by its id
+    and tagged again if its tag went missing."""
+    work = engine.for_work(client)
+    if not recipe.wheels_over_loopback:  # the install stage (wheels, a second venv) was a stepping stone
+        engine.housekeeping("pruning the install stage", lambda: work.images.prune(
+            filters={"label": INSTALL_STAGE_LABEL.format(recipe=recipe.name)}), step.write)
+    retired = engine.housekeeping("untagging older dependency images", lambda: retire_old_deps(work, tag),
+                                  step.write, default=[])
+    image = engine.housekeeping("reading the new image", lambda: work.images.get(image_id), step.write)
+    if image is not None and tag not in image.tags:
+        engine.housekeeping(f"tagging {tag}", lambda: image.tag(*tag.rsplit(":", 1)), step.write)
+    size = human(image.attrs["Size"]) if image is not None else "size not read"
+    return size + (f"; untagged {len(retired)} older one(s) of this recipe" if retired else "")
 
 
 def retire_old_deps(client, keep: str) -> list[str]:
@@ -277,7 +291,8 @@ def build(client, recipe: Recipe, images: Path, package_dir: Path, build_dir: Pa
         new_id = docker_build(client, [Member("Dockerfile", dockerfile), *members], step, tag=tag,
                               buildargs={**args, "BUILD_HASH": key})
         if current is not None and current.id != new_id and "org.grpo-deploy.build-hash" in current.labels:
-            remove_untagged(client, current.id)  # the image this build replaced (and the old deps it held)
+            engine.housekeeping("removing the image this build replaced",  # and the old deps it held
+                                lambda: remove_untagged(engine.for_work(client), current.id), step.write)
         step.done(f"built {tag} for UID:GID {uid}:{gid}")
     return BuildResult(tag, base_tag, deps_built, True)
 

@@ -17,11 +17,11 @@ IMAGE_RECIPES = sorted(n for n, r in RECIPES.items() if r.tag)
 
 
 def _client():
-    from .. import facts
+    from ..hosts import engine
 
     try:
-        return facts.docker_client(timeout=120)
-    except facts.DockerUnavailable as exc:
+        return engine.client()
+    except engine.DockerUnavailable as exc:
         raise StepFailed(f"no Docker engine answers: {exc}") from None
 
 

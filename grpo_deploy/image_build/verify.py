@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..hosts import engine
 from ..image_tags import MACHINES
 from .build import image_or_none
 from .progress import Step, StepFailed
@@ -71,8 +72,9 @@ def verify(client, recipe: Recipe, images: Path, tag: str, log_dir: Path, uid: i
         emulated = emulation_options(client, image, log_dir)
         if emulated:
             step.update(f"running the in-image checks under QEMU user emulation ({image.attrs['Architecture']})")
-        container = client.containers.run(tag, command, environment=env, detach=True, **emulated,
-                                          labels={"org.grpo-deploy.managed-by": "grpo-deploy-images"})
+        work = engine.for_work(client)
+        container = work.containers.run(tag, command, environment=env, detach=True, **emulated,
+                                        labels={"org.grpo-deploy.managed-by": "grpo-deploy-images"})
         try:
             for chunk in container.logs(stream=True, follow=True):
                 step.write(chunk.decode(errors="replace"))

@@ -16,8 +16,6 @@ from grpo_deploy import resolve, spec
 from grpo_deploy.runtime.table import table
 from tests.specs import spec_data
 
-from ..integration.conftest import cpu_image, docker_client  # noqa: F401 - the same real engine and cpu image
-
 ROWS: list[dict] = []
 RUN = "faults"
 MAX_STEPS, SAVE_EVERY = 16, 4  # the rehearsal's workload, shorter and saved more often: each fault costs minutes

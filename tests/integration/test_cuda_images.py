@@ -19,7 +19,7 @@ from grpo_deploy import image_tags
 from grpo_deploy.image_build import locks, places
 from grpo_deploy.image_build.build import DEPS_REPO_SUFFIX
 from grpo_deploy.image_build.recipes import RECIPES
-from tests import image_prebuild
+from tests import ci_phases, image_prebuild
 
 pytestmark = [pytest.mark.docker, pytest.mark.cuda_build]
 
@@ -59,9 +59,15 @@ def build(arch: str) -> dict[str, str]:
     return {role: recipe.tag for role, recipe in roles(arch).items()}
 
 
+def built(arch: str) -> dict[str, str]:
+    """The pair of *arch*, built at most once a session (a failed build reported once, with its logs)."""
+    logs = str(places.build_dir() / "logs" / "image-cuda-*.log")
+    return ci_phases.built_once(f"cuda-{arch}", lambda: build(arch), logs)
+
+
 @pytest.fixture(scope="module")
 def cuda_images() -> dict[str, str]:
-    return build("amd64")
+    return built("amd64")
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +75,7 @@ def arm64_images() -> dict[str, str]:
     """The DGX Spark pair, built on this x86_64 machine under QEMU user emulation (scripts/setup.sh registers it);
     the session started that build in the background (tests/image_prebuild.py)."""
     image_prebuild.wait()
-    return build("arm64")
+    return built("arm64")
 
 
 ARCH_PARAMS = ["amd64", pytest.param("arm64", marks=pytest.mark.arm64_build)]

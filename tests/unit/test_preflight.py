@@ -112,12 +112,12 @@ class _FakeClient:
 
 
 def test_context_uses_the_client_it_is_given(monkeypatch):
-    from grpo_deploy import facts
+    from grpo_deploy.hosts import engine
 
     def no_new_client():
         raise AssertionError("a second Docker client was made")
 
-    monkeypatch.setattr(facts, "docker_client", no_new_client)
+    monkeypatch.setattr(engine, "client", no_new_client)
     client = _FakeClient()
     ctx = ctx_for(CPU, client=client)
     assert ctx.docker() is client and ctx.docker_error is None

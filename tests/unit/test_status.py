@@ -121,3 +121,22 @@ def test_the_servers_own_view_is_added_to_the_fault():
               {"event": "server_view", "time": 3.0, "words": words, "uid": 1000, "gid": 1000}]
     assert status.summarize("r", events).fault == f"unreadable. As the server (uid 1000:1000) sees it: {words}."
     assert status.fault_text(events[:2]) == "unreadable." and status.fault_text([]) is None
+
+
+def test_phases_of_the_latest_up_each_end_at_its_milestone():
+    events = [{"event": "up_start", "time": 0.0}, {"event": "step", "step": 9, "time": 1.0},  # an earlier up
+              {"event": "up_start", "time": 100.0}, {"event": "images_ready", "time": 312.0},
+              {"event": "preflight_done", "time": 315.5}, {"event": "server_ready", "time": 370.0},
+              {"event": "step", "step": 1, "time": 380.0}, {"event": "step", "step": 2, "time": 388.0},
+              {"event": "step", "step": 3, "time": 396.0}, {"event": "up_end", "time": 400.0}]
+    assert status.phases(events) == [("images", 212.0), ("preflight", 3.5), ("server ready", 54.5),
+                                     ("first step", 10.0), ("2 more steps", 16.0), ("total", 300.0)]
+    assert status.phases_text(events) == ("phases: images 212 s · preflight 3.5 s · server ready 54 s · "
+                                          "first step 10 s · 2 more steps 16 s · total 300 s")
+
+
+def test_phases_leave_out_what_did_not_happen():
+    failed = [{"event": "up_start", "time": 0.0}, {"event": "images_ready", "time": 5.0},
+              {"event": "up_end", "time": 6.0, "status": "preflight-failed"}]
+    assert status.phases(failed) == [("images", 5.0), ("total", 6.0)]
+    assert status.phases_text([]) == "" and status.phases([{"event": "step", "time": 1.0}]) == []

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Rehearse CI on a fresh machine without losing this one's Docker cache: a fresh clone of a commit (empty build/,
+# no wheelhouse) runs `.ci/run` against a second Docker engine that holds nothing, in a network namespace and a
+# mount namespace of its own (its own /var/lib/docker, /run, bridge and iptables), as CI would on a new machine.
+# This machine's engine, its images and its containers are not touched. Wheel downloads may come from the pip cache.
+#
+#   sudo scripts/fresh-engine-ci.sh [COMMIT]      # default HEAD; the log and phase table go to build/fresh-engine/
+#   FRESH_KEEP=1 scripts/fresh-engine-ci.sh       # keep the fresh engine's data root afterwards (tens of GB)
+#   FRESH_COMMAND="make demo" scripts/fresh-engine-ci.sh   # another command than `CI=true bash .ci/run`
+#
+# Root is needed (namespaces, a second dockerd). Exit status: that of .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+COMMIT=$(git rev-parse --short "${1:-HEAD}")
+SCRATCH=${FRESH_SCRATCH:-/var/tmp/grpo-fresh-engine}
+NS=grpofresh
+HOST_IF=gfresh-h NS_IF=gfresh-n
+NET=10.231.77  # a /30 between this host and the namespace: .1 here, .2 there
+OUT_DIR=$REPO/build/fresh-engine
+STAMP=$(date +%Y%m%d-%H%M%S)
+LOG=$OUT_DIR/ci-$COMMIT-$STAMP.log
+say() { printf '[fresh-engine] %s\n' "$*"; }
+
+[ "$(id -u)" -eq 0 ] || { say "needs root (network and mount namespaces, a second dockerd)"; exit 2; }
+if ip netns list 2>/dev/null | grep -qw "$NS"; then
+  say "namespace $NS exists: another rehearsal is running (or one was killed: ip netns del $NS)"; exit 2
+fi
+mkdir -p "$OUT_DIR"
+
+editable_before=$(python3 -m pip show grpo-deploy 2>/dev/null | sed -n 's/^Editable project location: //p')
+
+cleanup() {
+  set +e
+  if [ -f "$SCRATCH/run/docker.pid" ]; then  # the namespaced dockerd that .ci/run's setup started
+    pid=$(cat "$SCRATCH/run/docker.pid" 2>/dev/null)
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+      kill "$pid"; for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+      kill -9 "$pid" 2>/dev/null
+    fi
+  fi
+  ip netns pids "$NS" 2>/dev/null | xargs -r kill -9 2>/dev/null
+  ip netns del "$NS" 2>/dev/null
+  ip link del "$HOST_IF" 2>/dev/null
+  iptables -t nat -D POSTROUTING -s "$NET.0/30" ! -o "$HOST_IF" -j MASQUERADE 2>/dev/null
+  iptables -D FORWARD -i "$HOST_IF" -j ACCEPT 2>/dev/null
+  iptables -D FORWARD -o "$HOST_IF" -j ACCEPT 2>/dev/null
+  if [ -z "${FRESH_KEEP:-}" ]; then
+    umount -R "$SCRATCH/run" 2>/dev/null
+    rm -rf --one-file-system "$SCRATCH"
+  fi
+  if [ -n "$editable_before" ] && [ "$editable_before" != "$SCRATCH/src" ]; then  # setup.sh re-pointed it
+    python3 -m pip install -q --no-deps --disable-pip-version-check --root-user-action=ignore -e "$editable_before" \
+      >/dev/null 2>&1 || say "could not re-install $editable_before in editable mode: pip install -e $editable_before"
+  fi
+}
+trap cleanup EXIT
+
+rm -rf --one-file-system "$SCRATCH"
+mkdir -p "$SCRATCH"/{docker,run}
+say "cloning $COMMIT into $SCRATCH/src"
+git clone -q "$REPO" "$SCRATCH/src"
+git -C "$SCRATCH/src" checkout -q "$COMMIT"
+
+say "network namespace $NS ($NET.2, NAT through this host)"
+ip netns add "$NS"
+ip link add "$HOST_IF" type veth peer name "$NS_IF"
+ip link set "$NS_IF" netns "$NS"
+ip addr add "$NET.1/30" dev "$HOST_IF"
+ip link set "$HOST_IF" up
+ip netns exec "$NS" ip addr add "$NET.2/30" dev "$NS_IF"
+ip netns exec "$NS" ip link set "$NS_IF" up
+ip netns exec "$NS" ip link set lo up
+ip netns exec "$NS" ip route add default via "$NET.1"
+sysctl -qw net.ipv4.ip_forward=1
+iptables -t nat -A POSTROUTING -s "$NET.0/30" ! -o "$HOST_IF" -j MASQUERADE
+iptables -I FORWARD -i "$HOST_IF" -j ACCEPT
+iptables -I FORWARD -o "$HOST_IF" -j ACCEPT
+
+say "running ${FRESH_COMMAND:-.ci/run} against an empty engine (log: $LOG)"
+set +e
+# Inside (nsenter, not `ip netns exec`: that remounts /sys and hides the cgroup hierarchies dockerd needs): a private mount namespace where /var/lib/docker and /run are empty folders of the scratch area, so the
+# dockerd that .ci/run's setup starts is a new engine with nothing in it (and its socket is the default one).
+nsenter --net=/run/netns/"$NS" unshare --mount --propagation private bash -c '
+  set -e
+  mkdir -p /var/lib/docker
+  mount --bind "$1/docker" /var/lib/docker
+  mount --bind "$1/run" /run
+  cd "$1/src"
+  eval "$2"
+' fresh "$SCRATCH" "${FRESH_COMMAND:-CI=true bash .ci/run}" >"$LOG" 2>&1
+rc=$?
+set -e
+tail -n 40 "$LOG" | sed -n '/== CI phase times ==/,$p'
+say "commit $COMMIT: ${FRESH_COMMAND:-.ci/run} exit $rc (full log: $LOG)"
+exit "$rc"

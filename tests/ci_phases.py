@@ -1,0 +1,92 @@
+"""Where a test session's time went, for .ci/run's phase table: wall seconds per test directory (setup, call and
+teardown of its tests), image builds as rows of their own (taken out of the directory whose test waited for them),
+and images that a session builds at most once (`built_once`: a failure is reported in full by the first test that
+needed the image and in one line by every later one). Written to build/ci-phases.json at the end of the session."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+OUT = Path(__file__).resolve().parents[1] / "build" / "ci-phases.json"
+T = TypeVar("T")
+
+_directory_s: dict[str, float] = defaultdict(float)
+_builds: list[dict] = []
+_current: list[str] = []  # the directory of the test being run (the one a build's time is taken out of)
+_started = time.monotonic()
+
+
+def directory_of(nodeid: str) -> str:
+    """tests/faults/test_x.py::test_y -> tests/faults; a test file directly under tests/ -> tests."""
+    parts = nodeid.split("::", 1)[0].split("/")
+    return "/".join(parts[:2]) if len(parts) > 2 else parts[0]
+
+
+def running(nodeid: str) -> None:
+    _current[:] = [directory_of(nodeid)]
+
+
+def add_report(report) -> None:
+    _directory_s[directory_of(report.nodeid)] += report.duration
+
+
+def record_build(name: str, seconds: float, overlapped: bool = False) -> None:
+    """An image build that took *seconds* of wall time; unless *overlapped* (it ran beside the tests), that time is
+    taken out of the directory whose test waited for it."""
+    _builds.append({"phase": f"image build: {name}" + (" (in the background)" if overlapped else ""),
+                    "seconds": round(seconds, 1), "within": None if overlapped else (_current or [None])[0]})
+
+
+def rows() -> list[dict]:
+    """The table's rows: each directory less the builds it waited for, then the builds, then what is left of the
+    session's wall time (collection, session fixtures' teardown)."""
+    out = {d: s for d, s in _directory_s.items()}
+    for build in _builds:
+        if build["within"] in out:
+            out[build["within"]] -= build["seconds"]
+    table = [{"phase": d, "seconds": round(s, 1)} for d, s in sorted(out.items())]
+    table += [{"phase": b["phase"], "seconds": b["seconds"]} for b in _builds]
+    wall = time.monotonic() - _started
+    counted = sum(_directory_s.values()) + sum(b["seconds"] for b in _builds if b["within"] is None)
+    table.append({"phase": "pytest: collection and session teardown", "seconds": round(max(0.0, wall - counted), 1)})
+    return table
+
+
+def write() -> None:
+    OUT.parent.mkdir(exist_ok=True)
+    OUT.write_text(json.dumps({"wall_seconds": round(time.monotonic() - _started, 1), "rows": rows()}, indent=2))
+
+
+_once: dict[str, tuple[str, object]] = {}
+
+
+def built_once(name: str, build: Callable[[], T], log_hint: str) -> T:
+    """*build*() the first time a session asks for image *name* (its time recorded as a phase); later calls get the
+    same image, or — when the first build failed — one line naming that failure and its log, instead of the same
+    failure again."""
+    if name in _once:
+        outcome, value = _once[name]
+        if outcome == "failed":
+            pytest.fail(f"the {name} image is not built: its build failed earlier in this session ({value}); "
+                        f"log: {log_hint}", pytrace=False)
+        return value  # type: ignore[return-value]
+    start = time.monotonic()
+    try:
+        value = build()
+    except BaseException as exc:
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        first = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        _once[name] = ("failed", f"in {(_current or ['?'])[0]}: {first}")
+        record_build(f"{name} (FAILED)", time.monotonic() - start)
+        pytest.fail(f"building the {name} image failed: {exc} (log: {log_hint})", pytrace=False)
+    record_build(name, time.monotonic() - start)
+    _once[name] = ("built", value)
+    return value
