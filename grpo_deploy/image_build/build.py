@@ -4,7 +4,6 @@ are streamed as tar from the files themselves (no staging folders), progress is 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import os
@@ -22,9 +21,6 @@ from .progress import Step, StepFailed, human
 from .recipes import BASE_SUITES, Recipe, known_base
 
 DEPS_REPO_SUFFIX = "-deps"
-INSTALL_STAGE_LABEL = "org.grpo-deploy.stage={recipe}-deps-install"
-"""The label of a dependency image's throw-away install stage (wheels + a second venv), pruned after a build: a
-recipe's Dockerfile.deps puts it on that stage (`LABEL org.grpo-deploy.stage=cpu-deps-install`)."""
 _STEP = re.compile(r"^Step (\d+)/(\d+) :")
 CHUNK = 1 << 20
 
@@ -206,27 +202,19 @@ def build_deps(client, recipe: Recipe, images: Path, wheel_dir: Path, log_dir: P
     args = {"BASE_IMAGE": recipe.base, **{arg: locks.version_of(pins, project) for arg, project in
                                           recipe.versions.items()}, **recipe.deps_args}
     with Step(f"dependency image {tag}", log_dir / f"image-{recipe.name}-deps.log") as step, \
-            contextlib.ExitStack() as stack:
-        if recipe.wheels_over_loopback:
-            args["WHEELS_URL"] = stack.enter_context(wheelhouse.served(wheels))
-            extra = {"network_mode": "host"}  # the RUN reaches the host's loopback
-        else:
-            members += [Member(f"wheels/{w.name}", w) for w in wheels]
-            extra = {}
-        image_id = docker_build(client, members, step, tag=tag, buildargs=args,
-                                labels={"org.grpo-deploy.deps-hash": key}, **extra)
-        step.done(f"built {tag} ({tidy_after_deps(client, recipe, tag, image_id, step)})")
+            wheelhouse.served(wheels) as wheels_url:
+        # The wheels never enter the context or a layer: the RUN installs them from the host's loopback (host network).
+        image_id = docker_build(client, members, step, tag=tag, buildargs={**args, "WHEELS_URL": wheels_url},
+                                labels={"org.grpo-deploy.deps-hash": key}, network_mode="host")
+        step.done(f"built {tag} ({tidy_after_deps(client, tag, image_id, step)})")
     return tag, True
 
 
-def tidy_after_deps(client, recipe: Recipe, tag: str, image_id: str, step: Step) -> str:
-    """After a dependency build that succeeded: drop its install stage and the older dependency images, and say how
-    big the new one is. None of it can fail the build (engine.housekeeping); the built image is looked up by its id
-    and tagged again if its tag went missing."""
+def tidy_after_deps(client, tag: str, image_id: str, step: Step) -> str:
+    """After a dependency build that succeeded: untag the older dependency images and say how big the new one is.
+    None of it can fail the build (engine.housekeeping); the built image is looked up by its id and tagged again if
+    its tag went missing."""
     work = engine.for_work(client)
-    if not recipe.wheels_over_loopback:  # the install stage (wheels, a second venv) was a stepping stone
-        engine.housekeeping("pruning the install stage", lambda: work.images.prune(
-            filters={"label": INSTALL_STAGE_LABEL.format(recipe=recipe.name)}), step.write)
     retired = engine.housekeeping("untagging older dependency images", lambda: retire_old_deps(work, tag),
                                   step.write, default=[])
     image = engine.housekeeping("reading the new image", lambda: work.images.get(image_id), step.write)

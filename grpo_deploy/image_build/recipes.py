@@ -95,9 +95,9 @@ class Recipe:
 
     With deps_dockerfile the build makes a dependency image FROM *base*, tagged by a hash of the lock, the Dockerfile's
     instructions, the base, *deps_files* and *deps_args* (so it is rebuilt only when one changes), from a context of:
-    the Dockerfile, the lock as requirements.lock, *deps_files* at their base names and the lock's wheels under
-    wheels/ — or, with wheels_over_loopback, no wheels: the wheelhouse is served on 127.0.0.1 for the build's
-    duration (build arg WHEELS_URL, host network), so a 4 GB wheelhouse is neither sent as context nor kept in a layer.
+    the Dockerfile, the lock as requirements.lock and *deps_files* at their base names; the lock's wheels are served
+    on 127.0.0.1 for the build's duration (build arg WHEELS_URL, host network), so a 4 GB wheelhouse is neither sent
+    as context nor kept in a layer, and the venv is written once.
     With dockerfile a thin code image goes on top (context: the grpo_deploy package and *code_files*), labelled with
     a hash of its inputs. Recipes with the same deps_repo, lock and deps inputs share one dependency image."""
 
@@ -125,7 +125,6 @@ class Recipe:
     versions: dict[str, str] = field(default_factory=dict)  # build arg -> project whose locked version it gets
     deps_repo: str | None = None  # the dependency image's repository (default: the tag's repository + "-deps")
     wheelhouse: str | None = None  # the wheelhouse folder's name, shared by recipes of one lock (default: name)
-    wheels_over_loopback: bool = False
 
     def wheelhouse_name(self) -> str:
         return self.wheelhouse or self.name
@@ -156,7 +155,7 @@ def cuda_airgap(role: str, image: str, arch: str = "amd64") -> Recipe:
         build_args={"ROLE": role, "CUDA": image_tags.GPU_IMAGES[image].cuda, "ARCH": arch},
         deps_args={"CUDA": image_tags.GPU_IMAGES[image].cuda},
         versions={"VLLM_VERSION": "vllm", "TRL_VERSION": "trl", "PEFT_VERSION": "peft"},
-        deps_repo=f"{image_tags.NAMESPACE}/cuda-deps", wheelhouse=f"cuda-{arch}", wheels_over_loopback=True)
+        deps_repo=f"{image_tags.NAMESPACE}/cuda-deps", wheelhouse=f"cuda-{arch}")
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("cpu", "cpu/requirements.lock", BOOKWORM_AMD64, tag=image_tags.CPU_TAG,

@@ -14,7 +14,6 @@ import requests
 from grpo_deploy.hosts import engine
 from grpo_deploy.image_build import build
 from grpo_deploy.image_build.progress import Step
-from grpo_deploy.image_build.recipes import RECIPES
 from tests.engine_standin import IMAGE_ID, StandInEngine
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,23 +65,25 @@ def test_no_engine_is_one_line(tmp_path):
 
 def test_a_build_whose_post_build_calls_time_out_still_yields_the_image_it_built(tmp_path, monkeypatch):
     """The fresh machine's failure (issue 17): the build stream ended with the image's id, then the engine, still
-    committing, left the install stage's prune unanswered. The build must succeed and say what it skipped."""
+    committing a 4.3 GB layer, left the calls after it unanswered past the client's timeout. The build must succeed,
+    look the image up and say what it skipped."""
     monkeypatch.setattr(engine, "WORK_TIMEOUT_S", 1)
     tag = "grpo-deploy/cpu-deps:0123456789ab-amd64"
-    stalls = {"POST /images/prune": 3, "GET /images/json": 3}  # prune and the old-deps listing: both too slow
-    with StandInEngine(tmp_path, stall=stalls, tags=[tag]) as standin:
+    stalls = {"GET /images/json": 3, f"GET /images/{IMAGE_ID}/json": 3}  # listing old deps, reading the new one
+    with StandInEngine(tmp_path, stall=stalls, stall_times=2, tags=[tag]) as standin:
         client = engine.client(standin.url, timeout=1)
         err = io.StringIO()
         with Step("dependency image", tmp_path / "build.log", out=err) as step:
             image_id = build.docker_build(client, [build.Member("Dockerfile", b"FROM scratch\n")], step, tag=tag)
-            summary = build.tidy_after_deps(client, RECIPES["cpu"], tag, image_id, step)
+            summary = build.tidy_after_deps(client, tag, image_id, step)
             step.done(f"built {tag} ({summary})")
     assert image_id == IMAGE_ID
-    assert summary == "4.3 GB", "the built image was looked up and its size read"
-    assert standin.calls["POST /images/prune"] == 1 and standin.calls["GET /images/json"] == 2
+    assert standin.calls["GET /images/json"] == 2, "the listing timed out twice (its retry included)"
+    assert summary == "size not read", "reading the new image timed out twice too"
+    assert standin.calls[f"GET /images/{IMAGE_ID}/json"] == 2
     log = (tmp_path / "build.log").read_text()
-    assert "note: pruning the install stage did not complete" in log
     assert "note: untagging older dependency images did not complete" in log
+    assert "note: reading the new image did not complete" in log
     assert "FAILED" not in err.getvalue() and "built grpo-deploy/cpu-deps" in err.getvalue()
 
 
@@ -133,3 +134,13 @@ def test_the_session_fixture_is_the_factorys_client():
     source = ast.unparse(next(n for n in ast.parse(Path(root.__file__).read_text()).body
                               if isinstance(n, ast.FunctionDef) and n.name == "docker_client"))
     assert "engine.client()" in source
+
+
+def test_a_slow_first_answer_after_a_build_is_ridden_out_by_the_retry(tmp_path, monkeypatch):
+    monkeypatch.setattr(engine, "WORK_TIMEOUT_S", 1)
+    tag = "grpo-deploy/cpu-deps:0123456789ab-amd64"
+    with StandInEngine(tmp_path, stall={f"GET /images/{IMAGE_ID}/json": 3}, stall_times=1, tags=[tag]) as standin:
+        client = engine.client(standin.url, timeout=1)
+        with Step("dependency image", tmp_path / "build.log", out=io.StringIO()) as step:
+            summary = build.tidy_after_deps(client, tag, IMAGE_ID, step)
+    assert summary == "4.3 GB" and standin.calls[f"GET /images/{IMAGE_ID}/json"] == 2

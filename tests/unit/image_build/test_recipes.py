@@ -37,15 +37,14 @@ def test_the_cpu_recipe_builds_the_cpu_tag_with_versions_from_its_lock():
     assert all(f"ARG {arg}" in dockerfile for arg in cpu.versions)
 
 
-@pytest.mark.parametrize("name", sorted(n for n, r in RECIPES.items() if r.deps_dockerfile
-                                        and not r.wheels_over_loopback))
-def test_every_dependency_dockerfile_labels_its_install_stage_for_the_prune(name: str):
-    """A recipe whose wheels are sent as context installs them in a throw-away stage the build prunes (one whose
-    wheelhouse is served over loopback has no such stage)."""
-    from grpo_deploy.image_build.build import INSTALL_STAGE_LABEL
-
+@pytest.mark.parametrize("name", sorted(n for n, r in RECIPES.items() if r.deps_dockerfile))
+def test_every_dependency_dockerfile_installs_from_the_served_wheelhouse_in_one_stage(name: str):
+    """The build serves the wheels over loopback (WHEELS_URL): no wheel in the context or a layer, and no second stage
+    whose venv would be written twice."""
     text = (IMAGES / RECIPES[name].deps_dockerfile).read_text()
-    assert f"LABEL {INSTALL_STAGE_LABEL.format(recipe=name)}" in text
+    assert '--no-index --no-deps --require-hashes --find-links "${WHEELS_URL}"' in text
+    assert "COPY wheels" not in text and "--from=" not in text
+    assert sum(line.startswith("FROM ") for line in text.splitlines()) == 1
 
 
 @pytest.mark.parametrize("name", sorted(n for n, r in RECIPES.items() if r.lock_requires))
