@@ -162,7 +162,7 @@ def _check_from_trainer(dep: Deployment, ips: dict[str, str]) -> str:
     url = res.server_url_for(ips)
     url_host = parse_address(url.split("//", 1)[1]).host
     r = dep.hosts[trainer].run(
-        ["docker", "run", "--rm", "--label", "org.grpo-deploy.managed-by=grpo-deploy", res.images["trainer"],
+        ["docker", "run", "--rm", "--label", "org.grpo-deploy.managed-by=grpo-deploy", res.image_for("trainer"),
          "python3", "-m", "grpo_deploy.runtime.health", "--role", "server", "--host", url_host,
          "--port", str(res.settings.vllm.port), "--model", res.settings.model.served_name, "--complete"],
         timeout=400)
@@ -267,7 +267,7 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         server_host, trainer_host = dep.role_host("server"), dep.role_host("trainer")
         if fresh:
             log(f"--fresh: removing {res.run_dir}")
-            preflight._in_container(ctx, res.host_for("trainer"), res.images["trainer"], res.identities["trainer"],
+            preflight._in_container(ctx, res.host_for("trainer"), res.image_for("trainer"), res.identities["trainer"],
                                     ["rm", "-rf", res.run_dir])
         start = time.time()
         started.append(server_host)

@@ -468,8 +468,8 @@ def _up(state: RunState, keep: bool, fresh: bool, out, restarts: int = 2) -> int
             source, opts = preflight.share_source(res, res.host_for(res.engine_info.main_role))
             where = f"the share {source}" if source.startswith("/") else f"volume {source}"
             log(f"--fresh: removing {res.run_dir} on {where}")
-            compose.run_once(client, res.images["trainer"], ["rm", "-rf", res.run_dir], res.identities["trainer"].user,
-                             source, res.spec.storage.mount, driver_opts=opts)
+            compose.run_once(client, res.image_for("trainer"), ["rm", "-rf", res.run_dir],
+                             res.identities["trainer"].user, source, res.spec.storage.mount, driver_opts=opts)
         log("starting the vLLM server and the trainer (the trainer imports and builds its model while the "
             "server loads; TRL waits for the server before its first request)")
         started = True

@@ -112,15 +112,15 @@ def _gather(ctx: Context, host, conn: Host) -> dict[str, Any]:
         out["listening"] = host_facts.listening(conn, res.settings.vllm.port)
         ps = conn.run(["docker", "ps", "-q", "--filter", f"label={compose.RUN_LABEL}={res.spec.run.name}"])
         out["running"] = ps.out.split()
-    out["images"] = {role: host_facts.image(conn, res.images[role]) for role in _image_roles(res, host)}
+    out["images"] = {key: host_facts.image(conn, res.images[key]) for key in _image_roles(res, host)}
     if host.name == _storage_host(res).name:
         out["free"] = host_facts.free_space(conn, _storage_path(res, host, conn))
     return out
 
 
 def _image_roles(res: Resolved, host) -> list[str]:
-    """The image keys a host needs (its roles' images; verl: the one verl image)."""
-    return [r for r in host.roles if r in res.images] or [k for k in res.images if k not in res.engine_info.roles]
+    """The image keys a host needs: the images its roles run, each once (the engine says which)."""
+    return res.engine_info.images_on(host.roles)
 
 
 def _storage_path(res: Resolved, host, conn: Host) -> str:
@@ -635,14 +635,15 @@ def check_shared_volume(ctx: Context) -> list[Result]:
     t_host, s_host = res.host_for("trainer"), res.host_for("server")
     where = t_host.name if t_host.name == s_host.name else f"{t_host.name}->{s_host.name}"
     for host, role in ((t_host, "trainer"), (s_host, "server")):
-        present = _image_on(ctx, host, res.images[role])
+        image = res.image_for(role)
+        present = _image_on(ctx, host, image)
         if present is not True:
-            return [Result("shared-volume", where, SKIP, present or f"image {res.images[role]} is not on {host.name} "
+            return [Result("shared-volume", where, SKIP, present or f"image {image} is not on {host.name} "
                            "yet: `up` ships it and probes then")]
     trainer, server = res.identities["trainer"], res.identities["server"]
     probe_dir = f"{res.run_dir}/.preflight-probe"
     mount = res.spec.storage.mount
-    w = _in_container(ctx, t_host, res.images["trainer"], trainer,
+    w = _in_container(ctx, t_host, res.image_for("trainer"), trainer,
                       ["python3", "-m", "grpo_deploy.runtime.probe", "write", "--dir", probe_dir])
     if not w.ok:
         return [Result("shared-volume", where, FAIL,
@@ -653,12 +654,12 @@ def check_shared_volume(ctx: Context) -> list[Result]:
     written = _last_json(w.out)
     # The reader also removes the probe when it can (same identity: the usual case), saving a container start;
     # otherwise the writer's identity cleans up.
-    r = _in_container(ctx, s_host, res.images["server"], server,
+    r = _in_container(ctx, s_host, res.image_for("server"), server,
                       ["sh", "-c", 'python3 -m grpo_deploy.runtime.probe read --dir "$0"; rc=$?; '
                        'rm -rf "$0" 2>/dev/null; exit $rc', probe_dir])
     read = _last_json(r.out)
     if (trainer.uid, trainer.gid) != (server.uid, server.gid) or not r.ok:
-        _in_container(ctx, t_host, res.images["trainer"], trainer, ["rm", "-rf", probe_dir])
+        _in_container(ctx, t_host, res.image_for("trainer"), trainer, ["rm", "-rf", probe_dir])
     path = written.get("path", probe_dir)
     data = {"written": written, "read": read}
     if not r.ok or not read.get("ok", False):
@@ -682,7 +683,7 @@ def check_shared_volume(ctx: Context) -> list[Result]:
 
 def _images_needed(res: Resolved) -> list[tuple[Any, str, str]]:
     """(host, image key, tag) for every image every host runs."""
-    return [(host, role, res.images[role]) for host in res.spec.hosts for role in _image_roles(res, host)]
+    return [(host, key, res.images[key]) for host in res.spec.hosts for key in _image_roles(res, host)]
 
 
 def _image_on(ctx: Context, host, tag: str) -> bool | str:

@@ -180,10 +180,6 @@ def test_checkpoint_disk_headroom(conn, spec_host, res):
                        f"{disk.explanation[-1]}")
 
 
-def _image_key(res, role: str) -> str:
-    return role if role in res.images else next(iter(res.images))
-
-
 def test_shared_dir_cross_host_write_read(res, on_host):
     """A file written 0600 (as safetensors writes adapter weights) as the writer's identity on the trainer's host is
     read as the reader's identity on the server's host, both in the run's images, through the real shared storage."""
@@ -198,7 +194,7 @@ def test_shared_dir_cross_host_write_read(res, on_host):
     label = f"{writer.name}->{reader.name}"
     w_conn, r_conn = on_host(writer, label), on_host(reader, label)
     w_ident, r_ident = res.identities[engine.main_role], res.identities[reader_role]
-    w_image, r_image = res.images[_image_key(res, engine.main_role)], res.images[_image_key(res, reader_role)]
+    w_image, r_image = res.image_for(engine.main_role), res.image_for(reader_role)
     for c, image in ((w_conn, w_image), (r_conn, r_image)):
         if host_facts.image(c, image) is None:
             pytest.skip(f"image {image} is not on {c.name} (the probe runs in the run's images) -> "
