@@ -12,6 +12,7 @@ import pytest
 from grpo_deploy import preflight
 from grpo_deploy.hostchecks import mounts
 from grpo_deploy.hosts import facts as host_facts
+from grpo_deploy.names import MANAGED
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 
@@ -204,7 +205,7 @@ def test_shared_dir_cross_host_write_read(res, on_host):
 
     def in_image(c, spec_host, image, ident, *argv):
         return c.run(["docker", "run", "--rm", "--network", "none", "--user", ident.user, "-e",
-                      f"GRPO_UMASK={ident.umask}", "--label", "org.grpo-deploy.managed-by=grpo-deploy",
+                      f"GRPO_UMASK={ident.umask}", "--label", MANAGED,
                       *preflight.probe_mount(res, spec_host), image, *argv], timeout=300)
 
     write = in_image(w_conn, writer, w_image, w_ident, "sh", "-c",
