@@ -20,11 +20,17 @@ def run_manager(res: Resolved, ctx: preflight.Context, action: str, keep: int | 
                 dry_run: bool = False) -> dict[str, Any]:
     """The manager's JSON answer for *action* (list, verify, prune) on the run's checkpoint directory."""
     role = res.engine_info.main_role
-    host, image = res.host_for(role), res.images[role]
+    host, image = res.host_for(role), res.image_for(role)
     layout = "trl" if res.engine_info.adapters_on_volume else "verl"
     argv = ["python3", "-m", "grpo_deploy.runtime.checkpoints", action, res.checkpoint_dir, "--layout", layout]
     if action == "prune":
         argv += ["--keep", str(keep), *(["--dry-run"] if dry_run else [])]
+    present = preflight._image_on(ctx, host, image)
+    if present is False:
+        raise CheckpointsError(f"{host.name}: image {image} is not there (the checkpoint manager runs in the {role}'s "
+                               "image) -> grpo-deploy up builds or ships it")
+    if present is not True:
+        raise CheckpointsError(f"{host.name}: {present} -> grpo-deploy preflight says why")
     r = preflight._in_container(ctx, host, image, res.identities[role], argv)
     try:
         answer = json.loads(r.out.strip().splitlines()[-1]) if r.out.strip() else None

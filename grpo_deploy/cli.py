@@ -17,6 +17,7 @@ from .hosts.connect import HostError, SshOptions
 from .image_build.cli import add_images_parser
 from .k8s_overlay import OverlayError, overlay_dir, problems, regenerate
 from .kit_data import KitDataMissing
+from .names import UP_RESTARTS
 from .new_spec import InitError
 from .profiles import ProfileError
 from .render import RenderError, render_files
@@ -92,9 +93,6 @@ def _keep_count(text: str) -> int:
     if not re.fullmatch(r"[0-9]{1,5}", text) or not 1 <= int(text) <= 10_000:
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a count from 1 to 10000")
     return int(text)
-
-
-UP_RESTARTS = 2  # server deaths a local `up` recovers from before it gives up
 
 
 def _restart_count(text: str) -> int:

@@ -10,8 +10,7 @@ from pathlib import Path
 
 from .hosts import engine
 from .kit_data import kit_dir
-
-RUN_LABEL = "org.grpo-deploy.run"
+from .names import MANAGED_BY, MANAGED_BY_LABEL, RUN_LABEL
 
 
 class ComposeError(RuntimeError):
@@ -81,7 +80,7 @@ def run_once(client, image: str, command: list[str], user: str, volume: str, mou
         where = {"volumes": {volume: {"bind": mount, "mode": "rw"}}}
     work = engine.for_work(client)
     container = work.containers.run(image, command, user=user, detach=True, environment=environment or {},
-                                    network_mode="none", labels={"org.grpo-deploy.managed-by": "grpo-deploy"},
+                                    network_mode="none", labels={MANAGED_BY_LABEL: MANAGED_BY},
                                     **where)
     try:
         code = container.wait(timeout=timeout).get("StatusCode", 1)

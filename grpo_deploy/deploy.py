@@ -18,12 +18,12 @@ from .hosts.connect import Host, HostError, SshOptions, connect, on_all
 from .hosts.project import RemoteProject
 from .hosts.ship import Shipped, ship
 from .launch import KILLED, LaunchError, RoleDied, RunState, build_images, finish, require_kit, state_words, supervise
+from .names import MANAGED, READY_TIMEOUT_S, STATE_DIR, UP_RESTARTS
 from .render import render_files
 from .resolve import Resolved
 from .runtime.metrics import parse_events
 from .runtime.values import ip_literal, parse_address
 
-READY_TIMEOUT_S = 900
 POLL_S = 2.0
 # Checks that need the images on the hosts: run (again) after shipping. `images` also runs before, on the labels of
 # the images here, so a vLLM mismatch is refused before anything is sent.
@@ -56,7 +56,7 @@ class Deployment:
                 home = host_facts.home(host)
                 if not home:
                     raise HostError(name, "cannot read the login user's home directory", "check the SSH login")
-                root = f"{home}/.grpo-deploy/{self.res.spec.run.name}"
+                root = f"{home}/{STATE_DIR}/{self.res.spec.run.name}"
             self.projects[name] = RemoteProject(host, root, self.res.spec.run.name)
         return self.projects[name]
 
@@ -162,7 +162,7 @@ def _check_from_trainer(dep: Deployment, ips: dict[str, str]) -> str:
     url = res.server_url_for(ips)
     url_host = parse_address(url.split("//", 1)[1]).host
     r = dep.hosts[trainer].run(
-        ["docker", "run", "--rm", "--label", "org.grpo-deploy.managed-by=grpo-deploy", res.images["trainer"],
+        ["docker", "run", "--rm", "--label", MANAGED, res.image_for("trainer"),
          "python3", "-m", "grpo_deploy.runtime.health", "--role", "server", "--host", url_host,
          "--port", str(res.settings.vllm.port), "--model", res.settings.model.served_name, "--complete"],
         timeout=400)
@@ -223,7 +223,7 @@ def down_all(dep: Deployment, volumes: bool = False) -> None:
 
 
 def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, out=sys.stdout,
-       restarts: int = 2) -> int:
+       restarts: int = UP_RESTARTS) -> int:
     """Bring the run up across its hosts, follow it to the end, summarise, and (unless keep) stop it."""
     if not res.engine_info.server_role:
         raise LaunchError("`up` for verl is not built yet: use the rendered config/verl-overrides.txt")
@@ -232,7 +232,7 @@ def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, 
         return _up(res, ssh, keep, fresh, out, restarts)
 
 
-def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: int = 2) -> int:
+def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: int = UP_RESTARTS) -> int:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=out, flush=True)
 
@@ -267,7 +267,7 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         server_host, trainer_host = dep.role_host("server"), dep.role_host("trainer")
         if fresh:
             log(f"--fresh: removing {res.run_dir}")
-            preflight._in_container(ctx, res.host_for("trainer"), res.images["trainer"], res.identities["trainer"],
+            preflight._in_container(ctx, res.host_for("trainer"), res.image_for("trainer"), res.identities["trainer"],
                                     ["rm", "-rf", res.run_dir])
         start = time.time()
         started.append(server_host)

@@ -15,8 +15,8 @@ class Engine:
     """The role whose host profile supplies the training settings (and whose identity owns the run's files)."""
     server_role: str | None
     """The role whose host profile supplies the vLLM server settings; None when vLLM is colocated."""
-    image_roles: tuple[str, ...]
-    """Image keys of the engine (spec images.<key>, profile images.<key>)."""
+    role_images: dict[str, str]
+    """role -> the image key it runs (spec images.<key>, profile images.<key>): see image_of."""
     role_counts: dict[str, tuple[int, int]]
     """role -> (at least, at most) hosts with it."""
     adapters_on_volume: bool
@@ -28,6 +28,19 @@ class Engine:
     multi_host_roles: tuple[tuple[str, ...], tuple[str, ...]]
     """`init --hosts a,b,...`: the roles of the first host, then of every other host."""
 
+    @property
+    def image_roles(self) -> tuple[str, ...]:
+        """Image keys of the engine, each once, in the order of its roles."""
+        return tuple(dict.fromkeys(self.role_images[r] for r in self.roles))
+
+    def image_of(self, role: str) -> str:
+        """The image key *role* runs: the one answer for resolve, preflight, the host checks and `checkpoints`."""
+        return self.role_images[role]
+
+    def images_on(self, roles) -> list[str]:
+        """The image keys a host running *roles* needs, each once."""
+        return list(dict.fromkeys(self.image_of(r) for r in roles))
+
 
 TRL_ASYNC = Engine(
     name="trl-async",
@@ -35,7 +48,7 @@ TRL_ASYNC = Engine(
     roles=("server", "trainer"),
     main_role="trainer",
     server_role="server",
-    image_roles=("server", "trainer"),
+    role_images={"server": "server", "trainer": "trainer"},
     role_counts={"trainer": (1, 1), "server": (1, 1)},
     adapters_on_volume=True,
     saves_last_step=False,
@@ -48,7 +61,7 @@ VERL = Engine(
     roles=("head", "worker"),
     main_role="head",
     server_role=None,
-    image_roles=("verl",),
+    role_images={"head": "verl", "worker": "verl"},
     role_counts={"head": (1, 1), "worker": (0, 1 << 16)},
     adapters_on_volume=False,
     saves_last_step=True,

@@ -21,13 +21,13 @@ from typing import Any
 from . import compose, facts, preflight, status
 from .hosts import engine
 from .kit_data import FOLDERS, KitDataMissing, kit_dir
+from .names import GID_LABEL, READY_TIMEOUT_S, STATE_DIR, UID_LABEL, UP_RESTARTS, project_name
 from .render import render_files
 from .render_folder import WriteRefused, write_tree
 from .resolve import Resolved
 from .runtime.metrics import event_line, event_record, parse_events
 
-STATE_ROOT = Path(".grpo-deploy")
-READY_TIMEOUT_S = 900
+STATE_ROOT = Path(STATE_DIR)
 
 
 class LaunchError(RuntimeError):
@@ -58,7 +58,7 @@ class RunState:
         return self.dir / "metrics.jsonl"
 
     def project(self, host: str = "local") -> compose.Project:
-        return compose.Project(self.render_dir / "hosts" / f"{host}.env", f"grpo-{self.res.spec.run.name}")
+        return compose.Project(self.render_dir / "hosts" / f"{host}.env", project_name(self.res.spec.run.name))
 
     def emit(self, event: str, **fields) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -176,7 +176,7 @@ def build_images(client, res: Resolved, log: Callable[[str], None]) -> float:
                               "images/docker-bake.hcl` in a checkout on a machine of that architecture (see "
                               "images/README.md), then load it on the host")
         if labels is not None:  # keeps the UID/GID it was built for; preflight says when the run wants another
-            uid, gid = int(labels.get("org.grpo-deploy.uid", "1000")), int(labels.get("org.grpo-deploy.gid", "1000"))
+            uid, gid = int(labels.get(UID_LABEL, "1000")), int(labels.get(GID_LABEL, "1000"))
         else:
             uid, gid = res.identities["trainer"].uid, res.identities["trainer"].gid
             log(f"building {tag} for UID {uid}:{gid} (a first build installs ~3.5 GB of wheels: minutes)")
@@ -423,7 +423,7 @@ def supervise(state: RunState, log: Callable[[str], None], since: float, restart
                 log(f"server ready again in {ready_s:.1f} s; progress per optimizer step:")
 
 
-def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout, restarts: int = 2) -> int:
+def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout, restarts: int = UP_RESTARTS) -> int:
     """Bring the run up on this host, follow it to the end, summarise, and (unless keep) stop it."""
     _require_local(res)
     require_kit()
@@ -432,7 +432,7 @@ def up(res: Resolved, keep: bool = False, fresh: bool = False, out=sys.stdout, r
         return _up(state, keep, fresh, out, restarts)
 
 
-def _up(state: RunState, keep: bool, fresh: bool, out, restarts: int = 2) -> int:
+def _up(state: RunState, keep: bool, fresh: bool, out, restarts: int = UP_RESTARTS) -> int:
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=out, flush=True)
 
@@ -468,8 +468,8 @@ def _up(state: RunState, keep: bool, fresh: bool, out, restarts: int = 2) -> int
             source, opts = preflight.share_source(res, res.host_for(res.engine_info.main_role))
             where = f"the share {source}" if source.startswith("/") else f"volume {source}"
             log(f"--fresh: removing {res.run_dir} on {where}")
-            compose.run_once(client, res.images["trainer"], ["rm", "-rf", res.run_dir], res.identities["trainer"].user,
-                             source, res.spec.storage.mount, driver_opts=opts)
+            compose.run_once(client, res.image_for("trainer"), ["rm", "-rf", res.run_dir],
+                             res.identities["trainer"].user, source, res.spec.storage.mount, driver_opts=opts)
         log("starting the vLLM server and the trainer (the trainer imports and builds its model while the "
             "server loads; TRL waits for the server before its first request)")
         started = True
@@ -625,6 +625,6 @@ def logs(res: Resolved, roles: list[str] | None = None, follow: bool = False, ta
     require_kit()
     state = RunState(res)
     if not (state.render_dir / "hosts" / "local.env").exists():
-        raise LaunchError(f"no run {res.spec.run.name} was started from this directory (.grpo-deploy/ is missing)")
+        raise LaunchError(f"no run {res.spec.run.name} was started from this directory ({STATE_DIR}/ is missing)")
     args = ["logs", "--tail", str(tail)] + (["-f"] if follow else []) + list(roles or [])
     return state.project().run(*args, check=False).returncode

@@ -11,6 +11,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from . import profiles
 from .engines import ENGINES
 from .runtime.values import HostAddress, parse_address
+from .settings import SECTIONS
 from .spec import DeploymentSpec, LoadedSpec, loads
 
 DEFAULT_PROFILE = "cpu"
@@ -18,12 +19,16 @@ DEFAULT_ENGINE = "trl-async"
 COMMENT_COLUMN = 36
 LINE_WIDTH = 120
 _ADDRESS = TypeAdapter(HostAddress)
-# Spec keys whose null means "the profile's value": init shows that value beside them (spec path -> profile key).
+# Spec keys whose null means "the profile's value, else the settings' default": init shows that value beside them
+# (spec path -> settings key).
 PROFILE_BACKED = {
     ("model", "path"): ("model", "path"),
     ("dataset", "name"): ("data", "dataset"),
     ("checkpoints", "keep"): ("checkpoints", "keep"),
     ("checkpoints", "save_every"): ("checkpoints", "save_every"),
+    ("checkpoints", "resume"): ("checkpoints", "resume"),
+    ("checkpoints", "disk_margin_gb"): ("checkpoints", "disk_margin_gb"),
+    ("checkpoints", "disk_watchdog"): ("checkpoints", "disk_watchdog"),
 }
 OVERRIDE_EXAMPLES = ("#  trl: {learning_rate: 2.0e-5}", "#  vllm: {gpu_memory_utilization: 0.7}")
 
@@ -96,6 +101,18 @@ def _items_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
+def _backing(profile: profiles.Profile, path: tuple[str, ...]) -> str:
+    """` (profile P: value)` or ` (default: value)` for a spec key whose null stands for that value, else ''."""
+    if path not in PROFILE_BACKED:
+        return ""
+    section, key = PROFILE_BACKED[path]
+    setting = profile.settings.get(section, {}).get(key)
+    if setting is not None:
+        return f" (profile {profile.name}: {_scalar(setting.value)})"
+    field = SECTIONS[section].model_fields[key]
+    return "" if field.is_required() else f" (default: {_scalar(field.get_default(call_default_factory=True))})"
+
+
 def _emit(model: type[BaseModel], data: dict[str, Any], indent: str, path: tuple[str, ...],
           profile: profiles.Profile) -> list[str]:
     """YAML lines for *model*: every field, the value from *data* or the field's default, its description as the
@@ -105,9 +122,7 @@ def _emit(model: type[BaseModel], data: dict[str, Any], indent: str, path: tuple
         value = data[name] if name in data else info.get_default(call_default_factory=True)
         if isinstance(value, BaseModel):
             value = value.model_dump()
-        extra = ""
-        if path + (name,) in PROFILE_BACKED:
-            extra = f" (profile {profile.name}: {_scalar(profile.value(*PROFILE_BACKED[path + (name,)]))})"
+        extra = _backing(profile, path + (name,))
         comment = _comment(model, name, extra)
         sub, items = _model_of(info.annotation), _items_model(info.annotation)
         if sub is not None and isinstance(value, dict):

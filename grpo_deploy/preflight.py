@@ -18,6 +18,7 @@ from . import compose, facts, image_tags
 from .hosts import engine
 from .hosts import facts as host_facts
 from .hosts.connect import Host, HostError, SshOptions, connect, on_all
+from .names import CUDA_LABEL, GID_LABEL, MANAGED, RUN_LABEL, UID_LABEL, VLLM_VERSION_LABEL
 from .plan import Plan, make_plan
 from .resolve import Resolved
 from .runtime.checkpoints import QUARANTINE_DIR
@@ -29,7 +30,6 @@ TRL_VLLM_GATE = ((0, 22, 0), (0, 31, 0))  # trl 1.16.0: vllm>=0.22.0,<=0.31.0
 CLOCK_TOLERANCE_S = 5.0  # hosts whose clocks disagree more than this make logs and checkpoint times misleading
 # The oldest driver branch each CUDA major runs on (NVIDIA's CUDA compatibility: CUDA 12.x R525, CUDA 13.x R580).
 MIN_DRIVER = {12: 525, 13: 580}
-CUDA_LABEL = "org.grpo-deploy.cuda-version"
 # GPUs with CUDA forward compatibility (datacenter parts): an older driver can run a newer CUDA through the
 # image's compat libraries, which vLLM turns on with VLLM_ENABLE_CUDA_COMPATIBILITY=1.
 DATACENTER_GPUS = ("A100", "A30", "A40", "A10", "A16", "A2", "H100", "H200", "H800", "H20", "GH200", "B200", "B300",
@@ -110,17 +110,17 @@ def _gather(ctx: Context, host, conn: Host) -> dict[str, Any]:
         out["shared_dir"] = host_facts.owner(conn, host.shared_dir)
     if "server" in host.roles:
         out["listening"] = host_facts.listening(conn, res.settings.vllm.port)
-        ps = conn.run(["docker", "ps", "-q", "--filter", f"label={compose.RUN_LABEL}={res.spec.run.name}"])
+        ps = conn.run(["docker", "ps", "-q", "--filter", f"label={RUN_LABEL}={res.spec.run.name}"])
         out["running"] = ps.out.split()
-    out["images"] = {role: host_facts.image(conn, res.images[role]) for role in _image_roles(res, host)}
+    out["images"] = {key: host_facts.image(conn, res.images[key]) for key in _image_roles(res, host)}
     if host.name == _storage_host(res).name:
         out["free"] = host_facts.free_space(conn, _storage_path(res, host, conn))
     return out
 
 
 def _image_roles(res: Resolved, host) -> list[str]:
-    """The image keys a host needs (its roles' images; verl: the one verl image)."""
-    return [r for r in host.roles if r in res.images] or [k for k in res.images if k not in res.engine_info.roles]
+    """The image keys a host needs: the images its roles run, each once (the engine says which)."""
+    return res.engine_info.images_on(host.roles)
 
 
 def _storage_path(res: Resolved, host, conn: Host) -> str:
@@ -486,9 +486,9 @@ def check_images(ctx: Context) -> list[Result]:
                               "`grpo-deploy up` builds it (images.build: true), or `make images`"
                               if res.spec.images.build else "build or load it, or set images.build: true"))
             continue
-        uid, gid = labels.get("org.grpo-deploy.uid"), labels.get("org.grpo-deploy.gid")
+        uid, gid = labels.get(UID_LABEL), labels.get(GID_LABEL)
         ident = res.identities.get(role) or res.main_identity
-        versions[role] = labels.get("org.grpo-deploy.vllm-version", "?")
+        versions[role] = labels.get(VLLM_VERSION_LABEL, "?")
         if uid is not None and (int(uid), int(gid or -1)) != (ident.uid, ident.gid):
             out.append(Result("images", label, FAIL,
                               f"{tag} was built for UID {uid}:{gid}, the run uses {ident.uid}:{ident.gid}: the "
@@ -549,7 +549,7 @@ def _image_cuda(tag: str, labels: dict[str, str] | None) -> tuple[str | None, st
     for image in image_tags.GPU_IMAGES.values():
         if tag in {image_tags.arch_tag(image.name, a) for a in image.arches} | {image_tags.manifest_tag(image.name)}:
             return image.cuda, "the kit's image table (image not built here yet)"
-    return None, "no org.grpo-deploy.cuda-version label"
+    return None, f"no {CUDA_LABEL} label"
 
 
 def _compat_env(res: Resolved) -> bool:
@@ -621,7 +621,7 @@ def _in_container(ctx: Context, host, image: str, ident, argv: list[str]):
     """Run argv in a throw-away container of *image* on *host*, as *ident*, with the shared storage mounted."""
     return ctx.connector(host).run(
         ["docker", "run", "--rm", "--network", "none", "--user", ident.user, "-e", f"GRPO_UMASK={ident.umask}",
-         "--label", "org.grpo-deploy.managed-by=grpo-deploy", *probe_mount(ctx.res, host), image, *argv],
+         "--label", MANAGED, *probe_mount(ctx.res, host), image, *argv],
         timeout=300)
 
 
@@ -635,14 +635,15 @@ def check_shared_volume(ctx: Context) -> list[Result]:
     t_host, s_host = res.host_for("trainer"), res.host_for("server")
     where = t_host.name if t_host.name == s_host.name else f"{t_host.name}->{s_host.name}"
     for host, role in ((t_host, "trainer"), (s_host, "server")):
-        present = _image_on(ctx, host, res.images[role])
+        image = res.image_for(role)
+        present = _image_on(ctx, host, image)
         if present is not True:
-            return [Result("shared-volume", where, SKIP, present or f"image {res.images[role]} is not on {host.name} "
+            return [Result("shared-volume", where, SKIP, present or f"image {image} is not on {host.name} "
                            "yet: `up` ships it and probes then")]
     trainer, server = res.identities["trainer"], res.identities["server"]
     probe_dir = f"{res.run_dir}/.preflight-probe"
     mount = res.spec.storage.mount
-    w = _in_container(ctx, t_host, res.images["trainer"], trainer,
+    w = _in_container(ctx, t_host, res.image_for("trainer"), trainer,
                       ["python3", "-m", "grpo_deploy.runtime.probe", "write", "--dir", probe_dir])
     if not w.ok:
         return [Result("shared-volume", where, FAIL,
@@ -653,12 +654,12 @@ def check_shared_volume(ctx: Context) -> list[Result]:
     written = _last_json(w.out)
     # The reader also removes the probe when it can (same identity: the usual case), saving a container start;
     # otherwise the writer's identity cleans up.
-    r = _in_container(ctx, s_host, res.images["server"], server,
+    r = _in_container(ctx, s_host, res.image_for("server"), server,
                       ["sh", "-c", 'python3 -m grpo_deploy.runtime.probe read --dir "$0"; rc=$?; '
                        'rm -rf "$0" 2>/dev/null; exit $rc', probe_dir])
     read = _last_json(r.out)
     if (trainer.uid, trainer.gid) != (server.uid, server.gid) or not r.ok:
-        _in_container(ctx, t_host, res.images["trainer"], trainer, ["rm", "-rf", probe_dir])
+        _in_container(ctx, t_host, res.image_for("trainer"), trainer, ["rm", "-rf", probe_dir])
     path = written.get("path", probe_dir)
     data = {"written": written, "read": read}
     if not r.ok or not read.get("ok", False):
@@ -682,7 +683,7 @@ def check_shared_volume(ctx: Context) -> list[Result]:
 
 def _images_needed(res: Resolved) -> list[tuple[Any, str, str]]:
     """(host, image key, tag) for every image every host runs."""
-    return [(host, role, res.images[role]) for host in res.spec.hosts for role in _image_roles(res, host)]
+    return [(host, key, res.images[key]) for host in res.spec.hosts for key in _image_roles(res, host)]
 
 
 def _image_on(ctx: Context, host, tag: str) -> bool | str:

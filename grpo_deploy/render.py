@@ -27,14 +27,11 @@ import jinja2
 import yaml
 
 from . import render_k8s
+from .names import COMPOSE_BASE, COMPOSE_BIND, COMPOSE_NFS, project_name
 from .plan import Architecture, checkpoint_bytes
 from .resolve import Resolved, as_dict, gpu_split
 from .runtime.config import RunConfig, config_text
 from .runtime.values import CONTROL, ENV_VALUE_FORBIDDEN, ip_literal, parse_address
-
-COMPOSE_BASE = "compose.yaml"
-COMPOSE_NFS = "compose.nfs.yaml"
-COMPOSE_BIND = "compose.bind.yaml"
 
 
 class RenderError(RuntimeError):
@@ -214,7 +211,8 @@ def _dump_yaml(header: str, data: dict[str, Any]) -> str:
 def _verl_host_env(res: Resolved, host, config_dir: str, files: dict[str, str], publish_ips=None) -> None:
     spec = res.spec
     files[f"hosts/{host.name}.env"] = _template(
-        "verl.env.j2", host=host, run_name=spec.run.name, profile=res.profiles[host.name].name, images=res.images,
+        "verl.env.j2", host=host, run_name=spec.run.name, project=project_name(spec.run.name),
+        profile=res.profiles[host.name].name, images=res.images,
         identities=res.identities, mount=spec.storage.mount, volume=spec.storage.volume,
         config_dir=config_dir, ray_role="head" if "head" in host.roles else "worker",
     )
@@ -250,7 +248,8 @@ def _trl_host_env(res: Resolved, host, config_dir: str, files: dict[str, str], p
     services = [r for r in ("server", "trainer") if r in host.roles]
     server_host = res.host_for("server")
     files[f"hosts/{host.name}.env"] = _template(
-        "host.env.j2", host=host, run_name=spec.run.name, profile=profile.name, compose_files=compose_files,
+        "host.env.j2", host=host, run_name=spec.run.name, project=project_name(spec.run.name), profile=profile.name,
+        compose_files=compose_files,
         services=services, images=res.images, identities=res.identities, mount=spec.storage.mount,
         volume=spec.storage.volume, config_dir=config_dir, port=res.settings.vllm.port,
         publish=publish_address(res, server_host, publish_ips),

@@ -10,6 +10,7 @@ staleness, LoRA rank slots, context length, verl batch divisibility) are checked
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -86,6 +87,10 @@ class Resolved:
         hosts = self.hosts_with(role)
         return hosts[0] if hosts else None
 
+    def image_for(self, role: str) -> str:
+        """The image tag *role* runs (the engine says which image key; the spec or the profile gives its tag)."""
+        return self.images[self.engine_info.image_of(role)]
+
     @property
     def main_identity(self) -> Identity:
         return self.identities[self.engine_info.main_role]
@@ -148,6 +153,15 @@ class _Layers:
         self.raw[section][key] = value
         self.origins[section][key] = origin
 
+    def default(self, section: str, key: str) -> None:
+        """A key a spec field left null and no profile set: its value is the settings model's default, said so (a
+        null default, "not set", is not listed; a required key has none)."""
+        info = SECTIONS[section].model_fields[key]
+        if key in self.origins[section] or info.is_required() or info.get_default(call_default_factory=True) is None:
+            return
+        why = (info.description or "").strip().split("\n")[0]
+        self.origins[section][key] = Origin("default", f"the kit's default ({SECTIONS[section].__name__}): {why}")
+
     def profile(self, section: str, profile: profiles.Profile) -> None:
         for key, setting in profile.settings.get(section, {}).items():
             self.put(section, key, setting.value, Origin(f"profile:{profile.name}", setting.why), none_sets=True)
@@ -201,22 +215,26 @@ class _Layers:
                                          f"{message} (no profile or spec value sets it)"))
 
 
-def _role_profile(loaded: LoadedSpec, role: str) -> profiles.Profile:
+def _role_profile(loaded: LoadedSpec, role: str, load_profile: Callable[[str], profiles.Profile]) -> profiles.Profile:
     host = next(h for h in loaded.spec.hosts if role in h.roles)
-    return profiles.load(host.profile)
+    return load_profile(host.profile)
 
 
-def resolve(loaded: LoadedSpec) -> Resolved:
-    """Merge profiles, spec fields and overrides into typed settings; raise SpecError on any rule broken."""
+def resolve(loaded: LoadedSpec, load_profile: Callable[[str], profiles.Profile] = profiles.load) -> Resolved:
+    """Merge profiles, spec fields and overrides into typed settings; raise SpecError on any rule broken.
+    *load_profile* reads a profile by name (the package's profiles; a test passes one of its own)."""
     spec = loaded.spec
     engine = ENGINES[spec.engine]
-    main_profile = _role_profile(loaded, engine.main_role)
-    server_profile = _role_profile(loaded, engine.server_role) if engine.server_role else main_profile
+    main_profile = _role_profile(loaded, engine.main_role, load_profile)
+    server_profile = _role_profile(loaded, engine.server_role, load_profile) if engine.server_role else main_profile
     layers = _Layers(loaded)
     for section in SECTIONS:
         layers.profile(section, server_profile if section == "vllm" else main_profile)
 
     def spec_field(section: str, key: str, value: Any, path: tuple[str, ...]) -> None:
+        """A spec field over the profile; null = not given (the profile's value stands, else the settings' default)."""
+        if value is None:
+            layers.default(section, key)
         layers.put(section, key, value, Origin("spec", f"set in the spec ({'.'.join(path)})", path))
 
     spec_field("model", "path", spec.model.path, ("model", "path"))
@@ -249,7 +267,7 @@ def resolve(loaded: LoadedSpec) -> Resolved:
     sections = {name: layers.validate(name) for name in SECTIONS}
     if layers.problems:
         raise SpecError(layers.problems)
-    res = Resolved(loaded, {h.name: profiles.load(h.profile) for h in spec.hosts}, Settings(**sections),
+    res = Resolved(loaded, {h.name: load_profile(h.profile) for h in spec.hosts}, Settings(**sections),
                    layers.origins)
 
     run = spec.run
@@ -261,7 +279,7 @@ def resolve(loaded: LoadedSpec) -> Resolved:
             umask=(ident.umask if ident and ident.umask else run.umask),
         )
     for key in engine.image_roles:
-        profile = server_profile if key == engine.server_role else main_profile
+        profile = server_profile if engine.server_role and key == engine.image_of(engine.server_role) else main_profile
         res.images[key] = getattr(spec.images, key) or profile.images.get(key, "")
     given = spec.model.architecture
     res.architecture = given.model_dump() if given else known_models().get(res.settings.model.path)

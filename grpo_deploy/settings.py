@@ -33,9 +33,9 @@ from .runtime.values import (
     NonNegative,
     OwnPath,
     Port,
+    Resume,
     ServedName,
     Text,
-    abs_path,
 )
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -216,12 +216,6 @@ class VerlSettings(BaseModel):
         return {key: data[key] for key in keys if key in data}
 
 
-def _resume(value: str) -> str:
-    if value in ("auto", "never"):
-        return value
-    return abs_path(value)
-
-
 class CheckpointSettings(Strict):
     """Where checkpoints go, how many stay, when they are written and how a run resumes."""
 
@@ -231,7 +225,7 @@ class CheckpointSettings(Strict):
     """Checkpoints kept; null = every one."""
     save_every: Count | None = None
     """Optimizer steps between saves; null = never."""
-    resume: Annotated[str, AfterValidator(_resume)] = "auto"
+    resume: Resume = "auto"
     """auto (the newest complete checkpoint) | never | an absolute checkpoint path."""
     disk_margin_gb: Finite = Field(2.0, ge=0, le=MAX_DISK_GB)
     """Free space left over at the peak of checkpoints + adapters."""

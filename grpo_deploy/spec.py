@@ -29,10 +29,10 @@ from .runtime.values import (
     NfsOptions,
     NonNegative,
     OwnPath,
+    Resume,
     ServedName,
     Uid,
     VolumeName,
-    abs_path,
     describe_error,
     error_location,
 )
@@ -51,12 +51,7 @@ def _umask(value: str) -> str:
     return value.zfill(4)
 
 
-def _resume(value: str) -> str:
-    return value if value in ("auto", "never") else abs_path(value)
-
-
 Umask = Annotated[str, AfterValidator(_umask)]
-Resume = Annotated[str, AfterValidator(_resume)]
 
 
 class _Strict(BaseModel):
@@ -208,12 +203,12 @@ class CheckpointsSpec(_Strict):
     """null = the profile's; an integer, or 'all'."""
     save_every: Count | None = None
     """null = the profile's cadence, in steps."""
-    resume: Resume = "auto"
-    """auto (newest complete checkpoint) | never | an absolute checkpoint path."""
-    disk_margin_gb: Finite = Field(2.0, ge=0, le=MAX_DISK_GB)
-    """Free space left over after the peak of checkpoints + adapters."""
-    disk_watchdog: bool = True
-    """Before each save, stop the run cleanly (the newest complete checkpoint kept) if the save cannot fit."""
+    resume: Resume | None = None
+    """null = the profile's or the kit's default; auto (newest complete) | never | an absolute checkpoint path."""
+    disk_margin_gb: Finite | None = Field(None, ge=0, le=MAX_DISK_GB)
+    """null = the profile's or the kit's default; GB of free space left after the peak of checkpoints + adapters."""
+    disk_watchdog: bool | None = None
+    """null = the profile's or the kit's default; stop cleanly before a save that cannot fit (newest complete kept)."""
 
 
 class DeploymentSpec(_Strict):

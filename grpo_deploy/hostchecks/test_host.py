@@ -12,6 +12,7 @@ import pytest
 from grpo_deploy import preflight
 from grpo_deploy.hostchecks import mounts
 from grpo_deploy.hosts import facts as host_facts
+from grpo_deploy.names import MANAGED
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 
@@ -180,10 +181,6 @@ def test_checkpoint_disk_headroom(conn, spec_host, res):
                        f"{disk.explanation[-1]}")
 
 
-def _image_key(res, role: str) -> str:
-    return role if role in res.images else next(iter(res.images))
-
-
 def test_shared_dir_cross_host_write_read(res, on_host):
     """A file written 0600 (as safetensors writes adapter weights) as the writer's identity on the trainer's host is
     read as the reader's identity on the server's host, both in the run's images, through the real shared storage."""
@@ -198,7 +195,7 @@ def test_shared_dir_cross_host_write_read(res, on_host):
     label = f"{writer.name}->{reader.name}"
     w_conn, r_conn = on_host(writer, label), on_host(reader, label)
     w_ident, r_ident = res.identities[engine.main_role], res.identities[reader_role]
-    w_image, r_image = res.images[_image_key(res, engine.main_role)], res.images[_image_key(res, reader_role)]
+    w_image, r_image = res.image_for(engine.main_role), res.image_for(reader_role)
     for c, image in ((w_conn, w_image), (r_conn, r_image)):
         if host_facts.image(c, image) is None:
             pytest.skip(f"image {image} is not on {c.name} (the probe runs in the run's images) -> "
@@ -208,7 +205,7 @@ def test_shared_dir_cross_host_write_read(res, on_host):
 
     def in_image(c, spec_host, image, ident, *argv):
         return c.run(["docker", "run", "--rm", "--network", "none", "--user", ident.user, "-e",
-                      f"GRPO_UMASK={ident.umask}", "--label", "org.grpo-deploy.managed-by=grpo-deploy",
+                      f"GRPO_UMASK={ident.umask}", "--label", MANAGED,
                       *preflight.probe_mount(res, spec_host), image, *argv], timeout=300)
 
     write = in_image(w_conn, writer, w_image, w_ident, "sh", "-c",

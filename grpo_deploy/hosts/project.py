@@ -9,10 +9,8 @@ import tarfile
 from dataclasses import dataclass
 
 from ..kit_data import kit_dir
+from ..names import COMPOSE_FILES, ROLE_LABEL, RUN_LABEL, project_name
 from .connect import Host, HostError, Result
-
-RUN_LABEL = "org.grpo-deploy.run"
-COMPOSE_FILES = ("compose.yaml", "compose.nfs.yaml", "compose.bind.yaml")
 
 
 def compose_files() -> dict[str, str]:
@@ -60,7 +58,7 @@ class RemoteProject:
         # Run from the project folder: the env file names the compose files relative to it (as compose/.env does).
         folder = f"{self.root}/compose"
         return ["env", "-C", folder, "docker", "compose", "--project-directory", folder, "--env-file", self.env_file,
-                "-p", f"grpo-{self.run_name}", *args]
+                "-p", project_name(self.run_name), *args]
 
     def compose(self, *args: str, timeout: float = 600) -> Result:
         return self.host.run(self.compose_argv(*args), timeout=timeout)
@@ -88,8 +86,8 @@ class RemoteProject:
         ids = r.out.split()
         if not r.ok or not ids:
             return []
-        fmt = ("{{json .Id}}\t{{json .Name}}\t{{json (index .Config.Labels \"org.grpo-deploy.role\")}}\t"
-               "{{json .State.Status}}\t{{json .State.ExitCode}}\t{{json .State.Health}}")
+        fmt = "\t".join(["{{json .Id}}", "{{json .Name}}", '{{json (index .Config.Labels "' + ROLE_LABEL + '")}}',
+                         "{{json .State.Status}}", "{{json .State.ExitCode}}", "{{json .State.Health}}"])
         r = self.host.run(["docker", "inspect", "--format", fmt, *ids])
         out = []
         for line in r.out.strip().splitlines():

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..names import GID_LABEL, UID_LABEL
 from .door import BadValue, base_arch, base_suite, checked_path, image_tag, mirror_url, run_id
 from .progress import StepFailed
 from .recipes import BASE_SUITES, BASE_TAG, RECIPES, base_tag
@@ -213,8 +214,8 @@ def add_images_parser(subparsers) -> None:
     p.add_argument("recipe", choices=IMAGE_RECIPES, metavar="RECIPE", nargs="+",
                    help=f"one or more of {', '.join(IMAGE_RECIPES)}")
     p.add_argument("--tag", type=image_tag, help="image to check, with one recipe (default: the recipe's tag)")
-    p.add_argument("--uid", type=run_id, help="expected UID (default: the image's org.grpo-deploy.uid label)")
-    p.add_argument("--gid", type=run_id, help="expected GID (default: the image's org.grpo-deploy.gid label)")
+    p.add_argument("--uid", type=run_id, help=f"expected UID (default: the image's {UID_LABEL} label)")
+    p.add_argument("--gid", type=run_id, help=f"expected GID (default: the image's {GID_LABEL} label)")
     p.set_defaults(fn=lambda a: _run(cmd_verify, a))
 
     p = sub.add_parser("lock", help="resolve a recipe's requirements into its lock file (needs the index)",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from ..hosts import engine
 from ..image_tags import MACHINES
+from ..names import GID_LABEL, LABEL_PREFIX, MANAGED_BY_LABEL, UID_LABEL
 from .build import image_or_none
 from .progress import Step, StepFailed
 from .recipes import Recipe
@@ -18,9 +19,9 @@ LABELS_TO_ENV = {"EXPECT_ROLE": "image-role", "EXPECT_CUDA": "cuda-version", "EX
 
 def expectations(labels: dict[str, str], uid: int | None = None, gid: int | None = None) -> dict[str, str]:
     """The verify script's environment: EXPECT_UID/GID (given, else the labels) and what LABELS_TO_ENV names."""
-    env = {"EXPECT_UID": str(uid if uid is not None else labels.get("org.grpo-deploy.uid", "")),
-           "EXPECT_GID": str(gid if gid is not None else labels.get("org.grpo-deploy.gid", ""))}
-    return env | {name: labels.get(f"org.grpo-deploy.{label}", "") for name, label in LABELS_TO_ENV.items()}
+    env = {"EXPECT_UID": str(uid if uid is not None else labels.get(UID_LABEL, "")),
+           "EXPECT_GID": str(gid if gid is not None else labels.get(GID_LABEL, ""))}
+    return env | {name: labels.get(f"{LABEL_PREFIX}.{label}", "") for name, label in LABELS_TO_ENV.items()}
 
 
 EMULATED_MIDR = "0x00000000413fd0c1"
@@ -74,7 +75,7 @@ def verify(client, recipe: Recipe, images: Path, tag: str, log_dir: Path, uid: i
             step.update(f"running the in-image checks under QEMU user emulation ({image.attrs['Architecture']})")
         work = engine.for_work(client)
         container = work.containers.run(tag, command, environment=env, detach=True, **emulated,
-                                        labels={"org.grpo-deploy.managed-by": "grpo-deploy-images"})
+                                        labels={MANAGED_BY_LABEL: "grpo-deploy-images"})
         try:
             for chunk in container.logs(stream=True, follow=True):
                 step.write(chunk.decode(errors="replace"))

@@ -23,8 +23,8 @@ from .values import (
     ModuleName,
     Name,
     NonNegative,
+    Resume,
     Text,
-    abs_path,
     describe_error,
 )
 
@@ -59,16 +59,7 @@ def _reward(name: str) -> str:
     return name
 
 
-def _resume(value: str) -> str:
-    if value in ("auto", "never"):
-        return value
-    if not value.startswith("/"):
-        raise ValueError(f"must be auto, never or an absolute checkpoint path, got {value!r}")
-    return abs_path(value)
-
-
 Reward = Annotated[str, AfterValidator(_reward)]
-Resume = Annotated[str, AfterValidator(_resume)]
 Scalar = bool | int | Annotated[float, Field(allow_inf_nan=False)] | Text
 # What a passed-through TRL field may hold: TRL's fields are scalars or lists of them.
 _PASS_THROUGH = TypeAdapter(Scalar | list[Scalar] | None, config=ConfigDict(strict=True))

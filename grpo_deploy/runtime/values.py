@@ -237,6 +237,16 @@ def _env_value(value: str) -> str:
 
 
 
+def resume_value(value: str) -> str:
+    """checkpoints.resume: auto (the newest complete checkpoint), never, or an absolute checkpoint path."""
+    if value in ("auto", "never"):
+        return value
+    _text(value, "the value")
+    if not value.startswith("/"):
+        raise ValueError(f"must be auto, never or an absolute checkpoint path, got {value!r}")
+    return abs_path(value)
+
+
 def _no_bool(value: Any) -> Any:
     """Before a number or enum: a YAML boolean here was almost always an unquoted on/off/yes/no."""
     if isinstance(value, bool):
@@ -250,6 +260,7 @@ Name = Annotated[str, AfterValidator(_name)]
 Label = Annotated[str, AfterValidator(_label)]
 AbsPath = Annotated[str, AfterValidator(abs_path)]
 OwnPath = Annotated[str, AfterValidator(abs_path), AfterValidator(_not_system)]
+Resume = Annotated[str, AfterValidator(resume_value)]
 ModelRef = Annotated[str, AfterValidator(_model_ref)]
 ServedName = Annotated[str, AfterValidator(_served_name)]
 VolumeName = Annotated[str, AfterValidator(_matching(

@@ -88,7 +88,7 @@ def test_yaml_type_traps_are_refused_by_key(tmp_path, base, yaml_text, key, word
     (("hosts", 0, "shared_dir"), "/etc/grpo", ("system directory",)),
     (("checkpoints", "dir"), "/shared/../etc/x", ("not a normalised path",)),
     (("checkpoints", "dir"), "/srv/ck", ("is not under the shared volume",)),
-    (("checkpoints", "resume"), "latest", ("not an absolute path",)),
+    (("checkpoints", "resume"), "latest", ("must be auto, never or an absolute checkpoint path",)),
 ])
 def test_system_and_malformed_paths_are_refused(tmp_path, path, value, words):
     from grpo_deploy.spec import key_str

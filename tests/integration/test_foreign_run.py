@@ -8,7 +8,7 @@ import secrets
 import pytest
 import yaml
 
-from grpo_deploy import compose, launch, resolve, spec
+from grpo_deploy import launch, names, resolve, spec
 from tests.specs import spec_data
 
 BASE_IMAGE = "grpo-deploy/debian:bookworm"
@@ -27,7 +27,7 @@ def start(docker_client):
 
     def run(run_name: str, env_file: str):
         c = docker_client.containers.run(BASE_IMAGE, ["sleep", "300"], detach=True, labels={
-            compose.RUN_LABEL: run_name, launch.ENV_FILE_LABEL: env_file, "com.docker.compose.service": "server"})
+            names.RUN_LABEL: run_name, launch.ENV_FILE_LABEL: env_file, "com.docker.compose.service": "server"})
         started.append(c)
         return c
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 
-from grpo_deploy import checkpoints
+import pytest
+
+from grpo_deploy import checkpoints, preflight, resolve, spec
+from grpo_deploy.cli import main
 from grpo_deploy.runtime import checkpoints as manager
 from tests.unit.runtime.test_checkpoints import verl_checkpoint
 
@@ -48,3 +51,29 @@ def test_prune_text_says_what_went_and_what_was_quarantined(tmp_path):
     done = checkpoints.prune_text(_answer(tmp_path, "prune", args=["--keep", "1"]))
     assert done.splitlines()[:2][1] == "kept (complete): 40" and "quarantined half-written" in done
     assert [asdict(c)["step"] for c in manager.list_checkpoints(str(tmp_path))] == [40]
+
+
+VERL_LOCAL = ("engine: verl\nhosts: [{name: box, profile: a100, roles: [head]}]\n"
+              "images: {verl: grpo-deploy/not-built-anywhere:0}\n")
+
+
+def test_a_verl_spec_runs_the_manager_in_the_verl_image_or_says_in_one_line_why_not():
+    """The head runs the verl image (the engine says so): with that image absent, one line naming it, no KeyError."""
+    res = resolve.resolve(spec.loads(VERL_LOCAL))
+    ctx = preflight.Context(res)
+    try:
+        with pytest.raises(checkpoints.CheckpointsError) as exc:
+            checkpoints.run_manager(res, ctx, "list")
+    finally:
+        ctx.close()
+    message = str(exc.value)
+    assert "\n" not in message and message.startswith("box: ")
+    assert "grpo-deploy/not-built-anywhere:0 is not there" in message or "Docker engine unreachable" in message
+
+
+def test_the_checkpoints_verb_on_a_verl_spec_answers_in_one_line(tmp_path, capsys):
+    path = tmp_path / "verl.yaml"
+    path.write_text(VERL_LOCAL)
+    assert main(["checkpoints", "list", "-f", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: box: ") and "Traceback" not in err

@@ -1,9 +1,11 @@
 """Tests of grpo_deploy.resolve: precedence, provenance, derived vLLM settings, GPU split, cross-field rules."""
 
+from importlib import resources
+
 import pytest
 import yaml
 
-from grpo_deploy import resolve, spec
+from grpo_deploy import profiles, resolve, settings, spec
 from tests.specs import loaded
 
 
@@ -83,3 +85,53 @@ def test_keep_all_means_none_with_its_reason():
     res = _res(**{"checkpoints.keep": "all"})
     assert res.keep is None and res.origins["checkpoints"]["keep"].source == "spec"
     assert _res(**{"checkpoints.keep": 5}).keep == 5
+
+
+CHECKPOINT_DEFAULTS = {"resume": "auto", "disk_margin_gb": 2.0, "disk_watchdog": True}
+MINIMAL = "engine: trl-async\nhosts: [{name: box, profile: cpu, roles: [server, trainer]}]\n"
+
+
+def test_a_spec_that_never_names_the_checkpoint_defaults_reports_them_as_the_kits_defaults():
+    view = resolve.as_dict(resolve.resolve(spec.loads(MINIMAL)))["checkpoints"]
+    for key, value in CHECKPOINT_DEFAULTS.items():
+        assert (view[key]["value"], view[key]["source"]) == (value, "default"), key
+        description = settings.CheckpointSettings.model_fields[key].description.split("\n")[0]
+        assert view[key]["why"].endswith(description), key  # the why is the settings field's own, not "set in the spec"
+
+
+def _cpu_with(checkpoints: dict) -> profiles.Profile:
+    """The real cpu profile file, parsed with *checkpoints* settings added (a profile the package does not ship)."""
+    raw = yaml.safe_load((resources.files("grpo_deploy") / "profiles" / "cpu.yaml").read_text(encoding="utf-8"))
+    raw["settings"]["checkpoints"].update({k: {"value": v, "why": f"{k} from the profile"}
+                                           for k, v in checkpoints.items()})
+    return profiles._parse("cpu", raw)
+
+
+def test_a_profile_sets_the_checkpoint_defaults_and_a_spec_field_still_wins():
+    given = {"resume": "never", "disk_margin_gb": 7.5, "disk_watchdog": False}
+    profile = _cpu_with(given)
+    res = resolve.resolve(spec.loads(MINIMAL), load_profile=lambda name: profile)
+    for key, value in given.items():
+        origin = res.origins["checkpoints"][key]
+        assert (getattr(res.settings.checkpoints, key), origin.source, origin.why) == \
+            (value, "profile:cpu", f"{key} from the profile"), key
+    written = MINIMAL + "checkpoints: {resume: auto, disk_margin_gb: 3.0, disk_watchdog: true}\n"
+    res = resolve.resolve(spec.loads(written), load_profile=lambda name: profile)
+    for key, value in {"resume": "auto", "disk_margin_gb": 3.0, "disk_watchdog": True}.items():
+        origin = res.origins["checkpoints"][key]
+        assert (getattr(res.settings.checkpoints, key), origin.source, origin.path) == \
+            (value, "spec", ("checkpoints", key)), key
+
+
+def test_a_bad_checkpoint_value_in_a_profile_names_the_profile_entry():
+    profile = _cpu_with({"disk_margin_gb": -1.0})
+    with pytest.raises(spec.SpecError) as exc:
+        resolve.resolve(spec.loads(MINIMAL), load_profile=lambda name: profile)
+    assert str(exc.value).startswith("profile cpu: settings.checkpoints.disk_margin_gb: ")
+
+
+def test_image_for_a_role_is_the_engines_image_key():
+    trl = _res()
+    assert (trl.image_for("server"), trl.image_for("trainer")) == (trl.images["server"], trl.images["trainer"])
+    verl = _res("a100", "verl", ("a", "b"))
+    assert verl.image_for("head") == verl.image_for("worker") == verl.images["verl"] != ""

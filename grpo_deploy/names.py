@@ -1,0 +1,39 @@
+"""The names and figures every layer shares, stated once: the kit's Docker labels, the compose project and file names,
+the state folders, the server's ready timeout and `up`'s restarts default. Constants only; imports nothing of the kit,
+so hosts, images and the CLI alike may read it."""
+
+from __future__ import annotations
+
+LABEL_PREFIX = "org.grpo-deploy"
+RUN_LABEL = f"{LABEL_PREFIX}.run"
+"""On every container of a run: its run name (`docker ps --filter label=...` finds them)."""
+ROLE_LABEL = f"{LABEL_PREFIX}.role"
+"""On every container of a run: the role it runs."""
+MANAGED_BY_LABEL = f"{LABEL_PREFIX}.managed-by"
+MANAGED_BY = "grpo-deploy"
+MANAGED = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+"""`--label` of every throw-away container the deployer starts."""
+UID_LABEL = f"{LABEL_PREFIX}.uid"
+GID_LABEL = f"{LABEL_PREFIX}.gid"
+"""On every kit image: the identity it was built for."""
+VLLM_VERSION_LABEL = f"{LABEL_PREFIX}.vllm-version"
+CUDA_LABEL = f"{LABEL_PREFIX}.cuda-version"
+
+PROJECT_PREFIX = "grpo-"
+COMPOSE_BASE = "compose.yaml"
+COMPOSE_NFS = "compose.nfs.yaml"
+COMPOSE_BIND = "compose.bind.yaml"
+COMPOSE_FILES = (COMPOSE_BASE, COMPOSE_NFS, COMPOSE_BIND)
+
+STATE_DIR = ".grpo-deploy"
+"""The deployer's state folder: in the working directory for local runs, in the login user's HOME on remote hosts."""
+
+READY_TIMEOUT_S = 900
+"""How long `up` waits for the vLLM server to list the model."""
+UP_RESTARTS = 2
+"""Server deaths `up` recovers from (restarting the server and the trainer) before it gives up: --restarts."""
+
+
+def project_name(run: str) -> str:
+    """The compose project of run *run* on every host."""
+    return f"{PROJECT_PREFIX}{run}"
