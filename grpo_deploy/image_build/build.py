@@ -258,8 +258,9 @@ def build(client, recipe: Recipe, images: Path, package_dir: Path, build_dir: Pa
             raise StepFailed(f"the base image {recipe.base} is missing: build or load it first")
         from .base import build_base  # the kit's own base: debootstrap (root) + import, a minute (4 under QEMU)
 
-        build_base(client, recipe.base, images / "base.sh", build_dir / "rootfs", log_dir,
-                   suite=BASE_SUITES[known[0]], arch=known[1])
+        with wheelhouse.prefetched(recipe, images, wheel_dir, log_dir):  # no base: the deps image is missing too
+            build_base(client, recipe.base, images / "base.sh", build_dir / "rootfs", log_dir,
+                       suite=BASE_SUITES[known[0]], arch=known[1])
     base_tag, deps_built = build_deps(client, recipe, images, wheel_dir, log_dir, force)
     if recipe.dockerfile is None:
         client.images.get(base_tag).tag(*tag.rsplit(":", 1))

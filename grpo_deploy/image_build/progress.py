@@ -44,13 +44,14 @@ def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
 class Step:
     """One long step: `with Step("deps image", log_path) as step: step.update("3/12 steps", done=3, total=12)`.
 
-    On a terminal the step is one line rewritten in place; elsewhere (CI, a pipe) a start line and an end line.
-    The log file collects the step's full output (`step.log` is an open text file; subprocesses can write to it)."""
+    On a terminal the step is one line rewritten in place; elsewhere (CI, a pipe), or with *lines_only* (a step that
+    runs beside another one's redrawn line), a start line and an end line. The log file collects the step's full
+    output (`step.log` is an open text file; subprocesses can write to it)."""
 
-    def __init__(self, name: str, log_path: Path, out: TextIO | None = None):
+    def __init__(self, name: str, log_path: Path, out: TextIO | None = None, lines_only: bool = False):
         self.name, self.log_path = name, log_path
         self.out = out or sys.stderr
-        self.tty = self.out.isatty() and os.environ.get("TERM") != "dumb"
+        self.tty = not lines_only and self.out.isatty() and os.environ.get("TERM") != "dumb"
         self.start = time.monotonic()
         self.detail = ""
         self._last_draw = 0.0

@@ -45,22 +45,43 @@ def run_logged(argv: list[str], step: Step, on_line=None) -> int:
     return proc.returncode
 
 
-def ensure(recipe: Recipe, images: Path, directory: Path, log_dir: Path) -> Path:
+def ensure(recipe: Recipe, images: Path, directory: Path, log_dir: Path, lines_only: bool = False) -> Path:
     """Make *directory* hold every wheel of the recipe's lock (and its sdist lock's wheels); only what is missing is
-    downloaded. Returns the directory."""
+    downloaded (progress as a start and an end line with *lines_only*). Returns the directory."""
     pins = locks.read(images / recipe.lock)
     directory.mkdir(parents=True, exist_ok=True)
     todo = locks.missing(pins, directory)
     sdists = _missing_sdists(recipe, images, directory)
     if not todo and not sdists:
         return directory
-    with Step(f"wheelhouse {recipe.name}", log_dir / f"wheelhouse-{recipe.name}.log") as step:
+    with Step(f"wheelhouse {recipe.name}", log_dir / f"wheelhouse-{recipe.name}.log", lines_only=lines_only) as step:
         if todo:
             _download(recipe, todo, len(pins), directory, step)
         if sdists:
             _build_sdists(recipe, images, directory, step)
         step.done(f"{len(pins)} wheels in {directory}")
     return directory
+
+
+@contextlib.contextmanager
+def prefetched(recipe: Recipe, images: Path, directory: Path, log_dir: Path) -> Iterator[None]:
+    """ensure() in a thread for the duration of the block (a fresh machine downloads the wheels while its base image
+    is debootstrapped: both wait on the network); the block's end waits for it and raises what it raised. A block
+    that fails leaves the download to the process's exit."""
+    failure: list[BaseException] = []
+
+    def fetch() -> None:
+        try:
+            ensure(recipe, images, directory, log_dir, lines_only=True)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            failure.append(exc)
+
+    thread = threading.Thread(target=fetch, daemon=True, name=f"wheelhouse-{recipe.name}")
+    thread.start()
+    yield
+    thread.join()
+    if failure:
+        raise failure[0]
 
 
 def _download(recipe: Recipe, todo: list[locks.Pin], total: int, directory: Path, step: Step) -> None:

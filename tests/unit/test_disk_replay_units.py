@@ -88,7 +88,7 @@ def test_preflight_probes_mount_what_compose_mounts_when_nfs_and_shared_dir_are_
     assert args[0] == "--mount" and "volume-opt=type=nfs" in args[1] and str(tmp_path) not in " ".join(args)
 
 
-def test_a_resume_counts_the_runs_own_checkpoints_as_free(tmp_path):
+def test_a_resume_counts_the_runs_own_checkpoints_as_free(tmp_path, monkeypatch):
     share = tmp_path / "share"
     data = spec_data("cpu", "trl-async", (), **{"hosts.0.shared_dir": str(share)})
     res = resolve.resolve(spec.loads(yaml.safe_dump(data)))
@@ -97,11 +97,15 @@ def test_a_resume_counts_the_runs_own_checkpoints_as_free(tmp_path):
     (ckpt / "checkpoint-20" / "optimizer.pt").write_bytes(b"o" * 10**6)
     (ckpt / "quarantine" / "checkpoint-40").mkdir(parents=True)
     (ckpt / "quarantine" / "checkpoint-40" / "optimizer.pt").write_bytes(b"q" * 3 * 10**6)
-    raw = preflight._measured_free_space(preflight.Context(res))[0]
+    measured = preflight._measured_free_space(preflight.Context(res))
+    raw = measured[0]
+    # the filesystem's free space, read once: another job writing to the same disk between two reads is not the kit
+    monkeypatch.setattr(preflight, "_measured_free_space", lambda ctx: measured)
     free, where, how = preflight.checkpoint_free_space(preflight.Context(res))
     assert 10**6 <= free - raw < 10**6 + 3 * 4096 + 8192  # the checkpoint, not the quarantined one
     assert "this run's own checkpoints" in how
     assert preflight.checkpoint_headroom(preflight.Context(res))["free_bytes"] <= raw + 4096  # status: what is free
+    monkeypatch.undo()
     given = preflight.checkpoint_free_space(preflight.Context(res, free_space={"local": 123}))
     assert given[0] == 123  # a what-if figure is taken as given
 

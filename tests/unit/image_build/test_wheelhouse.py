@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import re
 import shutil
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -63,3 +65,26 @@ def test_run_logged_captures_output_in_the_log(tmp_path: Path):
         code = wheelhouse.run_logged(["sh", "-c", "echo out; echo err >&2; exit 3"], step)
     assert code == 3 and "out\nerr\n" in (tmp_path / "x.log").read_text()
     assert shutil.which("sh")
+
+
+def test_prefetched_downloads_beside_the_block_and_raises_its_failure(monkeypatch, tmp_path):
+    seen = {}
+
+    def slow_ensure(recipe, images, directory, log_dir, lines_only=False):
+        seen.update(thread=threading.current_thread().name, lines_only=lines_only)
+        time.sleep(0.5)
+
+    monkeypatch.setattr(wheelhouse, "ensure", slow_ensure)
+    start = time.monotonic()
+    with wheelhouse.prefetched(RECIPES["cpu"], tmp_path, tmp_path / "w", tmp_path):
+        time.sleep(0.5)  # the base image's build, meanwhile
+    assert time.monotonic() - start < 0.9, "the two ran one after the other"
+    assert seen == {"thread": "wheelhouse-cpu", "lines_only": True}
+
+    def failing(*args, **kwargs):
+        raise progress.StepFailed("pip download failed (exit 1)")
+
+    monkeypatch.setattr(wheelhouse, "ensure", failing)
+    with pytest.raises(progress.StepFailed, match="pip download failed"):
+        with wheelhouse.prefetched(RECIPES["cpu"], tmp_path, tmp_path / "w", tmp_path):
+            pass
