@@ -57,7 +57,8 @@ cleanup() {
 trap cleanup EXIT
 
 rm -rf --one-file-system "$SCRATCH"
-mkdir -p "$SCRATCH"/{docker,run}
+mkdir -p "$SCRATCH"/{docker,run,tmp}
+chmod 1777 "$SCRATCH/tmp"
 say "cloning $COMMIT into $SCRATCH/src"
 git clone -q "$REPO" "$SCRATCH/src"
 git -C "$SCRATCH/src" checkout -q "$COMMIT"
@@ -80,12 +81,14 @@ iptables -I FORWARD -o "$HOST_IF" -j ACCEPT
 say "running ${FRESH_COMMAND:-.ci/run} against an empty engine (log: $LOG)"
 set +e
 # Inside (nsenter, not `ip netns exec`: that remounts /sys and hides the cgroup hierarchies dockerd needs): a private mount namespace where /var/lib/docker and /run are empty folders of the scratch area, so the
-# dockerd that .ci/run's setup starts is a new engine with nothing in it (and its socket is the default one).
+# dockerd that .ci/run's setup starts is a new engine with nothing in it (and its socket is the default one); /tmp
+# is empty too (pytest's temporary folders of another session stay apart).
 nsenter --net=/run/netns/"$NS" unshare --mount --propagation private bash -c '
   set -e
   mkdir -p /var/lib/docker
   mount --bind "$1/docker" /var/lib/docker
   mount --bind "$1/run" /run
+  mount --bind "$1/tmp" /tmp
   cd "$1/src"
   eval "$2"
 ' fresh "$SCRATCH" "${FRESH_COMMAND:-CI=true bash .ci/run}" >"$LOG" 2>&1
