@@ -218,6 +218,9 @@ class VarlenAttention:
             return self.choices[key]
         return "varlen" if self._use_varlen(q, softcap) else "sdpa"
 
+    # Eager under torch.compile (a regionally compiled decoder layer breaks its graph here): the backend pick and the
+    # kernels' Python-int lengths stay out of the compiled code, so a row of a new length recompiles nothing here.
+    @torch.compiler.disable
     def flash_attn_varlen_func(
         self,
         q: torch.Tensor,

@@ -45,6 +45,52 @@ def attention_text(results: list[dict]) -> str:
     return table(headers, lines, 200)
 
 
+def speed_text(rows: list[dict]) -> str:
+    """One row per speed-switch combination: time, MFU, compile cost and recompiles, memory."""
+    headers = ["switches", "budget", "s/step", "tok/s", "peak GiB", "MFU 6N", "MFU LoRA", "MFU TRL", "compile s",
+               "graphs", "recompiles in step"]
+    lines = []
+    for r in rows:
+        if "skipped" in r or "failure" in r:
+            lines.append([r["switches"], r["token_budget"], r.get("skipped") or r["failure"], *[""] * 8])
+            continue
+        lines.append([r["switches"], r["token_budget"], _fmt(r["seconds"], ".2f"), _fmt(r["tokens_per_s"], ",.0f"),
+                      _fmt(r["peak_gib"], ".1f"), _fmt(r["mfu_model"], ".1f"), _fmt(r["mfu_lora"], ".1f"),
+                      _fmt(r["mfu_trl"], ".1f"), _fmt(r["compile_s"], ".1f"), r["graphs_warmup"],
+                      r["recompiles_in_step"]])
+    return table(headers, lines, 200)
+
+
+def breakdown_text(rows: list[dict]) -> str:
+    """Milliseconds per microbatch by kernel class for each profiled speed row, with shares of the wall time."""
+    profiled = [r for r in rows if "breakdown" in r]
+    if not profiled:
+        return ""
+    classes = list(profiled[0]["breakdown"]["per_microbatch_s"])
+    headers = ["class", *[f"{r['switches']} ms (%)" for r in profiled]]
+    lines = [[c, *[f"{r['breakdown']['per_microbatch_s'][c] * 1e3:.1f} ({r['breakdown']['share'][c] * 100:.0f} %)"
+                   for r in profiled]] for c in classes]
+    lines.append(["wall", *[f"{r['breakdown']['wall_s'] / r['breakdown']['microbatches'] * 1e3:.1f}" for r in profiled]])
+    return "per microbatch, by kernel class (torch profiler):\n" + table(headers, lines, 200)
+
+
+def exactness_text(check: dict) -> str:
+    headers = ["switches", "loss", "loss err vs fp32", "grad err vs fp32", "loss err vs today", "grad err vs today",
+               "tolerance (loss, grad)", "exact"]
+    lines = []
+    for r in check["rows"]:
+        if "skipped" in r:
+            lines.append([r["switches"], r["skipped"], *[""] * 6])
+            continue
+        lines.append([r["switches"], _fmt(r["loss"], ".6f"), _fmt(r["vs_fp32"]["loss"], ".1e"),
+                      _fmt(r["vs_fp32"]["grad"], ".1e"), _fmt(r["vs_today"]["loss"], ".1e"),
+                      _fmt(r["vs_today"]["grad"], ".1e"),
+                      f"{r['tolerance']['loss']:.1e}, {r['tolerance']['grad']:.1e}", "yes" if r["exact"] else "NO"])
+    return (f"exactness: one packed step ({check['microbatches']} rows at {check['token_budget']}, "
+            f"{check['tokens']} tokens), bf16 autocast vs the same step in fp32 (loss {check['fp32_loss']:.6f}); "
+            "relative errors, LoRA gradients as one vector:\n" + table(headers, lines, 200))
+
+
 FORMULAS = """\
 MFU 6N   = (6 x decoder linear params x forwarded tokens + 6 x hidden x vocab x trained tokens
             + 3 x attention forward) / s / peak; attention forward = 4 x heads x head_dim x causal pairs x layers
@@ -69,8 +115,16 @@ def report_text(report: dict) -> str:
     if "attention" in report:
         parts.append("attention paths (bf16 vs fp32 reference; fwd+bwd FLOPs = 3 x forward):\n"
                      + attention_text(report["attention"]))
-    parts.append(configs_text(report["configs"], report["token_budget"]))
-    best = report["best_budget"]
+    if "configs" in report:
+        parts.append(configs_text(report["configs"], report["token_budget"]))
+    if report.get("speed"):
+        parts.append("speed switches (packed, checkpointing off; compile s = warm-up beyond steady time, graphs = "
+                     "Dynamo graphs compiled in warm-up):\n" + speed_text(report["speed"]))
+        if breakdown_text(report["speed"]):
+            parts.append(breakdown_text(report["speed"]))
+    if report.get("exactness"):
+        parts.append(exactness_text(report["exactness"]))
+    best = report.get("best_budget")
     if best:
         parts.append(f"fastest packed configuration within memory: budget {best['token_budget']}, checkpointing "
                      f"{'on' if best['gradient_checkpointing'] else 'off'}: {best['tokens_per_s']:,.0f} tok/s, "

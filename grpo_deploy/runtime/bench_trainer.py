@@ -22,7 +22,7 @@ import time
 from collections import defaultdict
 from types import SimpleNamespace
 
-from . import flops
+from . import flops, trainer_speed
 from .bench_report import report_text
 from .config import ATTENTION_BACKENDS, build_lora_config
 from .synthetic_rollouts import (
@@ -37,9 +37,11 @@ from .synthetic_rollouts import (
 )
 
 
-def build_policy(arch: dict | None, model_path: str | None, profile: Profile, checkpointing: bool, device: str):
+def build_policy(arch: dict | None, model_path: str | None, profile: Profile, checkpointing: bool, device: str,
+                 switches: trainer_speed.Switches | None = None, autocast: bool | None = None):
     """The policy as AsyncGRPOTrainer builds it: fp32 master weights, TRL's tree attention, fused log-prob head, PEFT
-    LoRA from the profile, and (when asked) activation checkpointing with input gradients, as TRL enables it."""
+    LoRA from the profile, and (when asked) activation checkpointing with input gradients, as TRL enables it; then
+    the speed switches (trainer_speed.py), none by default."""
     import torch
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM, Qwen2Config
@@ -64,6 +66,8 @@ def build_policy(arch: dict | None, model_path: str | None, profile: Profile, ch
             model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
     model.train()
+    if switches is not None:
+        trainer_speed.apply(model, switches, device, device == "cuda" if autocast is None else autocast)
     return model
 
 
@@ -97,18 +101,21 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def train_microbatch(model, state, batch: dict, device: str) -> None:
-    """One TRL microbatch: its compute_loss under bf16 autocast on CUDA (TRL's bf16=True default), then backward."""
+def train_microbatch(model, state, batch: dict, device: str, autocast: bool | None = None):
+    """One TRL microbatch: its compute_loss under bf16 autocast (TRL's bf16=True default; on CUDA unless told
+    otherwise), then backward; returns the loss, detached."""
     import contextlib
 
     import torch
     from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
 
     inputs = {key: value.to(device) if torch.is_tensor(value) else value for key, value in batch.items()}
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
-    with autocast:
+    enabled = device == "cuda" if autocast is None else autocast
+    context = torch.autocast(device, dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+    with context:
         loss = AsyncGRPOTrainer.compute_loss(state, model, inputs)
     loss.backward()
+    return loss.detach()
 
 
 def measure(model, batches: list[dict], device: str, warmup: int = 2) -> dict:
@@ -116,10 +123,14 @@ def measure(model, batches: list[dict], device: str, warmup: int = 2) -> dict:
     import torch
 
     state = trl_loss_state(len(batches), device)
+    graphs_before = trainer_speed.graphs_compiled()
+    started = time.perf_counter()
     for batch in batches[:warmup]:
         train_microbatch(model, state, batch, device)
     model.zero_grad(set_to_none=True)
     _synchronize(device)
+    warmup_s = time.perf_counter() - started
+    graphs_warm = trainer_speed.graphs_compiled()
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     started = time.perf_counter()
@@ -129,7 +140,15 @@ def measure(model, batches: list[dict], device: str, warmup: int = 2) -> dict:
     seconds = time.perf_counter() - started
     model.zero_grad(set_to_none=True)
     peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
-    return {"seconds": seconds, "peak_gib": peak}
+    # Compile seconds: the warm-up's wall time beyond what the same microbatches take once compiled.
+    steady = seconds * sum(_tokens(b) for b in batches[:warmup]) / max(sum(_tokens(b) for b in batches), 1)
+    return {"seconds": seconds, "peak_gib": peak, "warmup_s": warmup_s, "compile_s": max(warmup_s - steady, 0.0),
+            "graphs_warmup": graphs_warm - graphs_before,
+            "recompiles_in_step": trainer_speed.graphs_compiled() - graphs_warm}
+
+
+def _tokens(batch: dict) -> int:
+    return int(batch["attention_mask"].sum())
 
 
 def summarise(name: str, budget: int, checkpointing: bool, batches: list[dict], timing: dict, shape, rank: int,
@@ -233,8 +252,11 @@ def versions() -> dict:
     import torch
 
     found = {"torch": torch.__version__, "cuda": torch.version.cuda}
-    for name in ("transformers", "trl", "peft", "accelerate"):
-        found[name] = metadata.version(name)
+    for name in ("transformers", "trl", "peft", "accelerate", "liger_kernel", "triton"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
     return found
 
 
@@ -287,9 +309,47 @@ def collect(args: argparse.Namespace) -> dict:
     if not args.skip_attention and arch:
         shape = flops.ModelShape(**report["model"])
         report["attention"] = attention_paths(shape, samples, budget, device)
-    report["configs"] = run_trainer_configs(arch, args.model, profile, samples, budgets, device, peak)
+    if not args.speed_only:
+        report["configs"] = run_trainer_configs(arch, args.model, profile, samples, budgets, device, peak)
+        report["best_budget"] = best_budget(report["configs"])
+    report.update(speed_report(args, arch, profile, samples, budget, device, peak))
     report["attention_choices"] = {str(k): v for k, v in attention_shim.SHIM.choices.items()}
-    report["best_budget"] = best_budget(report["configs"])
+    return report
+
+
+def speed_rows_of(args: argparse.Namespace, profile: Profile) -> list[trainer_speed.Switches]:
+    """The switch combinations to time: today's path, each switch alone, and the profile's own combination last."""
+    if args.speed_rows:
+        return [trainer_speed.Switches.parse(t) for t in args.speed_rows.split(";") if t.strip()]
+    rows = [trainer_speed.Switches.parse(t) for t in ("today", "bf16-linear", "bf16", "liger", "compile")]
+    chosen = trainer_speed.Switches(**(profile.speed or {}))
+    return [r for r in rows if r != chosen or r == rows[0]] + ([chosen] if chosen != rows[0] else [])
+
+
+def speed_report(args, arch, profile, samples, budget, device, peak) -> dict:
+    """The speed-switch rows (at the main budget, the last also at `--speed-budgets`), the breakdown of the first and
+    last rows, and the exactness of every row."""
+    from . import bench_speed
+
+    rows = speed_rows_of(args, profile)
+    breakdown = set(args.breakdown.split(";")) if args.breakdown is not None else {"today", rows[-1].label}
+    check_budget = args.exactness_budget or (128 if args.tiny else 4096)
+    check = None
+    if device == "cuda" and not args.skip_exactness:  # timed under autocast: each timed policy is checked in place
+        batches = bench_speed.check_batches(samples, check_budget)
+        check = {"batches": batches, "rows": [], "today": None,
+                 "reference": bench_speed.reference_step(arch, args.model, profile, batches, device)}
+        bench_speed.check_today(arch, args.model, profile, device, check)
+    report = {"speed": bench_speed.speed_rows(arch, args.model, profile, samples, budget, device, peak, rows,
+                                              breakdown, check)}
+    for extra in args.speed_budgets or []:
+        report["speed"] += bench_speed.speed_rows(arch, args.model, profile, samples, extra, device, peak, rows[-1:],
+                                                  set())
+    if check is not None:
+        report["exactness"] = bench_speed.exactness_report(check_budget, check["batches"], check["reference"],
+                                                           check["rows"])
+    elif not args.skip_exactness:  # CPU times fp32: the bf16 checks build their own policies
+        report["exactness"] = bench_speed.exactness(arch, args.model, profile, samples, check_budget, device, rows)
     return report
 
 
@@ -316,6 +376,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="shim backend for the trainer runs (default: fastest exact one, picked at start-up)")
     parser.add_argument("--skip-attention", action="store_true", help="skip the attention-path table")
     parser.add_argument("--peak-tflops", type=float, help="dense bf16 peak for MFU when the GPU is not in the table")
+    parser.add_argument("--speed-only", action="store_true", help="only the speed-switch rows (no packing off/on x "
+                                                                  "checkpointing table, no budget sweep)")
+    parser.add_argument("--speed-rows", metavar="ROWS", help="';'-separated switch combinations to time, each "
+                        "'today' or '+'-joined bf16-linear|bf16, liger, compile (default: today, each alone, the "
+                        "profile's own)")
+    parser.add_argument("--speed-budgets", type=lambda s: [int(x) for x in s.split(",")],
+                        help="further budgets for the last speed row (comma-separated)")
+    parser.add_argument("--breakdown", metavar="ROWS", help="';'-separated speed rows to profile by kernel class "
+                                                            "(default: the first and the last; '' for none)")
+    parser.add_argument("--exactness-budget", type=int, help="token budget of the exactness step (default 4096; "
+                                                             "--tiny 128)")
+    parser.add_argument("--skip-exactness", action="store_true", help="skip the loss/gradient exactness check")
     parser.add_argument("--json", action="store_true", help="print the report as JSON instead of tables")
     parser.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE")
 

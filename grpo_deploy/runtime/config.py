@@ -87,6 +87,15 @@ class RuntimeSettings(Strict):
     """FlashAttention-3 stand-in for TRL's packed attention: auto installs it where FA3 is missing."""
     response_template: Literal["chatml"] | None = "chatml"
     """Chat format the rollout worker parses completions with; null leaves the tokenizer's own."""
+    base_dtype: Literal["fp32", "bf16-linear", "bf16"] = "fp32"
+    """Frozen base weights: fp32 master weights, bf16 decoder linears only, or every frozen weight in bf16
+    (trainer_speed.py; LoRA weights stay fp32)."""
+    fused_kernels: Literal["off", "liger"] = "off"
+    """Liger's Triton RMSNorm/SwiGLU/RoPE kernels (CUDA, the carried liger_kernel package)."""
+    compile_layers: bool = False
+    """Regional torch.compile of each decoder layer, the attention shim left eager."""
+    lora_elementwise: bool = False
+    """LoRA's rank <= 4 products as broadcasts and sums for the compiler to fuse (needs compile_layers)."""
 
 
 @cache

@@ -55,6 +55,7 @@ class Profile:
     temperature: float
     generations: int
     completion_max: int
+    speed: dict = None  # the runtime section's speed switches (trainer_speed.Switches fields) the profile sets
 
 
 def load_profile(name: str) -> Profile:
@@ -64,8 +65,10 @@ def load_profile(name: str) -> Profile:
     lora, trl = ({k: v["value"] for k, v in settings[section].items()} for section in ("lora", "trl"))
     spec = SimpleNamespace(r=lora["r"], alpha=lora["alpha"], dropout=lora["dropout"],
                            target_modules=lora["target_modules"])
+    runtime = {k: v["value"] for k, v in settings.get("runtime", {}).items()}
+    speed = {k: runtime[k] for k in ("base_dtype", "fused_kernels", "compile_layers") if k in runtime}
     return Profile(name, spec, int(trl["token_budget"]), float(trl["temperature"]), int(trl["num_generations"]),
-                   int(trl["max_completion_length"]))
+                   int(trl["max_completion_length"]), speed)
 
 
 def seed_004_workload(profile: Profile, tiny: bool, groups: int | None = None) -> Workload:
