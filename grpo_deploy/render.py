@@ -30,7 +30,7 @@ from . import render_k8s
 from .names import COMPOSE_BASE, COMPOSE_BIND, COMPOSE_NFS, project_name
 from .plan import Architecture, checkpoint_bytes
 from .resolve import Resolved, as_dict, gpu_split
-from .runtime.config import RunConfig, config_text
+from .runtime.config import RunConfig, SpeedSwitches, config_text
 from .runtime.values import CONTROL, ENV_VALUE_FORBIDDEN, ip_literal, parse_address
 
 
@@ -122,8 +122,16 @@ def trainer_config(res: Resolved, publish_ips: dict[str, str] | None = None) -> 
         "resume": s.checkpoints.resume,
         "unload_stale_adapters": True,
         "disk_watchdog": _disk_watchdog(res),
+        **({"speed": speed} if (speed := _speed(res)) else {}),
         "async_grpo": grpo,
     })
+
+
+def _speed(res: Resolved) -> dict:
+    """The trainer's speed switches the profile turns on (none: today's path, and no `speed` key in trainer.yaml)."""
+    default = SpeedSwitches()
+    return {name: getattr(res.settings.runtime, name) for name in SpeedSwitches.model_fields
+            if getattr(res.settings.runtime, name) != getattr(default, name)}
 
 
 def _disk_watchdog(res: Resolved) -> dict[str, int] | None:

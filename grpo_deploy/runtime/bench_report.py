@@ -70,7 +70,8 @@ def breakdown_text(rows: list[dict]) -> str:
     headers = ["class", *[f"{r['switches']} ms (%)" for r in profiled]]
     lines = [[c, *[f"{r['breakdown']['per_microbatch_s'][c] * 1e3:.1f} ({r['breakdown']['share'][c] * 100:.0f} %)"
                    for r in profiled]] for c in classes]
-    lines.append(["wall", *[f"{r['breakdown']['wall_s'] / r['breakdown']['microbatches'] * 1e3:.1f}" for r in profiled]])
+    walls = [r["breakdown"]["wall_s"] / r["breakdown"]["microbatches"] * 1e3 for r in profiled]
+    lines.append(["wall", *[f"{w:.1f}" for w in walls]])
     return "per microbatch, by kernel class (torch profiler):\n" + table(headers, lines, 200)
 
 

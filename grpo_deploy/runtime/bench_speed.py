@@ -42,13 +42,13 @@ def speed_rows(arch, model_path, profile, samples, budget, device, peak, rows: l
             timing = measure(model, batches, device, warmup=3 if switches.compile_layers else 2)
         except torch.OutOfMemoryError:
             results.append({**row_head, "token_budget": budget, "failure": "out of memory"})
-            del model
+            model = None  # freed before the next row's policy is built
             torch.cuda.empty_cache()
             continue
         except Exception as error:  # a switch that breaks here is a row that says how, not a lost report
             results.append({**row_head, "token_budget": budget, "failure": f"{type(error).__name__}: {error}"[:300]})
             print("speed row failed:", switches.label, repr(error)[:2000], file=sys.stderr, flush=True)
-            del model
+            model = None  # freed before the next row's policy is built
             if device == "cuda":
                 torch.cuda.empty_cache()
             continue
@@ -58,7 +58,8 @@ def speed_rows(arch, model_path, profile, samples, budget, device, peak, rows: l
         if switches.label in breakdown:
             state = trl_loss_state(len(batches), device)
             row["breakdown"] = step_profile.profile_microbatches(
-                lambda b: train_microbatch(model, state, b, device), batches[:breakdown_batches], device,
+                lambda b, model=model, state=state: train_microbatch(model, state, b, device),
+                batches[:breakdown_batches], device,
                 profile.lora.r)
             model.zero_grad(set_to_none=True)
         if check is not None and switches != trainer_speed.Switches():
@@ -70,7 +71,7 @@ def speed_rows(arch, model_path, profile, samples, budget, device, peak, rows: l
         results.append(row)
         print("speed row:", json.dumps({k: v for k, v in row.items() if k != "breakdown"}), file=sys.stderr,
               flush=True)
-        del model
+        model = None
         if device == "cuda":
             torch.cuda.empty_cache()
     return results
@@ -158,7 +159,7 @@ def exactness(arch, model_path, profile, samples, budget, device, rows: list[tra
         row = check_row(switches.label, model, batches, device, reference, today)
         today = today or row["_today"]
         results.append(row)
-        del model
+        model = None
         if device == "cuda":
             torch.cuda.empty_cache()
     return exactness_report(budget, batches, reference, results)

@@ -212,6 +212,22 @@ class DiskWatchdogConfig(Strict):
     """Left free after the save (checkpoints.disk_margin_gb)."""
 
 
+class SpeedSwitches(Strict):
+    """The trainer's speed switches (runtime/trainer_speed.py), from the profile's runtime settings of the same names;
+    all off is today's path."""
+
+    base_dtype: Literal["fp32", "bf16-linear", "bf16"] = "fp32"
+    fused_kernels: Literal["off", "liger"] = "off"
+    compile_layers: bool = False
+    lora_elementwise: bool = False
+
+    @model_validator(mode="after")
+    def _needs(self) -> SpeedSwitches:
+        if self.lora_elementwise and not self.compile_layers:
+            raise ValueError("lora_elementwise needs compile_layers (eager, its broadcasts would be materialised)")
+        return self
+
+
 class RunConfig(Strict):
     """The whole trainer config: what grpo_deploy.runtime.train reads from /etc/grpo-deploy/trainer.yaml."""
 
@@ -230,6 +246,7 @@ class RunConfig(Strict):
     unload_stale_adapters: bool = True
     heartbeat_path: AbsPath | None = None
     disk_watchdog: DiskWatchdogConfig | None = None
+    speed: SpeedSwitches = SpeedSwitches()
     async_grpo: AsyncGrpoArgs
     source: str = Field("<config>", exclude=True)
 
@@ -243,6 +260,10 @@ class RunConfig(Strict):
             raise ValueError("async_grpo.bf16: mixed precision cannot be used with device: cpu")
         if self.device == "cuda" and self.async_grpo.use_cpu:
             raise ValueError("async_grpo.use_cpu: contradicts device: cuda")
+        if self.speed.base_dtype != "fp32" and not self.async_grpo.bf16:
+            raise ValueError(f"speed.base_dtype: {self.speed.base_dtype} needs async_grpo.bf16 (bf16 autocast)")
+        if self.speed.fused_kernels != "off" and self.device != "cuda":
+            raise ValueError("speed.fused_kernels: Liger's kernels need device: cuda")
         return self
 
     @property

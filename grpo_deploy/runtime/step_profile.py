@@ -32,7 +32,8 @@ def classify(kernel: str, op: str, shapes: list, ancestors: Iterable[str], rank:
         return "lora thin" if thin or "gemv" in name else "matmul"
     if name.startswith("triton_"):
         fused = name.split("fused_", 1)[-1]
-        return "casts/copies" if fused.strip("_0123456789") in ("_to_copy", "to_copy", "clone", "copy") else "elementwise"
+        copies = ("_to_copy", "to_copy", "clone", "copy")
+        return "casts/copies" if fused.strip("_0123456789") in copies else "elementwise"
     if op in CAST_OPS or "copy" in name:
         return "casts/copies"
     if op in ELEMENTWISE_OPS or "elementwise" in name or "reduce" in name or "norm" in name:

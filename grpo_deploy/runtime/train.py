@@ -79,6 +79,13 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
                                  before_save=guard.check)
     trl_hooks.instrument_adapter_sync(trainer, publisher)
     trl_hooks.install_failpoints(trainer, config.output_dir, sink.emit)
+    if config.speed != config.speed.__class__():
+        from . import trainer_speed
+
+        switches = trainer_speed.Switches(**config.speed.model_dump())
+        done = trainer_speed.apply(trainer.model, switches, config.device, autocast=bool(args.bf16))
+        log.info("speed switches %s: %s", switches.label, done)
+        sink.emit("speed_switches", switches=switches.label, **done)
     return trainer, shim
 
 

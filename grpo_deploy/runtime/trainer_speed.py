@@ -98,7 +98,7 @@ def cast_base(model, base_dtype: str) -> int:
         modules = list(model.modules())
     cast = 0
     for module in modules:
-        for name, tensor in list(module.named_parameters(recurse=False)):
+        for _, tensor in list(module.named_parameters(recurse=False)):
             if not tensor.requires_grad and tensor.is_floating_point() and tensor.dtype != torch.bfloat16:
                 tensor.data = tensor.data.to(torch.bfloat16)
                 cast += 1

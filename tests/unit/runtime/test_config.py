@@ -122,3 +122,30 @@ def test_every_rendered_trainer_config_parses_in_the_container_schema(path):
     config = load_config(str(path))
     assert config.model_dump(exclude_unset=True, mode="json").keys() == raw.keys() - {"source"}
     assert config.async_grpo.model_dump(exclude_unset=True, mode="json") == raw["async_grpo"]
+
+
+CUDA_BF16 = {"device": "cuda", "async_grpo": {"output_dir": "/runs/r/output", "bf16": True}}
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({**CUDA_BF16, "speed": {"lora_elementwise": True}}, "speed: lora_elementwise needs compile_layers"),
+        ({"speed": {"base_dtype": "bf16"}}, "speed.base_dtype: bf16 needs async_grpo.bf16"),
+        ({"speed": {"fused_kernels": "liger"}}, "speed.fused_kernels: Liger's kernels need device: cuda"),
+        ({"speed": {"base_dtype": "fp16"}}, "speed.base_dtype: 'fp16' is not one of"),
+        ({"speed": {"compile": True}}, "speed.compile: unknown key"),
+    ],
+)
+def test_speed_switches_are_checked_where_they_cannot_run(changes, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_config(with_changes(**changes), source="trainer.yaml")
+
+
+def test_speed_switches_default_to_todays_path_and_the_h200_render_turns_them_on():
+    assert parse_config(MINIMAL).speed.model_dump() == {"base_dtype": "fp32", "fused_kernels": "off",
+                                                        "compile_layers": False, "lora_elementwise": False}
+    h200 = load_config(str(GOLDEN / "h200-trl-async-single" / "expected" / "config" / "trainer.yaml"))
+    assert h200.speed.model_dump() == {"base_dtype": "bf16", "fused_kernels": "off", "compile_layers": True,
+                                       "lora_elementwise": True}
+    assert "speed" not in yaml.safe_load(Path(EXAMPLE).read_text()), "the cpu rehearsal keeps today's path"

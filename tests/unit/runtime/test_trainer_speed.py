@@ -80,7 +80,7 @@ def test_compile_keeps_the_state_dict_and_breaks_at_the_shim():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("row", ["bf16-linear", "bf16", "liger", "bf16+compile", "bf16+compile+lora-ew"])
 def test_cuda_packed_step_is_exact_against_todays_path(row):
-    from grpo_deploy.runtime import bench_speed, bench_trainer
+    from grpo_deploy.runtime import bench_speed
     from grpo_deploy.runtime.synthetic_rollouts import TINY, load_profile, seed_004_workload, synthetic_rollouts
 
     if "liger" in row:
