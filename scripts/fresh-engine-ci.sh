@@ -80,10 +80,12 @@ iptables -I FORWARD -o "$HOST_IF" -j ACCEPT
 
 say "running ${FRESH_COMMAND:-.ci/run} against an empty engine (log: $LOG)"
 set +e
+# `env --default-signal`: started in the background (`... &`, nohup), a shell hands its children SIGINT ignored, and a
+# Python started so never turns Ctrl-C into KeyboardInterrupt (the Ctrl-C fault test would see `up` run on).
 # Inside (nsenter, not `ip netns exec`: that remounts /sys and hides the cgroup hierarchies dockerd needs): a private mount namespace where /var/lib/docker and /run are empty folders of the scratch area, so the
 # dockerd that .ci/run's setup starts is a new engine with nothing in it (and its socket is the default one); /tmp
 # is empty too (pytest's temporary folders of another session stay apart).
-nsenter --net=/run/netns/"$NS" unshare --mount --propagation private bash -c '
+env --default-signal=INT,QUIT nsenter --net=/run/netns/"$NS" unshare --mount --propagation private bash -c '
   set -e
   mkdir -p /var/lib/docker
   mount --bind "$1/docker" /var/lib/docker
