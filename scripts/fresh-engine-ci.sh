@@ -12,15 +12,32 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
-COMMIT=$(git rev-parse --short "${1:-HEAD}")
+say() { printf '[fresh-engine] %s\n' "$*"; }
+[ $# -le 1 ] || { say "usage: $0 [COMMIT]"; exit 2; }
+case "${1:-HEAD}" in
+  -*|*[!A-Za-z0-9._/~^-]*) say "COMMIT: '${1}' is not a commit name (letters, digits, . _ / ~ ^ -; no leading -)"; exit 2 ;;
+esac
+COMMIT=$(git rev-parse --verify --quiet --short "${1:-HEAD}^{commit}") \
+  || { say "COMMIT: '${1:-HEAD}' names no commit of this repository (git log shows them)"; exit 2; }
 SCRATCH=${FRESH_SCRATCH:-/var/tmp/grpo-fresh-engine}
+MARK=.grpo-fresh-engine  # what makes a folder this script's scratch area: it only ever removes such a folder
+case "$SCRATCH" in
+  /*/*) ;;
+  *) say "FRESH_SCRATCH: '$SCRATCH' must be an absolute path two levels down at least (it is removed afterwards)"; exit 2 ;;
+esac
+case "$SCRATCH" in
+  */../*|*/..|*/./*|*/.|*//*|*[!A-Za-z0-9._/-]*)
+    say "FRESH_SCRATCH: '$SCRATCH' must be a plain normalised path (letters, digits, . _ - /)"; exit 2 ;;
+esac
+if [ -e "$SCRATCH" ] && { [ -L "$SCRATCH" ] || [ ! -e "$SCRATCH/$MARK" ]; }; then
+  say "FRESH_SCRATCH: $SCRATCH exists and is not this script's scratch folder (no $MARK in it): choose another"; exit 2
+fi
 NS=grpofresh
 HOST_IF=gfresh-h NS_IF=gfresh-n
 NET=10.231.77  # a /30 between this host and the namespace: .1 here, .2 there
 OUT_DIR=$REPO/build/fresh-engine
 STAMP=$(date +%Y%m%d-%H%M%S)
 LOG=$OUT_DIR/ci-$COMMIT-$STAMP.log
-say() { printf '[fresh-engine] %s\n' "$*"; }
 
 [ "$(id -u)" -eq 0 ] || { say "needs root (network and mount namespaces, a second dockerd)"; exit 2; }
 if ip netns list 2>/dev/null | grep -qw "$NS"; then
@@ -58,6 +75,7 @@ trap cleanup EXIT
 
 rm -rf --one-file-system "$SCRATCH"
 mkdir -p "$SCRATCH"/{docker,run,tmp}
+touch "$SCRATCH/$MARK"
 chmod 1777 "$SCRATCH/tmp"
 say "cloning $COMMIT into $SCRATCH/src"
 git clone -q "$REPO" "$SCRATCH/src"
