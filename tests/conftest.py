@@ -53,11 +53,9 @@ _NOTES: list[str] = []
 
 
 def pytest_collection_modifyitems(session, config, items):
-    from tests import image_prebuild
+    from tests import image_prebuild, image_records
 
-    note = image_prebuild.deselect_unchanged(config, items)
-    if note:
-        _NOTES.append(note)
+    _NOTES.extend(image_records.deselect_unchanged(config, items))
     image_prebuild.order_last(items)
 
 

