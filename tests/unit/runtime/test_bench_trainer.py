@@ -63,10 +63,23 @@ def bench_args(monkeypatch, tmp_path):
     return lambda *argv: parser.parse_args(["--tiny", "--budgets", "512", "--out", str(tmp_path / "r.json"), *argv])
 
 
+SPEED_ROWS = "today;bf16;liger;compile+lora-ew"  # each switch once: the base in bf16, Liger, compile, LoRA fused
+
+
 def test_tiny_bench_runs_on_cpu(bench_args, capsys):
-    args = bench_args("--device", "cpu")
+    args = bench_args("--device", "cpu", "--speed-rows", SPEED_ROWS)
     assert bench_trainer.run(args) == 0
     report = json.loads(open(args.out).read())
+    speed = {r["switches"]: r for r in report["speed"]}
+    assert set(speed) == {"today", "bf16", "liger", "compile+lora-ew"}
+    assert "needs bf16 autocast" in speed["bf16"]["skipped"], "CPU times fp32: a bf16 base is checked, not timed"
+    assert "need a CUDA device" in speed["liger"]["skipped"]
+    compiled = speed["compile+lora-ew"]
+    assert compiled["tokens_per_s"] > 0 and compiled["graphs_warmup"] > 0 and compiled["recompiles_in_step"] == 0
+    assert compiled["compile_s"] >= 0 and speed["today"]["graphs_warmup"] == 0
+    checked = {r["switches"]: r for r in report["exactness"]["rows"]}
+    assert checked["bf16"]["exact"] and checked["compile+lora-ew"]["exact"], checked
+    assert "need a CUDA device" in checked["liger"]["skipped"]
     rows = {(r["token_budget"], r["gradient_checkpointing"]): r for r in report["configs"]}
     assert set(rows) == {(b, c) for b in (0, 256, 512) for c in (False, True)}
     assert all(r["tokens_per_s"] > 0 and r["mfu_model"] is None for r in rows.values())
