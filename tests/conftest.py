@@ -5,7 +5,14 @@ client from the kit's own factory, and the cpu image built at most once."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+
+# TorchInductor's CPU code generation imports setuptools; after another test imported the standard library's
+# distutils (Python 3.11 still has it), setuptools' distutils shim asserts and the compile fails. One distutils for the
+# whole session: the standard library's.
+os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
 
 from tests import ci_phases
 
