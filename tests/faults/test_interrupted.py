@@ -13,6 +13,7 @@ import time
 import pytest
 
 from grpo_deploy import new_spec
+from tests.interrupt import sigint_default
 
 RUN = "interrupted"
 
@@ -25,11 +26,8 @@ def test_interrupted_up_rolls_back_everything(tmp_path, cpu_image, docker_client
                               "says failed")
     spec = tmp_path / "grpo-deploy.yaml"
     spec.write_text(new_spec.spec_text("cpu", "trl-async", run_name=RUN))
-    # SIGINT at its default in the child: a test session started in the background (`... &`) hands its children
-    # SIGINT ignored, and a Python started so never raises KeyboardInterrupt — as a user's terminal would not do.
     proc = subprocess.Popen([sys.executable, "-m", "grpo_deploy.cli", "up", "--fresh"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=sigint_default)
     seen = []
     deadline = time.monotonic() + 900
     for line in proc.stdout:  # until the containers are being started

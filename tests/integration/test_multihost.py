@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.interrupt import sigint_default
 from tests.specs import split_spec
 from tests.testhosts import SMALL_DIR, test_hosts
 
@@ -52,7 +53,7 @@ def split_run(hosts, tmp_path_factory):
 def follow_logs(cwd: Path, *args: str, seconds: float = 15) -> str:
     """`grpo-deploy logs --follow` for a while, then Ctrl-C (SIGINT): what it printed."""
     proc = subprocess.Popen([sys.executable, "-m", "grpo_deploy.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=sigint_default)
     time.sleep(seconds)
     still_following = proc.poll() is None
     proc.send_signal(signal.SIGINT)
