@@ -10,7 +10,13 @@
 #
 # Root is needed (namespaces, a second dockerd). Exit status: that of .ci/run.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+# Run from a copy: bash reads a script as it goes, and the checkout's copy may be edited during an hour-long rehearsal.
+if [ -z "${FRESH_SELF_COPY:-}" ]; then
+  copy=$(mktemp /tmp/fresh-engine-ci.XXXXXX)
+  cp "$0" "$copy"
+  FRESH_SELF_COPY=$copy FRESH_REPO=$(cd "$(dirname "$0")/.." && pwd) exec bash "$copy" "$@"
+fi
+cd "$FRESH_REPO"
 REPO=$(pwd)
 say() { printf '[fresh-engine] %s\n' "$*"; }
 [ $# -le 1 ] || { say "usage: $0 [COMMIT]"; exit 2; }
@@ -49,6 +55,11 @@ editable_before=$(python3 -m pip show grpo-deploy 2>/dev/null | sed -n 's/^Edita
 
 cleanup() {
   set +e
+  rm -f "$FRESH_SELF_COPY"
+  if [ -S "$SCRATCH/run/docker.sock" ]; then  # its containers first: their processes are in namespaces of their own
+    fresh_docker=(docker -H "unix://$SCRATCH/run/docker.sock")
+    timeout 300 "${fresh_docker[@]}" ps -aq 2>/dev/null | xargs -r timeout 300 "${fresh_docker[@]}" rm -f >/dev/null 2>&1
+  fi
   if [ -f "$SCRATCH/run/docker.pid" ]; then  # the namespaced dockerd that .ci/run's setup started
     pid=$(cat "$SCRATCH/run/docker.pid" 2>/dev/null)
     if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
