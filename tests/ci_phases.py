@@ -37,11 +37,9 @@ def add_report(report) -> None:
     _directory_s[directory_of(report.nodeid)] += report.duration
 
 
-def record_build(name: str, seconds: float, overlapped: bool = False) -> None:
-    """An image build that took *seconds* of wall time; unless *overlapped* (it ran beside the tests), that time is
-    taken out of the directory whose test waited for it."""
-    _builds.append({"phase": f"image build: {name}" + (" (in the background)" if overlapped else ""),
-                    "seconds": round(seconds, 1), "within": None if overlapped else (_current or [None])[0]})
+def record_build(name: str, seconds: float) -> None:
+    """An image build that took *seconds* of wall time, taken out of the directory whose test waited for it."""
+    _builds.append({"phase": f"image build: {name}", "seconds": round(seconds, 1), "within": (_current or [None])[0]})
 
 
 def rows() -> list[dict]:

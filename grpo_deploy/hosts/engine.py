@@ -1,6 +1,6 @@
 """The one way the kit and its tests open a Docker SDK client, and the timeout policy for engine calls: a query
 (inspect, list, ping) waits QUERY_TIMEOUT_S and an idempotent one is retried once; work that commits or streams
-(build, prune, remove, save/load, wait, a one-off container) goes through `for_work`, which waits WORK_TIMEOUT_S;
+(build, remove, save/load, wait, a one-off container) goes through `for_work`, which waits WORK_TIMEOUT_S;
 post-build housekeeping goes through `housekeeping`, which never fails the work it follows."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ unanswered for more than 10 s (a fresh machine's CI, issue 17)."""
 QUERY_RETRIES = 1
 """A GET or HEAD that timed out or lost its connection is sent once more (nothing else: a POST may have acted)."""
 WORK_TIMEOUT_S = 1800
-"""One call that does work in the engine: removing a 10 GB image, pruning a build stage, loading a saved image,
-waiting for a container. Builds pass no timeout at all: their stream shows progress line by line."""
+"""One call that does work in the engine: removing a 10 GB image, loading a saved image, waiting for a container.
+Builds pass no timeout at all: their stream shows progress line by line."""
 
 T = TypeVar("T")
 
