@@ -16,6 +16,7 @@ if [ -z "${FRESH_SELF_COPY:-}" ]; then
   cp "$0" "$copy"
   FRESH_SELF_COPY=$copy FRESH_REPO=$(cd "$(dirname "$0")/.." && pwd) exec bash "$copy" "$@"
 fi
+trap 'rm -f "$FRESH_SELF_COPY"' EXIT  # until cleanup's trap replaces it: an early refusal leaves no copy behind
 cd "$FRESH_REPO"
 REPO=$(pwd)
 say() { printf '[fresh-engine] %s\n' "$*"; }
