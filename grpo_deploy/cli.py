@@ -378,25 +378,19 @@ def _status_once(res: Resolved, args) -> tuple[int, str]:
     """Print the run's status once (table or JSON); (exit code, run state)."""
     from . import status
 
-    hosts = []
-    events = _run_events(res, args)
-    ctx = preflight.Context(res, ssh=_ssh(args))
-    try:
-        if _remote(res):
-            from . import deploy
+    if _remote(res):
+        from . import deploy
 
-            dep = deploy.Deployment(res, _ssh(args))
-            try:
-                hosts = deploy.host_states(dep)
-            finally:
-                dep.close()
-        else:
-            from . import launch
+        hosts, events, disk = deploy.status_facts(res, _ssh(args))
+    else:
+        from . import launch
 
-            hosts = launch.host_states(res)
-        disk = preflight.checkpoint_headroom(ctx)
-    finally:
-        ctx.close()
+        events, hosts = launch.run_events(launch.RunState(res), live=True), launch.host_states(res)
+        ctx = preflight.Context(res, ssh=_ssh(args))
+        try:
+            disk = preflight.checkpoint_headroom(ctx)
+        finally:
+            ctx.close()
     summary = status.summarize(res.spec.run.name, events, max_steps=res.settings.trl.max_steps)
     if args.plot:
         try:

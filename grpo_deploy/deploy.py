@@ -10,7 +10,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 
 from . import preflight, status
 from .hosts import facts as host_facts
@@ -25,6 +26,7 @@ from .runtime.metrics import parse_events
 from .runtime.values import ip_literal, parse_address
 
 POLL_S = 2.0
+STATUS_QUERY_S = 10  # status: the longest one query on a host may take (a busy engine costs seconds, not minutes)
 # Checks that need the images on the hosts: run (again) after shipping. `images` also runs before, on the labels of
 # the images here, so a vLLM mismatch is refused before anything is sent.
 AFTER_SHIPPING = ("images", "shared-volume")
@@ -368,10 +370,26 @@ def logs(dep: Deployment, roles: list[str], follow: bool = False, tail: int = 20
     return 0
 
 
+def status_facts(res: Resolved, ssh: SshOptions) -> tuple[list[dict], list[dict], dict | None]:
+    """What `status` shows of a run on its hosts — container states, the run's events, checkpoint headroom —
+    gathered at once, every query bounded by STATUS_QUERY_S: a host whose engine does not answer is a row saying so."""
+    options = replace(ssh, command_cap_s=STATUS_QUERY_S)
+    dep, ctx = Deployment(res, options), preflight.Context(res, ssh=options)
+    try:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            states = pool.submit(host_states, dep)
+            events = pool.submit(run_events, dep, True)
+            disk = pool.submit(preflight.checkpoint_headroom, ctx)
+            return states.result(), events.result(), disk.result()
+    finally:
+        dep.close()
+        ctx.close()
+
+
 def host_states(dep: Deployment) -> list[dict]:
     """Per host and role: container state and health (for status)."""
     rows = []
-    for name, result in on_all(list(dep.hosts.values()), lambda h: dep.project(h.name).containers()).items():
+    for name, result in on_all(list(dep.hosts.values()), lambda h: dep.project(h.name).containers(strict=True)).items():
         if isinstance(result, HostError):
             rows.append({"host": name, "role": "-", "state": "unreachable", "health": str(result)})
             continue

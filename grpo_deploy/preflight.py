@@ -227,11 +227,10 @@ def _measured_free_space(ctx: Context) -> tuple[int | None, str, str]:
 def checkpoint_headroom(ctx: Context) -> dict[str, Any] | None:
     """For a running run (status): free space where checkpoints are written against the next checkpoint plus the
     margin. None when the model's size or the free space is unknown."""
-    disk = ctx.plan().disk
-    if disk is None or disk.free_bytes is None:
-        return None
-    free = _measured_free_space(ctx)[0]  # what is free now: the run's own checkpoints are not free for the next save
-    if free is None:
+    free, filesystem, source = _measured_free_space(ctx)  # what is free now: the run's own checkpoints are not
+    # free for the next save (one measurement: status stays quick)
+    disk = make_plan(ctx.res, free, filesystem, source).disk if free is not None else None
+    if disk is None:
         return None
     need = disk.checkpoint_bytes + disk.margin_bytes
     return {"filesystem": disk.filesystem, "free_bytes": free, "checkpoint_bytes": disk.checkpoint_bytes,

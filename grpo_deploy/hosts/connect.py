@@ -54,6 +54,8 @@ class SshOptions:
 
     config_path: str | None = None
     accept_new_host_keys: bool = False
+    command_cap_s: float | None = None  # the longest any one command may take (status: a few seconds), else each
+    # command's own limit
 
 
 class Host:
@@ -61,6 +63,11 @@ class Host:
 
     name: str
     address: str
+    command_cap_s: float | None = None
+
+    def _limit(self, timeout: float) -> float:
+        """A command's time limit: its own, or the connector's cap when that is shorter."""
+        return timeout if self.command_cap_s is None else min(timeout, self.command_cap_s)
 
     @property
     def is_local(self) -> bool:
@@ -90,8 +97,10 @@ class Host:
 class LocalHost(Host):
     name: str = "local"
     address: str = "local"
+    command_cap_s: float | None = None
 
     def run(self, argv: list[str], *, stdin: bytes | None = None, timeout: float = 120) -> Result:
+        timeout = self._limit(timeout)
         try:
             proc = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout)
         except FileNotFoundError:
@@ -148,6 +157,10 @@ class SshHost(Host):
     _sftp: Any = None
     _jump: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def command_cap_s(self) -> float | None:
+        return self.options.command_cap_s
 
     # ------------------------------------------------------------------ connection
 
@@ -245,6 +258,7 @@ class SshHost(Host):
                             "check the network and the host, then run again") from None
 
     def run(self, argv: list[str], *, stdin: bytes | None = None, timeout: float = 120) -> Result:
+        timeout = self._limit(timeout)
         chan_in, chan_out, chan_err = self._exec(argv, timeout)
         try:
             if stdin:
@@ -315,9 +329,10 @@ def _local_user() -> str:
 
 def connect(spec_host, options: SshOptions | None = None) -> Host:
     """The connector for a spec host: local, or SSH (connected lazily, on first use)."""
+    options = options or SshOptions()
     if spec_host.address == "local":
-        return LocalHost(spec_host.name)
-    return SshHost(spec_host.name, spec_host.address, options or SshOptions())
+        return LocalHost(spec_host.name, command_cap_s=options.command_cap_s)
+    return SshHost(spec_host.name, spec_host.address, options)
 
 
 def on_all(hosts: list[Host], fn: Callable[[Host], Any], progress: Callable[[str], None] | None = None

@@ -80,15 +80,20 @@ class RemoteProject:
         r = self.compose(*self.logs_args(roles or [], tail))
         return r.out + r.err
 
-    def containers(self) -> list[dict]:
-        """This run's containers on the host: {id, name, role, state, status, health, exit_code}."""
+    def containers(self, strict: bool = False) -> list[dict]:
+        """This run's containers on the host: {id, name, role, state, status, health, exit_code}. A query that fails
+        counts as none, or raises HostError when *strict* (status says the engine did not answer)."""
         r = self.host.run(["docker", "ps", "-a", "-q", "--no-trunc", "--filter", f"label={RUN_LABEL}={self.run_name}"])
         ids = r.out.split()
+        if strict and not r.ok:
+            raise HostError(self.host.name, f"docker ps: {r.line()}", "check the host's Docker engine")
         if not r.ok or not ids:
             return []
         fmt = "\t".join(["{{json .Id}}", "{{json .Name}}", '{{json (index .Config.Labels "' + ROLE_LABEL + '")}}',
                          "{{json .State.Status}}", "{{json .State.ExitCode}}", "{{json .State.Health}}"])
         r = self.host.run(["docker", "inspect", "--format", fmt, *ids])
+        if strict and not r.ok and not r.out.strip():  # one container gone since ps is not a failure
+            raise HostError(self.host.name, f"docker inspect: {r.line()}", "check the host's Docker engine")
         out = []
         for line in r.out.strip().splitlines():
             cid, name, role, status, code, health = (json.loads(p) for p in line.split("\t"))
