@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from . import preflight
+from .hosts import oneoff
 from .resolve import Resolved
 from .runtime.table import human_bytes, table
 
@@ -31,7 +32,7 @@ def run_manager(res: Resolved, ctx: preflight.Context, action: str, keep: int | 
                                "image) -> grpo-deploy up builds or ships it")
     if present is not True:
         raise CheckpointsError(f"{host.name}: {present} -> grpo-deploy preflight says why")
-    r = preflight._in_container(ctx, host, image, res.identities[role], argv)
+    r = oneoff.run(ctx.connector(host), image, argv, ident=res.identities[role], share=(res, host))
     try:
         answer = json.loads(r.out.strip().splitlines()[-1]) if r.out.strip() else None
     except ValueError:
@@ -42,6 +43,10 @@ def run_manager(res: Resolved, ctx: preflight.Context, action: str, keep: int | 
     if answer is None and r.ok:
         raise CheckpointsError(f"image {image} on {host.name} holds an older grpo_deploy without the checkpoint "
                                "manager: rebuild it (make images, or grpo-deploy up refreshes it)")
+    refused = oneoff.engine_error(r)
+    if refused is not None:
+        raise CheckpointsError(f"{host.name}: the checkpoint manager's container cannot start: {refused} -> "
+                               f"{oneoff.start_failure_fix(res, host.name, refused)}")
     if answer is None:
         raise CheckpointsError(f"reading the checkpoints on {host.name} failed: {r.line()} (is image {image} on the "
                                "host? grpo-deploy preflight says)")

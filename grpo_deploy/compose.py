@@ -8,9 +8,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .hosts import engine
 from .kit_data import kit_dir
-from .names import MANAGED_BY, MANAGED_BY_LABEL, RUN_LABEL
+from .names import RUN_LABEL
 
 
 class ComposeError(RuntimeError):
@@ -61,32 +60,3 @@ def read_file(container, path: str) -> str | None:
         if member is None or not member.isfile():
             return None
         return tar.extractfile(member).read().decode("utf-8", errors="replace")
-
-
-def run_once(client, image: str, command: list[str], user: str, volume: str, mount: str,
-             environment: dict[str, str] | None = None, timeout: int = 120,
-             driver_opts: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """Run a short-lived container on the shared volume; (exit code, stdout, stderr). *volume* is a Docker volume
-    name, or an absolute host directory (bind-mounted, as compose.bind.yaml does); *driver_opts* are the local
-    driver's options the volume is created with when absent (as compose.nfs.yaml does) — so that a container started
-    before compose never creates a plain volume of that name, which compose would then use instead of the share."""
-    import docker
-
-    if driver_opts:
-        mounts = [docker.types.Mount(mount, volume, type="volume",
-                                     driver_config=docker.types.DriverConfig("local", options=driver_opts))]
-        where = {"mounts": mounts}
-    else:
-        where = {"volumes": {volume: {"bind": mount, "mode": "rw"}}}
-    work = engine.for_work(client)
-    container = work.containers.run(image, command, user=user, detach=True, environment=environment or {},
-                                    network_mode="none", labels={MANAGED_BY_LABEL: MANAGED_BY},
-                                    **where)
-    try:
-        code = container.wait(timeout=timeout).get("StatusCode", 1)
-        out = container.logs(stdout=True, stderr=False).decode(errors="replace")
-        err = container.logs(stdout=False, stderr=True).decode(errors="replace")
-        return code, out, err
-    finally:
-        container.remove(force=True)
-

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field, replace
 
 from . import preflight, status
 from .hosts import facts as host_facts
+from .hosts import oneoff
 from .hosts.connect import Host, HostError, SshOptions, connect, on_all
 from .hosts.project import RemoteProject
 from .hosts.ship import Shipped, ship
 from .launch import KILLED, LaunchError, RoleDied, RunState, build_images, finish, require_kit, state_words, supervise
-from .names import MANAGED, READY_TIMEOUT_S, STATE_DIR, UP_RESTARTS
+from .names import READY_TIMEOUT_S, STATE_DIR, UP_RESTARTS
 from .render import render_files
 from .resolve import Resolved
 from .runtime.metrics import parse_events
@@ -163,11 +164,10 @@ def _check_from_trainer(dep: Deployment, ips: dict[str, str]) -> str:
     trainer = dep.role_host("trainer")
     url = res.server_url_for(ips)
     url_host = parse_address(url.split("//", 1)[1]).host
-    r = dep.hosts[trainer].run(
-        ["docker", "run", "--rm", "--label", MANAGED, res.image_for("trainer"),
-         "python3", "-m", "grpo_deploy.runtime.health", "--role", "server", "--host", url_host,
-         "--port", str(res.settings.vllm.port), "--model", res.settings.model.served_name, "--complete"],
-        timeout=400)
+    r = oneoff.run(dep.hosts[trainer], res.image_for("trainer"),
+                   ["python3", "-m", "grpo_deploy.runtime.health", "--role", "server", "--host", url_host,
+                    "--port", str(res.settings.vllm.port), "--model", res.settings.model.served_name, "--complete"],
+                   network="bridge", timeout=400)
     if not r.ok:
         raise LaunchError(f"the trainer's host {trainer} cannot use the server at {url}: {r.line()} "
                           "(a firewall, a wrong hosts[].publish, or the server's address resolving elsewhere there)")
@@ -269,8 +269,9 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         server_host, trainer_host = dep.role_host("server"), dep.role_host("trainer")
         if fresh:
             log(f"--fresh: removing {res.run_dir}")
-            preflight._in_container(ctx, res.host_for("trainer"), res.image_for("trainer"), res.identities["trainer"],
-                                    ["rm", "-rf", res.run_dir])
+            failed = oneoff.remove_run_dir(dep.hosts[dep.role_host(res.engine_info.main_role)], res)
+            if failed:
+                raise LaunchError(failed)
         start = time.time()
         started.append(server_host)
         dep.project(server_host).up("server")

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from . import compose, facts, preflight, status
-from .hosts import engine
+from .hosts import engine, oneoff
+from .hosts.connect import LocalHost
 from .kit_data import FOLDERS, KitDataMissing, kit_dir
 from .names import GID_LABEL, READY_TIMEOUT_S, STATE_DIR, UID_LABEL, UP_RESTARTS, project_name
 from .render import render_files
@@ -465,11 +466,12 @@ def _up(state: RunState, keep: bool, fresh: bool, out, restarts: int = UP_RESTAR
     started = False
     try:
         if fresh:
-            source, opts = preflight.share_source(res, res.host_for(res.engine_info.main_role))
+            source, _ = oneoff.share_source(res, res.host_for(res.engine_info.main_role))
             where = f"the share {source}" if source.startswith("/") else f"volume {source}"
             log(f"--fresh: removing {res.run_dir} on {where}")
-            compose.run_once(client, res.image_for("trainer"), ["rm", "-rf", res.run_dir],
-                             res.identities["trainer"].user, source, res.spec.storage.mount, driver_opts=opts)
+            failed = oneoff.remove_run_dir(LocalHost(), res)
+            if failed:
+                raise LaunchError(failed)
         log("starting the vLLM server and the trainer (the trainer imports and builds its model while the "
             "server loads; TRL waits for the server before its first request)")
         started = True

@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import compose, facts, image_tags
-from .hosts import engine
+from .hosts import engine, oneoff
 from .hosts import facts as host_facts
 from .hosts.connect import Host, HostError, SshOptions, connect, on_all
-from .names import CUDA_LABEL, GID_LABEL, MANAGED, RUN_LABEL, UID_LABEL, VLLM_VERSION_LABEL
+from .names import CUDA_LABEL, GID_LABEL, RUN_LABEL, UID_LABEL, VLLM_VERSION_LABEL
 from .plan import Plan, make_plan
 from .resolve import Resolved
 from .runtime.checkpoints import QUARANTINE_DIR
@@ -591,37 +591,9 @@ def driver_verdict(host: str, drivers: list[host_facts.Driver] | None, cuda: tup
                   data)
 
 
-def share_source(res: Resolved, host) -> tuple[str, dict[str, str] | None]:
-    """What the stack's containers on *host* mount at storage.mount, in the order the render picks compose files
-    (compose.nfs.yaml, else compose.bind.yaml, else the plain volume): (the volume name with its NFS driver options),
-    (hosts[].shared_dir, None) or (the volume name, None). One-off containers mount the same, so that a plain volume
-    made by one of them is never taken by compose in place of the share (`up --fresh` once wrote every checkpoint to
-    Docker's own disk that way)."""
-    nfs = res.spec.storage.nfs
-    if nfs is not None:
-        return res.spec.storage.volume, {"type": "nfs", "o": f"addr={nfs.server},{nfs.options}",
-                                         "device": f":{nfs.export}"}
-    if host is not None and host.shared_dir:
-        return host.shared_dir, None
-    return res.spec.storage.volume, None
-
-
-def probe_mount(res: Resolved, host) -> list[str]:
-    """`docker run` arguments that mount the run's shared storage on *host* where the containers will see it."""
-    mount = res.spec.storage.mount
-    source, nfs = share_source(res, host)
-    if nfs is not None:
-        return ["--mount", f'type=volume,dst={mount},volume-driver=local,volume-opt=type={nfs["type"]},'
-                           f'"volume-opt=o={nfs["o"]}",volume-opt=device={nfs["device"]}']
-    return ["-v", f"{source}:{mount}"]
-
-
 def _in_container(ctx: Context, host, image: str, ident, argv: list[str]):
     """Run argv in a throw-away container of *image* on *host*, as *ident*, with the shared storage mounted."""
-    return ctx.connector(host).run(
-        ["docker", "run", "--rm", "--network", "none", "--user", ident.user, "-e", f"GRPO_UMASK={ident.umask}",
-         "--label", MANAGED, *probe_mount(ctx.res, host), image, *argv],
-        timeout=300)
+    return oneoff.run(ctx.connector(host), image, argv, ident=ident, share=(ctx.res, host))
 
 
 @check("shared-volume", "The trainer's adapter files, written as the trainer identity on the trainer host, are read "
@@ -644,6 +616,8 @@ def check_shared_volume(ctx: Context) -> list[Result]:
     mount = res.spec.storage.mount
     w = _in_container(ctx, t_host, res.image_for("trainer"), trainer,
                       ["python3", "-m", "grpo_deploy.runtime.probe", "write", "--dir", probe_dir])
+    if oneoff.engine_error(w) is not None:
+        return [_cannot_start(res, where, t_host.name, oneoff.engine_error(w))]
     if not w.ok:
         return [Result("shared-volume", where, FAIL,
                        f"the trainer identity UID {trainer.uid}:{trainer.gid} (umask {trainer.umask}) cannot write "
@@ -659,6 +633,8 @@ def check_shared_volume(ctx: Context) -> list[Result]:
     read = _last_json(r.out)
     if (trainer.uid, trainer.gid) != (server.uid, server.gid) or not r.ok:
         _in_container(ctx, t_host, res.image_for("trainer"), trainer, ["rm", "-rf", probe_dir])
+    if oneoff.engine_error(r) is not None:
+        return [_cannot_start(res, where, s_host.name, oneoff.engine_error(r))]
     path = written.get("path", probe_dir)
     data = {"written": written, "read": read}
     if not r.ok or not read.get("ok", False):
@@ -678,6 +654,12 @@ def check_shared_volume(ctx: Context) -> list[Result]:
     return [Result("shared-volume", where, OK,
                    f"probe {path} written on {t_host.name} as {trainer.uid}:{trainer.gid} (file "
                    f"{written.get('file_mode')}) and read on {s_host.name} as {server.uid}:{server.gid}", data=data)]
+
+
+def _cannot_start(res: Resolved, where: str, host_name: str, error: str) -> Result:
+    """The probe's container never started: the engine's own error, and the fix for the cause it names."""
+    return Result("shared-volume", where, FAIL, f"a container with the share mounted cannot start on {host_name}: "
+                  f"{error}", oneoff.start_failure_fix(res, host_name, error))
 
 
 def _images_needed(res: Resolved) -> list[tuple[Any, str, str]]:

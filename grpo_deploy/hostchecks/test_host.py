@@ -12,7 +12,7 @@ import pytest
 from grpo_deploy import preflight
 from grpo_deploy.hostchecks import mounts
 from grpo_deploy.hosts import facts as host_facts
-from grpo_deploy.names import MANAGED
+from grpo_deploy.hosts import oneoff
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 
@@ -204,14 +204,15 @@ def test_shared_dir_cross_host_write_read(res, on_host):
     token = secrets.token_hex(8)
 
     def in_image(c, spec_host, image, ident, *argv):
-        return c.run(["docker", "run", "--rm", "--network", "none", "--user", ident.user, "-e",
-                      f"GRPO_UMASK={ident.umask}", "--label", MANAGED,
-                      *preflight.probe_mount(res, spec_host), image, *argv], timeout=300)
+        return oneoff.run(c, image, list(argv), ident=ident, share=(res, spec_host))
 
     write = in_image(w_conn, writer, w_image, w_ident, "sh", "-c",
                      'mkdir -p "$0" && printf %s "$1" > "$0/adapter_model.safetensors" && '
                      'chmod 0600 "$0/adapter_model.safetensors"', folder, token)
     try:
+        refused = oneoff.engine_error(write)
+        assert refused is None, (f"{writer.name}: a container with the share mounted cannot start: {refused} -> "
+                                 f"{oneoff.start_failure_fix(res, writer.name, refused)}")
         assert write.ok, (f"{writer.name}: the run identity {w_ident.user} (umask {w_ident.umask}) cannot write "
                           f"{folder} ({writer.shared_dir or res.spec.storage.volume} on the host): {write.line()} -> "
                           f"make it writable by UID {w_ident.uid}")

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import re
 
-from grpo_deploy import compose
+from grpo_deploy.hosts import oneoff
+from grpo_deploy.hosts.connect import LocalHost
 
 from .conftest import SAVE_EVERY
 from .namespaces import make_read_only, require_nsenter
@@ -50,11 +51,9 @@ def test_shared_dir_read_only_stops_the_run_keeping_the_newest_checkpoint(fault_
 
     ck = checkpoints_after_stop(fault_run, got["end"], SAVE_EVERY)
     assert f"checkpoint-{ck['newest']} is kept" in fault["message"], fault["message"]
-    code_, out, err = compose.run_once(docker_client, res.images["trainer"],
-                                       ["find", ckpt, "-name", ".*.tmp", "-o", "-name", "*.tmp"],
-                                       res.identities["trainer"].user, res.spec.storage.volume,
-                                       res.spec.storage.mount)
-    assert code_ == 0 and out.strip() == "", out + err  # no staged adapter or checkpoint left behind
+    found = oneoff.run(LocalHost(), res.images["trainer"], ["find", ckpt, "-name", ".*.tmp", "-o", "-name", "*.tmp"],
+                       ident=res.identities["trainer"], share=(res, None))
+    assert found.ok and found.out.strip() == "", found.out + found.err  # no staged adapter or checkpoint left behind
     fault_row.update(observed=f"EROFS at step {ck['last_step']}, stopped {got['detect_s']:.1f} s after the injection "
                               f"(up ended after {got['up_s']:.1f} s); up/status/logs: '{fault['path']} is "
                               f"read-only', remount + resume; checkpoints {ck['steps']} complete, no .tmp left",

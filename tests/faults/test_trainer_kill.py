@@ -10,6 +10,8 @@ import re
 import time
 
 from grpo_deploy import compose
+from grpo_deploy.hosts import oneoff
+from grpo_deploy.hosts.connect import LocalHost
 from grpo_deploy.runtime.metrics import parse_events
 from grpo_deploy.runtime.trl_hooks import FAILPOINT_DIR, PAUSE_MID_SAVE
 
@@ -29,11 +31,10 @@ def test_trainer_killed_mid_save_resumes_from_the_newest_complete_checkpoint(fau
 
     def arm_and_kill(step: int) -> None:
         flag_dir = f"{res.checkpoint_dir}/{FAILPOINT_DIR}"
-        code, out, err = compose.run_once(
-            docker_client, res.images["trainer"],
-            ["sh", "-c", f"mkdir -p {flag_dir} && echo 300 > {flag_dir}/{PAUSE_MID_SAVE}"],
-            res.identities["trainer"].user, res.spec.storage.volume, res.spec.storage.mount)
-        assert code == 0, out + err
+        armed = oneoff.run(LocalHost(), res.images["trainer"],
+                           ["sh", "-c", f"mkdir -p {flag_dir} && echo 300 > {flag_dir}/{PAUSE_MID_SAVE}"],
+                           ident=res.identities["trainer"], share=(res, None))
+        assert armed.ok, armed.out + armed.err
         deadline = time.time() + 600
         while time.time() < deadline and not killed:
             (trainer,) = compose.containers(docker_client, RUN, "trainer")

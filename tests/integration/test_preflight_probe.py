@@ -49,3 +49,17 @@ def test_up_refuses_and_starts_nothing(tmp_path, cpu_image, docker_client):
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "nothing was started" in proc.stdout
     assert compose_mod.containers(docker_client, RUN) == []
+
+
+def test_an_nfs_share_that_cannot_be_mounted_is_named_as_the_cause(tmp_path, cpu_image):
+    """storage.nfs left in a spec where no NFS can be mounted: the engine's own error (the failed mount), not docker's
+    usage hint, and a fix about the NFS share, not about directory permissions."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(new_spec.spec_text("cpu", "trl-async", run_name=RUN).replace(
+        "  nfs: null ", "  nfs: {server: 127.0.0.1, export: /export/grpo}"))
+    proc = _preflight(tmp_path, str(path), "--only", "shared-volume")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    out = " ".join(proc.stdout.split())
+    assert "cannot start" in out and "failed to mount local volume" in out, proc.stdout
+    assert "storage.nfs 127.0.0.1:/export/grpo could not be mounted" in out, proc.stdout
+    assert "docker run --help" not in out and "writable by UID" not in out, proc.stdout

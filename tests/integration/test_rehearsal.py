@@ -16,6 +16,8 @@ import pytest
 
 from grpo_deploy import compose as compose_mod
 from grpo_deploy import new_spec, resolve
+from grpo_deploy.hosts import oneoff
+from grpo_deploy.hosts.connect import LocalHost
 
 RUN = "rehearsal"
 # Planted, not real: long enough for the kit's secret detection, unique enough to grep for.
@@ -98,10 +100,9 @@ def test_adapters_on_the_volume_are_readable_by_the_server_uid(rehearsal, docker
               "    try: open(p,'rb').read(1)\n"
               "    except OSError as e: bad.append(p)\n"
               "print(n, len(bad)); sys.exit(1 if bad or n == 0 else 0)")
-    code, out, err = compose_mod.run_once(docker_client, res.images["server"], ["python", "-c", script],
-                                          res.identities["server"].user, res.spec.storage.volume,
-                                          res.spec.storage.mount)
-    assert code == 0, out + err
+    r = oneoff.run(LocalHost(), res.images["server"], ["python", "-c", script], ident=res.identities["server"],
+                   share=(res, None))
+    assert r.ok, r.out + r.err
 
 
 def test_summary_and_plot_written(rehearsal):
@@ -181,8 +182,7 @@ def test_planted_secrets_never_in_files_output_or_command_lines(rehearsal, docke
             assert planted_in(path.read_bytes().decode(errors="replace")) == [], path
     assert scanned >= 5
     res = resolve.resolve(new_spec.embedded_default())
-    code, out, err = compose_mod.run_once(docker_client, res.images["trainer"],
-                                          ["grep", "-rlaF", "-e", PLANTED["HF_TOKEN"], "-e", PLANTED["WANDB_API_KEY"],
-                                           res.spec.storage.mount], res.identities["trainer"].user,
-                                          res.spec.storage.volume, res.spec.storage.mount)
-    assert code == 1 and out.strip() == "", out + err  # grep: 1 = nothing found, 2 = error
+    r = oneoff.run(LocalHost(), res.images["trainer"],
+                   ["grep", "-rlaF", "-e", PLANTED["HF_TOKEN"], "-e", PLANTED["WANDB_API_KEY"], res.spec.storage.mount],
+                   ident=res.identities["trainer"], share=(res, None))
+    assert r.rc == 1 and r.out.strip() == "", r.out + r.err  # grep: 1 = nothing found, 2 = error

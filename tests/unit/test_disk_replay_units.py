@@ -10,6 +10,7 @@ import yaml
 from transformers import TrainerControl, TrainerState
 
 from grpo_deploy import plan, preflight, resolve, spec
+from grpo_deploy.hosts import oneoff
 from grpo_deploy.runtime.config import DiskWatchdogConfig
 from grpo_deploy.runtime.disk_watchdog import DiskWatchdog
 from tests.specs import spec_data, spec_yaml
@@ -67,7 +68,7 @@ def test_the_seed_scenario_fails_at_the_4th_save_from_per_save_sizes():
 
 
 def _share(res):
-    return preflight.share_source(res, res.host_for(res.engine_info.main_role))
+    return oneoff.share_source(res, res.host_for(res.engine_info.main_role))
 
 
 def test_share_source_is_what_compose_mounts(tmp_path):
@@ -84,7 +85,7 @@ def test_share_source_is_what_compose_mounts(tmp_path):
 def test_preflight_probes_mount_what_compose_mounts_when_nfs_and_shared_dir_are_both_set(tmp_path):
     both = _res(**{"storage.nfs": {"server": "10.0.0.5", "export": "/export/grpo"},
                    "hosts.0.shared_dir": str(tmp_path / "share")})
-    args = preflight.probe_mount(both, both.host_for("trainer"))
+    args = oneoff.share_args(both, both.host_for("trainer"))
     assert args[0] == "--mount" and "volume-opt=type=nfs" in args[1] and str(tmp_path) not in " ".join(args)
 
 

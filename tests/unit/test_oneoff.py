@@ -1,0 +1,54 @@
+"""One-off containers (grpo_deploy.hosts.oneoff): the docker run arguments of the one recipe, and the engine's own
+error read out of a `docker run` that never started its container (the stderr below is what Docker 20.10 printed
+here for an NFS volume that cannot be mounted)."""
+
+from __future__ import annotations
+
+from grpo_deploy import resolve
+from grpo_deploy.hosts import oneoff
+from grpo_deploy.hosts.connect import Result
+from tests.specs import loaded
+
+NFS_REFUSED = ("docker: Error response from daemon: failed to mount local volume: mount :/export:/var/lib/docker/"
+               "volumes/5bb2/_data, data: addr=127.0.0.1,nfsvers=4.1,hard: no such device.\n"
+               "Run 'docker run --help' for more information\n")
+
+
+def test_the_engines_error_is_the_line_not_the_usage_hint():
+    said = oneoff.engine_error(Result(125, "", NFS_REFUSED))
+    assert said.startswith("failed to mount local volume") and "no such device" in said
+    assert "--help" not in said
+
+
+def test_a_command_that_ran_is_not_an_engine_error():
+    assert oneoff.engine_error(Result(1, "", "rm: cannot remove '/shared/x': Permission denied\n")) is None
+    assert oneoff.engine_error(Result(0, "ok", "")) is None
+
+
+def test_the_fix_names_the_nfs_share_when_the_mount_failed():
+    res = resolve.resolve(loaded(**{"storage.nfs": {"server": "10.0.0.5", "export": "/export/grpo"}}))
+    fix = oneoff.start_failure_fix(res, "spark1", oneoff.engine_error(Result(125, "", NFS_REFUSED)))
+    assert "storage.nfs 10.0.0.5:/export/grpo could not be mounted on spark1" in fix
+    assert "permission" not in fix.lower()
+
+
+class _Recorder:
+    name = "local"
+
+    def __init__(self):
+        self.argv = None
+
+    def run(self, argv, *, stdin=None, timeout=120):
+        self.argv = argv
+        return Result(0, "", "")
+
+
+def test_the_recipe_is_labelled_removed_offline_and_mounts_the_share_as_the_stack_does():
+    res = resolve.resolve(loaded("cpu", "trl-async", ["local"]))  # one host, the plain volume
+    conn = _Recorder()
+    oneoff.run(conn, "img:1", ["true"], ident=res.identities["trainer"], share=(res, None))
+    argv = conn.argv
+    assert argv[:3] == ["docker", "run", "--rm"] and argv[argv.index("--network") + 1] == "none"
+    assert "--label" in argv and argv[argv.index("--user") + 1] == res.identities["trainer"].user
+    assert argv[argv.index("-v") + 1] == f"{res.spec.storage.volume}:{res.spec.storage.mount}"
+    assert argv[-2:] == ["img:1", "true"]
