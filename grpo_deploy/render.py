@@ -32,6 +32,7 @@ from .plan import Architecture, checkpoint_bytes
 from .resolve import Resolved, as_dict, gpu_split
 from .runtime.config import RunConfig, SpeedSwitches, config_text
 from .runtime.values import CONTROL, ENV_VALUE_FORBIDDEN, ip_literal, parse_address
+from .settings import SECTIONS, VLLM_KIT_FLAGS, KitFlag, vllm_flags
 
 
 class RenderError(RuntimeError):
@@ -84,6 +85,26 @@ def _vllm_context(res: Resolved) -> dict[str, Any]:
     ctx = res.settings.vllm.model_dump()
     ctx["env"] = dict(sorted(ctx["env"].items()))
     return ctx
+
+
+def server_arg_lines(res: Resolved) -> list[str]:
+    """vLLM's arguments, one per line: each VllmSettings field's flag in field order (grpo_deploy.settings declares
+    them), each of the kit's own flags just before the field it names, then extra_args as given."""
+    vllm, lines = res.settings.vllm, []
+    for name, flag in vllm_flags().items():
+        lines += [arg for kit in VLLM_KIT_FLAGS if kit.before == name for arg in _kit_args(res, kit)]
+        lines += flag.args(getattr(vllm, name))
+    return lines + list(vllm.extra_args)
+
+
+def _kit_args(res: Resolved, kit: KitFlag) -> list[str]:
+    """A kit flag's lines: its value read from its setting (run.* from the spec, the rest from the settings), else
+    its fixed value, else the bare flag."""
+    value = kit.value
+    if kit.setting is not None:
+        section, key = kit.setting.split(".")
+        value = getattr(getattr(res.settings if section in SECTIONS else res.spec, section), key)
+    return [kit.name] if value is None else [kit.name, str(value)]
 
 
 def server_args(res: Resolved) -> list[str]:
@@ -293,9 +314,9 @@ def _gpu_override(res: Resolved, host) -> str:
 def _trl_config_files(res: Resolved, publish_ips: dict[str, str] | None = None) -> dict[str, str]:
     spec, s = res.spec, res.settings
     common = dict(run_name=spec.run.name, model_path=s.model.path, served_name=s.model.served_name,
-                  vllm=_vllm_context(res), seed=spec.run.seed, device=s.runtime.device)
+                  vllm=_vllm_context(res), device=s.runtime.device)
     return {
-        "config/server.args": _template("server.args.j2", **common),
+        "config/server.args": _template("server.args.j2", args=server_arg_lines(res), **common),
         "config/server.env": _template("server.env.j2", umask=res.identities["server"].umask, **common),
         "config/trainer.env": _template(
             "trainer.env.j2", umask=res.identities["trainer"].umask, logger=spec.logger.kind,

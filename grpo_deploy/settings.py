@@ -1,10 +1,12 @@
 """Typed run settings: one model per section (model, lora, data, trl, vllm, verl, runtime, checkpoints) whose fields
-hold the one default, the type and a description. Profiles, spec fields and overrides are all validated against them;
-the trainer-side sections (lora, runtime, trl) are the trainer config's own (grpo_deploy.runtime.config)."""
+hold the one default, the type and a description (vllm's also their server flag). Profiles, spec fields and overrides
+are all validated against them; the trainer-side sections (lora, runtime, trl) are the trainer config's own
+(grpo_deploy.runtime.config)."""
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -66,28 +68,6 @@ class DataSettings(Strict):
     """The dataset file inside the containers (boxed-math, gsm8k)."""
 
 
-# vLLM flags the kit renders from settings: in extra_args they are refused, with the setting to change instead.
-VLLM_OWNED_FLAGS = {
-    "--model": "model.path", "--served-model-name": "model.served_name", "--host": "(the kit listens on all "
-    "container interfaces and publishes one address)", "--port": "overrides.vllm.port",
-    "--dtype": "overrides.vllm.dtype", "--enable-lora": "(always on)",
-    "--max-lora-rank": "overrides.vllm.max_lora_rank",
-    "--max-loras": "overrides.vllm.max_loras", "--max-cpu-loras": "overrides.vllm.max_cpu_loras",
-    "--logprobs-mode": "(TRL needs processed_logprobs)", "--generation-config": "(the kit sets vllm)",
-    "--max-model-len": "overrides.vllm.max_model_len",
-    "--gpu-memory-utilization": "overrides.vllm.gpu_memory_utilization",
-    "--max-num-seqs": "overrides.vllm.max_num_seqs", "--tensor-parallel-size": "(one GPU per server)",
-    "--data-parallel-size": "(one GPU per server)", "-tp": "(one GPU per server)", "-dp": "(one GPU per server)",
-    "--seed": "run.seed",
-    "--enforce-eager": "overrides.vllm.enforce_eager",
-    "--enable-prefix-caching": "overrides.vllm.enable_prefix_caching",
-    "--no-enable-prefix-caching": "overrides.vllm.enable_prefix_caching",
-    "--max-num-batched-tokens": "overrides.vllm.max_num_batched_tokens",
-    "--load-format": "overrides.vllm.load_format", "--kv-cache-dtype": "overrides.vllm.kv_cache_dtype",
-    "--swap-space": "overrides.vllm.swap_space",
-}
-
-
 def _vllm_arg(value: str) -> str:
     """An extra server argument, never one of the kit's flags however vLLM would read it: `--flag=value` and
     `--flag value` (one item), `--max_model_len` (vLLM reads '_' as '-'), and a prefix argparse would expand."""
@@ -106,41 +86,138 @@ def _vllm_arg(value: str) -> str:
 VllmArg = Annotated[Text, Field(min_length=1), AfterValidator(_vllm_arg)]
 
 
-class VllmSettings(Strict):
-    """The vLLM OpenAI server (trl-async's server role)."""
+@dataclass(frozen=True)
+class VllmFlag:
+    """How a VllmSettings field reaches vLLM's command line. kind "value": the flag, then the value on the next line;
+    "switch" (a boolean whose false is vLLM's default): the flag when true; "toggle": the flag when true, its --no-
+    form when false. Null renders nothing (vLLM's own default). *aliases*: other spellings vLLM reads as this flag."""
 
-    gpu_memory_utilization: Finite = Field(0.9, gt=0, le=1)
-    """Fraction of GPU memory vLLM takes (on CPU: of host RAM for the KV cache)."""
-    max_num_seqs: Count = 256
-    """Sequences batched at once."""
-    dtype: Literal["auto", "bfloat16", "float16", "float32", "half"] = "auto"
-    """Weights and activations dtype; the same as the trainer's keeps the importance ratio at 1."""
-    extra_args: list[VllmArg] = []
-    """More server flags, one list item per argument (never one the kit renders)."""
-    max_loras: Count | None = None
-    """Adapters resident at once; null = max_staleness + 2 (what TRL keeps loaded)."""
-    max_lora_rank: Literal[VLLM_LORA_RANKS] | None = None
-    """The LoRA rank slot; null = the smallest slot >= lora.r."""
-    max_cpu_loras: Count | None = None
-    """Adapters cached on the CPU; null = max_loras."""
-    max_model_len: Count | None = None
-    """Context length; null = max_prompt_length + max_completion_length."""
-    enforce_eager: bool = False
-    """Disable CUDA graphs."""
-    port: Port = SERVER_PORT
+    name: str
+    kind: Literal["value", "switch", "toggle"] = "value"
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def negation(self) -> str:
+        return "--no-" + self.name.removeprefix("--")
+
+    def args(self, value: Any) -> list[str]:
+        """The argument lines for *value*."""
+        if value is None or (value is False and self.kind == "switch"):
+            return []
+        if self.kind == "value":
+            return [self.name, str(value)]
+        return [self.name if value else self.negation]
+
+    def spellings(self) -> tuple[str, ...]:
+        """Every flag vLLM reads as this one (vLLM gives each boolean a --no- form)."""
+        return (self.name, *((self.negation,) if self.kind != "value" else ()), *self.aliases)
+
+
+@dataclass(frozen=True)
+class NotAFlag:
+    """A VllmSettings field that is no vLLM flag: *why* says where it goes instead."""
+
+    why: str
+
+
+@dataclass(frozen=True)
+class KitFlag:
+    """A vLLM flag the kit always renders that no VllmSettings field holds, rendered just before the flag of the
+    VllmSettings field *before*. Its value is read from *setting* (a dotted key: the one to change instead), or is
+    *value* (None: a bare flag), fixed by the kit for *why*. *aliases*: other spellings vLLM reads as this flag."""
+
+    name: str
+    before: str
+    setting: str | None = None
+    value: str | None = None
+    why: str = ""
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def instead(self) -> str:
+        """What a user who passes this flag in extra_args does instead: set a key, or "(why the kit fixes it)"."""
+        return self.setting or f"({self.why})"
+
+
+class VllmSettings(Strict):
+    """The vLLM OpenAI server (trl-async's server role). Each field declares its vLLM flag (rendered in field order,
+    grpo_deploy.render) or why it is none."""
+
+    port: Annotated[Port, VllmFlag("--port")] = SERVER_PORT
     """The server's port inside its container and where it is published."""
-    enable_prefix_caching: bool | None = None
+    dtype: Annotated[Literal["auto", "bfloat16", "float16", "float32", "half"], VllmFlag("--dtype")] = "auto"
+    """Weights and activations dtype; the same as the trainer's keeps the importance ratio at 1."""
+    max_lora_rank: Annotated[Literal[VLLM_LORA_RANKS] | None, VllmFlag("--max-lora-rank")] = None
+    """The LoRA rank slot; null = the smallest slot >= lora.r."""
+    max_loras: Annotated[Count | None, VllmFlag("--max-loras")] = None
+    """Adapters resident at once; null = max_staleness + 2 (what TRL keeps loaded)."""
+    max_cpu_loras: Annotated[Count | None, VllmFlag("--max-cpu-loras")] = None
+    """Adapters cached on the CPU; null = max_loras."""
+    max_model_len: Annotated[Count | None, VllmFlag("--max-model-len")] = None
+    """Context length; null = max_prompt_length + max_completion_length."""
+    gpu_memory_utilization: Annotated[Finite, VllmFlag("--gpu-memory-utilization",
+                                                       aliases=("--device-memory-utilization",))] = \
+        Field(0.9, gt=0, le=1)
+    """Fraction of GPU memory vLLM takes (on CPU: of host RAM for the KV cache)."""
+    max_num_seqs: Annotated[Count, VllmFlag("--max-num-seqs")] = 256
+    """Sequences batched at once."""
+    enforce_eager: Annotated[bool, VllmFlag("--enforce-eager", "switch")] = False
+    """Disable CUDA graphs."""
+    enable_prefix_caching: Annotated[bool | None, VllmFlag("--enable-prefix-caching", "toggle")] = None
     """Prefix caching; null = vLLM's default."""
-    max_num_batched_tokens: Count | None = None
+    max_num_batched_tokens: Annotated[Count | None, VllmFlag("--max-num-batched-tokens")] = None
     """Tokens per engine step; null = vLLM's default."""
-    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"] | None = None
-    """KV cache dtype; null = vLLM's default."""
-    swap_space: Finite | None = Field(None, ge=0)
-    """GiB of CPU swap per GPU; null = vLLM's default."""
-    load_format: Literal["auto", "safetensors", "pt", "dummy"] | None = None
+    load_format: Annotated[Literal["auto", "safetensors", "pt", "dummy"] | None, VllmFlag("--load-format")] = None
     """How weights are loaded; null = vLLM's default."""
-    env: dict[EnvName, EnvValue] = {}
+    kv_cache_dtype: Annotated[Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"] | None,
+                              VllmFlag("--kv-cache-dtype")] = None
+    """KV cache dtype; null = vLLM's default."""
+    extra_args: Annotated[list[VllmArg], NotAFlag("rendered as given after the kit's flags, one line per item")] = []
+    """More server flags, one list item per argument (never one the kit renders)."""
+    env: Annotated[dict[EnvName, EnvValue], NotAFlag("the server's environment (server.env), not its arguments")] = {}
     """Extra server environment (never credentials: those come from the caller's environment at start)."""
+
+
+def vllm_declaration(name: str) -> VllmFlag | NotAFlag | None:
+    """What VllmSettings field *name* declares about vLLM's command line (None: nothing, which a test refuses)."""
+    return next((m for m in VllmSettings.model_fields[name].metadata if isinstance(m, (VllmFlag, NotAFlag))), None)
+
+
+def vllm_flags() -> dict[str, VllmFlag]:
+    """{field: its flag} for the VllmSettings fields that are vLLM flags, in field (= render) order."""
+    return {name: d for name in VllmSettings.model_fields if isinstance(d := vllm_declaration(name), VllmFlag)}
+
+
+# vLLM flags the kit renders that are no VllmSettings field.
+VLLM_KIT_FLAGS = (
+    KitFlag("--model", "port", setting="model.path"),
+    KitFlag("--served-model-name", "port", setting="model.served_name"),
+    KitFlag("--host", "port", value="0.0.0.0",
+            why="the kit listens on all container interfaces and publishes one address"),
+    KitFlag("--enable-lora", "max_lora_rank", why="always on", aliases=("--no-enable-lora",)),
+    KitFlag("--logprobs-mode", "max_model_len", value="processed_logprobs", why="TRL needs processed_logprobs"),
+    KitFlag("--generation-config", "max_model_len", value="vllm", why="the kit sets vllm"),
+    KitFlag("--tensor-parallel-size", "enforce_eager", value="1", why="one GPU per server", aliases=("-tp",)),
+    KitFlag("--data-parallel-size", "enforce_eager", value="1", why="one GPU per server", aliases=("-dp",)),
+    KitFlag("--seed", "enforce_eager", setting="run.seed"),
+)
+
+
+def _owned_flags() -> dict[str, str]:
+    """Every spelling of every flag the kit renders -> what to do instead (a key to set, or "(why)")."""
+    owned = {spelling: kit.instead for kit in VLLM_KIT_FLAGS for spelling in (kit.name, *kit.aliases)}
+    owned.update({spelling: f"overrides.vllm.{name}" for name, flag in vllm_flags().items()
+                  for spelling in flag.spellings()})
+    return owned
+
+
+# vLLM flags the kit renders (from the fields and the table above): in extra_args they are refused, with what to do.
+VLLM_OWNED_FLAGS = _owned_flags()
+# VllmSettings keys that are gone, with why: overrides.vllm.<key> is refused with the reason.
+VLLM_REMOVED = {
+    "swap_space": "vLLM removed --swap-space in 0.18.0 (its V1 engine never swaps to CPU) and the pinned server "
+    "would refuse it; remove the key",
+}
 
 
 # verl 0.9.1 keys the kit sets from other settings, or that older docs use but the pinned verl rejects.
@@ -241,6 +318,7 @@ SECTIONS: dict[str, type[BaseModel]] = {
 OWNED: dict[str, dict[str, str]] = {
     "trl": {k: f"set by the kit from {v}; set that instead" for k, v in KIT_OWNED_TRL.items()},
     "verl": VERL_OWNED,
+    "vllm": VLLM_REMOVED,
 }
 
 

@@ -125,6 +125,12 @@ def test_system_and_malformed_paths_are_refused(tmp_path, path, value, words):
      ("one GPU per server",)),
     ("cpu", {("overrides", "vllm", "extra_args"): ["--max-log-len=5", "--model", "x"]},
      "overrides.vllm.extra_args[1]", ("model.path",)),
+    ("cpu", {("overrides", "vllm", "extra_args"): ["--device-memory-utilization=0.5"]}, "overrides.vllm.extra_args[0]",
+     ("overrides.vllm.gpu_memory_utilization",)),
+    ("cpu", {("overrides", "vllm", "extra_args"): ["--no-enable-lora"]}, "overrides.vllm.extra_args[0]",
+     ("always on",)),
+    ("cpu", {("overrides", "vllm", "swap_space"): 4}, "overrides.vllm.swap_space",
+     ("vLLM removed --swap-space", "remove the key")),
 ])
 def test_kit_owned_settings_are_refused_with_the_setting_to_use(tmp_path, base, changes, key, words):
     _refused(tmp_path, base, changes, key, *words)

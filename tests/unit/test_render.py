@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from grpo_deploy import new_spec, render, resolve, spec
+from grpo_deploy.settings import VLLM_KIT_FLAGS, vllm_flags
 from tests.render.regen import CASES, render_case
 
 CASE_DIRS = sorted(p for p in CASES.iterdir() if (p / "spec.yaml").exists())
@@ -73,6 +74,38 @@ def test_trl_server_flags_and_trainer_config(profile, hosts):
     assert trainer["async_grpo"]["gradient_checkpointing"] is False
     assert trainer["async_grpo"]["output_dir"].startswith("/shared/")
 
+
+# A value for every VllmSettings flag field, none of them the gb10 pair's own (adding a field means adding it here).
+VLLM_VALUES = {
+    "port": 8123, "dtype": "float16", "max_lora_rank": 64, "max_loras": 9, "max_cpu_loras": 12, "max_model_len": 8192,
+    "gpu_memory_utilization": 0.5, "max_num_seqs": 200, "enforce_eager": True, "enable_prefix_caching": False,
+    "max_num_batched_tokens": 4096, "load_format": "safetensors", "kv_cache_dtype": "fp8",
+}
+
+
+def test_every_vllm_flag_field_renders_its_value():
+    assert set(VLLM_VALUES) == set(vllm_flags()), "give every flag field a value here"
+    args = _args(_render("gb10", "trl-async", ["spark1", "spark2"], f"{{vllm: {VLLM_VALUES}}}"))
+    for name, flag in vllm_flags().items():
+        lines = flag.args(VLLM_VALUES[name])
+        assert lines and any(args[i:i + len(lines)] == lines for i in range(len(args))), (name, lines, args)
+    assert _flag(args, "--kv-cache-dtype") == "fp8" and "--no-enable-prefix-caching" in args
+    assert len(args) == len(set(a for a in args if a.startswith("-"))) + sum(not a.startswith("-") for a in args)
+
+
+def test_null_vllm_settings_render_no_flag():
+    args = _args(_render("gb10", "trl-async", ["spark1", "spark2"]))
+    for flag in ("--kv-cache-dtype", "--load-format", "--max-num-batched-tokens", "--enforce-eager"):
+        assert flag not in args
+    assert not any(a.startswith("--no-") for a in args)
+
+
+def test_kit_flags_render_before_the_field_they_name_then_extra_args_last():
+    args = _args(_render("cpu", "trl-async", overrides="{vllm: {enforce_eager: true, extra_args: [--max-log-len=5]}}"))
+    for kit in VLLM_KIT_FLAGS:
+        assert args.index(kit.name) < args.index(vllm_flags()[kit.before].name), kit
+    assert args[:2] == ["--model", "/opt/grpo-deploy/models/tiny-qwen2"] and args[-1] == "--max-log-len=5"
+    assert _flag(args, "--seed") == "0" and _flag(args, "--host") == "0.0.0.0"
 
 def test_max_loras_follows_staleness():
     args = _args(_render("gb10", "trl-async", ["spark1", "spark2"], "{trl: {max_staleness: 7}}"))
