@@ -1,21 +1,37 @@
-"""Hardware profiles: load the data files in grpo_deploy/profiles/ (each setting is a value and its reason)."""
+"""Hardware profiles: load the data files in grpo_deploy/profiles/ (each setting is a value and its reason), a
+profile's `extends:` merged over its parent.
+
+The merge rule: the child's keys over the parent's; `hardware`, `images` and each settings section are merged key by
+key; a setting (`{value, why}`: a value never travels without its reason), a list and a scalar are replaced whole;
+`name` is never inherited. A file named `_*.yaml` is a base: it can be extended, never chosen by a host. Each file is
+read once, bounded (yamlpos), and must be a regular file inside the profiles folder (a link may point only there).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+import stat
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
-import yaml
+from .yamlpos import YamlSyntaxError, load_file, shown_path
 
 SECTIONS = ("model", "lora", "data", "trl", "vllm", "verl", "runtime", "checkpoints")
+MAX_EXTENDS = 4
+"""How many parents a chain may have (a profile extends a base that extends another needs two)."""
+_NAME = re.compile(r"_?[a-z0-9][a-z0-9-]{0,39}")
+"""A profile's name, as its file is named: no path separator, `..`, `$`, newline or leading `-` can pass."""
 
 
 @dataclass(frozen=True)
 class Setting:
     value: Any
     why: str
+    profile: str
+    """The profile whose file holds this line: a parent's when inherited."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +42,7 @@ class Profile:
     engines: tuple[str, ...]
     images: dict[str, str]
     settings: dict[str, dict[str, Setting]]
+    extends: str | None = None
 
     def value(self, section: str, key: str, default: Any = None) -> Any:
         setting = self.settings.get(section, {}).get(key)
@@ -40,9 +57,18 @@ class ProfileError(ValueError):
     """A profile file is malformed or unknown."""
 
 
-def names() -> list[str]:
-    folder = resources.files("grpo_deploy") / "profiles"
+def _folder() -> Path:
+    return Path(str(resources.files("grpo_deploy") / "profiles"))
+
+
+def _files(folder: Path) -> list[str]:
+    """Every profile in *folder* by name, bases (`_*`) included: what `extends:` may name."""
     return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def names() -> list[str]:
+    """The profiles a host may choose (bases left out)."""
+    return [n for n in _files(_folder()) if not n.startswith("_")]
 
 
 def engine_mismatch(profile: Profile, engine: str) -> str | None:
@@ -63,7 +89,7 @@ def _parse(name: str, raw: dict[str, Any]) -> Profile:
         for key, entry in (entries or {}).items():
             if not isinstance(entry, dict) or set(entry) != {"value", "why"} or not str(entry["why"]).strip():
                 raise ProfileError(f"profile {name}: settings.{section}.{key} must be {{value: ..., why: '...'}}")
-            parsed[key] = Setting(entry["value"], str(entry["why"]))
+            parsed[key] = Setting(entry["value"], str(entry["why"]), name)
         settings[section] = parsed
     return Profile(
         name=raw["name"],
@@ -75,12 +101,76 @@ def _parse(name: str, raw: dict[str, Any]) -> Profile:
     )
 
 
+def _inherit(parent: Profile, raw: dict[str, Any], child: Profile) -> Profile:
+    """*child* (parsed from *raw*) over *parent*, by the merge rule of this module's docstring."""
+    sections = [s for s in SECTIONS if s in parent.settings or s in child.settings]
+    return replace(
+        child,
+        description=child.description if "description" in raw else parent.description,
+        hardware={**parent.hardware, **child.hardware},
+        engines=child.engines if "engines" in raw else parent.engines,
+        images={**parent.images, **child.images},
+        settings={s: {**parent.settings.get(s, {}), **child.settings.get(s, {})} for s in sections},
+        extends=parent.name,
+    )
+
+
+def _read(folder: Path, name: str) -> dict[str, Any]:
+    """The mapping in *folder*/<name>.yaml: a regular file inside *folder*, bounded, declaring its own name."""
+    path = folder / f"{name}.yaml"
+    where = shown_path(path)
+    if path.is_symlink() and not path.resolve().is_relative_to(folder.resolve()):
+        raise ProfileError(f"{where}: is a link out of the profiles folder (to {shown_path(path.resolve())}); "
+                           "put the profile file itself in the folder")
+    if path.exists() and not stat.S_ISREG(path.stat().st_mode):
+        raise ProfileError(f"{where}: is not a regular file (a FIFO, device or folder); "
+                           "a profile is a YAML file")
+    try:
+        raw = load_file(path).data
+    except YamlSyntaxError as exc:
+        raise ProfileError(str(exc)) from None
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}: holds no mapping; a profile is a mapping with name, hardware, settings")
+    if raw.get("name") != name:
+        raise ProfileError(f"profile file {name}.yaml declares name {raw.get('name')!r}")
+    return raw
+
+
+def _parent(folder: Path, name: str, raw: dict[str, Any], chain: tuple[str, ...]) -> str | None:
+    """The validated `extends:` of profile *name* (None when it extends nothing); *chain*: the profiles below it."""
+    if "extends" not in raw:
+        return None
+    parent, where = raw["extends"], f"{shown_path(folder / f'{name}.yaml')}: extends"
+    if not isinstance(parent, str) or not _NAME.fullmatch(parent):
+        raise ProfileError(f"{where}: {_short(parent)} is not a profile name; give the name of a file in the profiles "
+                           "folder without .yaml (lowercase letters, digits, '-', a leading '_' for a base)")
+    if parent == name:
+        raise ProfileError(f"{where}: the profile extends itself; name another profile or remove the key")
+    if parent in chain:
+        raise ProfileError(f"{where}: {' -> '.join((*chain, name, parent))} is a cycle; remove one of the extends")
+    if len(chain) >= MAX_EXTENDS:
+        raise ProfileError(f"{where}: the chain {' -> '.join((*chain, name, parent))} is deeper than {MAX_EXTENDS} "
+                           "parents; extend a profile nearer the base")
+    if parent not in _files(folder):
+        raise ProfileError(f"{where}: no profile {parent!r}; known: {', '.join(_files(folder))}")
+    return parent
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}..."
+
+
+def _compose(folder: Path, name: str, chain: tuple[str, ...] = ()) -> Profile:
+    """Profile *name* from *folder*, its parents merged under it."""
+    raw = _read(folder, name)
+    parent = _parent(folder, name, raw, chain)
+    child = _parse(name, raw)
+    return child if parent is None else _inherit(_compose(folder, parent, (*chain, name)), raw, child)
+
+
 @cache
 def load(name: str) -> Profile:
     if name not in names():
         raise ProfileError(f"unknown profile {name!r}; known profiles: {', '.join(names())}")
-    text = (resources.files("grpo_deploy") / "profiles" / f"{name}.yaml").read_text(encoding="utf-8")
-    raw = yaml.safe_load(text)
-    if raw.get("name") != name:
-        raise ProfileError(f"profile file {name}.yaml declares name {raw.get('name')!r}")
-    return _parse(name, raw)
+    return _compose(_folder(), name)

@@ -36,11 +36,13 @@ def known_models() -> dict[str, dict[str, Any]]:
 @dataclass(frozen=True)
 class Origin:
     """Where a setting's value came from: source ("default", "profile:<name>", "spec", "override", "derived"), why,
-    and the spec key that set it (None for profile, default and derived values)."""
+    the spec key that set it (None for profile, default and derived values) and, for a profile value, the profile
+    whose file holds the line (a parent's when inherited: the source then says "profile:<name> (from <parent>)")."""
 
     source: str
     why: str
     path: tuple[Any, ...] | None = None
+    profile: str | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,9 @@ class _Layers:
 
     def profile(self, section: str, profile: profiles.Profile) -> None:
         for key, setting in profile.settings.get(section, {}).items():
-            self.put(section, key, setting.value, Origin(f"profile:{profile.name}", setting.why), none_sets=True)
+            inherited = f" (from {setting.profile})" if setting.profile != profile.name else ""
+            source = f"profile:{profile.name}{inherited}"
+            self.put(section, key, setting.value, Origin(source, setting.why, profile=setting.profile), none_sets=True)
 
     def override(self, section: str, key: str, value: Any) -> None:
         path = ("overrides", section, key)
@@ -207,8 +211,8 @@ class _Layers:
         origin = self.origins[section].get(key)
         if origin is not None and origin.path is not None:
             self.problem(origin.path + tuple(loc[1:]), message)
-        elif origin is not None and origin.source.startswith("profile:"):
-            self.problems.append(Problem(f"profile {origin.source.split(':', 1)[1]}",
+        elif origin is not None and origin.profile is not None:
+            self.problems.append(Problem(f"profile {origin.profile}",
                                          key_str(("settings", section) + tuple(loc)), message))
         else:
             self.problems.append(Problem(self.loaded.doc.where(()), key_str((section,) + tuple(loc)),

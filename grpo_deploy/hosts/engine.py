@@ -61,6 +61,16 @@ def for_work(made):
     return work
 
 
+def image_or_none(client, ref: str):
+    """The image *ref* on the engine, or None when it has none of that name."""
+    import docker.errors
+
+    try:
+        return client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return None
+
+
 def housekeeping(what: str, call: Callable[[], T], log: Callable[[str], Any], default: T | None = None) -> T | None:
     """*call*() for a tidy-up after work that succeeded; if the engine fails or is slow to answer it, the problem is
     written to *log* and *default* returned — a finished build is never reported as failed for it."""

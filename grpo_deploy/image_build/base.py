@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from ..hosts import engine
+from ..hosts.engine import image_or_none
 from ..image_tags import MACHINES
-from .build import image_or_none
 from .progress import Step, StepFailed, human
 from .recipes import BASE_SUITES, BaseSuite
 from .wheelhouse import run_logged

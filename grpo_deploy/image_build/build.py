@@ -16,7 +16,9 @@ from pathlib import Path
 
 from .. import __version__
 from ..hosts import engine
+from ..hosts.engine import image_or_none
 from . import locks, wheelhouse
+from .base import build_base
 from .progress import Step, StepFailed, human
 from .recipes import BASE_SUITES, Recipe, known_base
 
@@ -163,15 +165,6 @@ def docker_build(client, members: list[Member], step: Step, **kwargs) -> str:
     return image_id
 
 
-def image_or_none(client, ref: str):
-    import docker.errors
-
-    try:
-        return client.images.get(ref)
-    except docker.errors.ImageNotFound:
-        return None
-
-
 # ---------------------------------------------------------------- the two images
 
 @dataclass
@@ -256,8 +249,7 @@ def build(client, recipe: Recipe, images: Path, package_dir: Path, build_dir: Pa
         known = known_base(recipe.base)
         if known is None:
             raise StepFailed(f"the base image {recipe.base} is missing: build or load it first")
-        from .base import build_base  # the kit's own base: debootstrap (root) + import, a minute (4 under QEMU)
-
+        # the kit's own base: debootstrap (root) + import, a minute (4 under QEMU)
         with wheelhouse.prefetched(recipe, images, wheel_dir, log_dir):  # no base: the deps image is missing too
             build_base(client, recipe.base, images / "base.sh", build_dir / "rootfs", log_dir,
                        suite=BASE_SUITES[known[0]], arch=known[1])

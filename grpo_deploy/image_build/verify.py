@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..hosts import engine
+from ..hosts.engine import image_or_none
 from ..image_tags import MACHINES
 from ..names import GID_LABEL, LABEL_PREFIX, MANAGED_BY_LABEL, UID_LABEL
-from .build import image_or_none
 from .progress import Step, StepFailed
 from .recipes import Recipe
 

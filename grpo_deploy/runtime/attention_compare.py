@@ -1,4 +1,6 @@
-"""Timing and accuracy of the attention shim's backends on one packed call, and the pick of the fastest exact one."""
+"""Timing and accuracy of the attention shim's backends on one packed call, and the pick of the fastest exact one.
+The shims to time and the fp32 reference are given (attention_shim.compare builds them), so this module needs none of
+the shim's own code."""
 
 from __future__ import annotations
 
@@ -8,8 +10,6 @@ import time
 from dataclasses import dataclass
 
 import torch
-
-from .attention_shim import Segments, VarlenAttention, sdpa_varlen
 
 # Relative error a bf16 backend may show against the fp32 reference (the bf16 tolerance of the shim's tests).
 EXACT_TOLERANCE = 2**-7
@@ -65,21 +65,22 @@ def side_computation(device_type: str):
             yield
 
 
-def compare_backends(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, scale, backends, repeats: int = 5):
-    """Time each backend's causal forward and forward+backward on copies of one call's tensors, and measure its
-    output and q/k/v-gradient error against fp32 SDPA per segment (exact, see the shim tests)."""
+def compare_backends(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, scale, shims, reference_shim,
+                     repeats: int = 5) -> list[Trial]:
+    """Time each shim's causal forward and forward+backward on copies of one call's tensors, and measure its output
+    and q/k/v-gradient error against *reference_shim* run in fp32. A shim has `.backend` and FlashAttention's
+    `flash_attn_varlen_func`."""
     inputs = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
     upstream = torch.randn(q.shape, device=q.device, generator=torch.Generator(q.device).manual_seed(0))
     reference = [x.detach().float().requires_grad_(True) for x in inputs]
-    segments = Segments.from_cu(cu_seqlens_q, cu_seqlens_k)
-    ref_out = sdpa_varlen(*reference, segments, scale, -1, 0, 0.0, dense_limit=0)
-    (ref_out * upstream).sum().backward()
     call = (cu_seqlens_q, cu_seqlens_k, int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()), max_seqlen_k)
+    ref_out = reference_shim.flash_attn_varlen_func(*reference, *call, softmax_scale=scale, causal=True)
+    (ref_out * upstream).sum().backward()
     reference = (ref_out, [x.grad for x in reference])
-    return [_trial(VarlenAttention(b), inputs, call, scale, upstream, reference, repeats) for b in backends]
+    return [_trial(shim, inputs, call, scale, upstream, reference, repeats) for shim in shims]
 
 
-def _trial(shim: VarlenAttention, inputs, call, scale, upstream, reference, repeats: int) -> Trial:
+def _trial(shim, inputs, call, scale, upstream, reference, repeats: int) -> Trial:
     """One backend of `compare_backends`; a backend that cannot run here is reported with its error, not raised."""
 
     def forward():

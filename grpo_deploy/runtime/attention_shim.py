@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .attention_compare import Trial, compare_backends, fastest_exact, side_computation
 from .config import ATTENTION_BACKENDS as BACKENDS
 from .config import ATTENTION_SHIM_MODES as MODES
 
@@ -209,10 +210,8 @@ class VarlenAttention:
         if self.backend == "fastest" and square:
             key = (q.dtype, q.shape[1], k.shape[1], q.shape[2])
             if key not in self.choices:
-                from .attention_compare import compare_backends, fastest_exact, side_computation
-
                 with side_computation(q.device.type):
-                    trials = compare_backends(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, scale, FAST_CANDIDATES)
+                    trials = compare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, scale, FAST_CANDIDATES)
                 self.trials[key] = trials
                 self.choices[key] = fastest_exact(trials) or "sdpa"
             return self.choices[key]
@@ -248,6 +247,14 @@ class VarlenAttention:
             return square_attention(SQUARE_KERNELS[backend], q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, scale)
         segments = Segments.from_cu(cu_seqlens_q, cu_seqlens_k)
         return sdpa_varlen(q, k, v, segments, scale, left, right, softcap or 0.0, self.dense_limit)
+
+
+def compare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, scale, backends, repeats: int = 5) -> list[Trial]:
+    """Each of *backends* timed and checked on one causal call (attention_compare) against fp32 SDPA per segment
+    (exact, see the shim tests)."""
+    shims = [VarlenAttention(b) for b in backends]
+    return compare_backends(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_k, scale, shims,
+                            VarlenAttention("sdpa", dense_limit=0), repeats)
 
 
 def _cuda_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, left, right):

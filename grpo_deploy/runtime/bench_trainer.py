@@ -214,7 +214,7 @@ def attention_paths(shape, samples: list[dict], budget: int, device: str) -> lis
     (the first microbatch at `budget`, tree layout) and 4 segments of budget/4 tokens (plain causal)."""
     import torch
 
-    from . import attention_compare, attention_shim
+    from . import attention_shim
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     row = microbatches(samples, budget)[0]
@@ -236,7 +236,7 @@ def attention_paths(shape, samples: list[dict], budget: int, device: str) -> lis
         forward = flops.attention_flops(shape.heads, shape.head_dim, pairs)
         backends = ("sdpa", *attention_shim.FAST_CANDIDATES)
         max_k, scale = int((ck[1:] - ck[:-1]).max()), 1 / math.sqrt(shape.head_dim)
-        trials = attention_compare.compare_backends(q, k, v, cq, ck, max_k, scale, backends)
+        trials = attention_shim.compare(q, k, v, cq, ck, max_k, scale, backends)
         for trial in trials:
             result = {"call": label, "tokens": total, "pairs": pairs, **dataclasses.asdict(trial), "exact": trial.exact}
             if trial.failure is None:

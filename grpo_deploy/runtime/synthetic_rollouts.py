@@ -58,10 +58,18 @@ class Profile:
     speed: dict = None  # the runtime section's speed switches (trainer_speed.Switches fields) the profile sets
 
 
+def _settings(name: str) -> dict:
+    """A shipped profile's settings with its `extends:` parents' under them, section by section, a setting whole (the
+    rule of grpo_deploy/profiles.py, which validated these files; runtime/ does not import the deployer)."""
+    raw = yaml.safe_load((resources.files("grpo_deploy") / "profiles" / f"{name}.yaml").read_text(encoding="utf-8"))
+    parent = _settings(raw["extends"]) if raw.get("extends") else {}
+    own = raw.get("settings") or {}
+    return {s: {**parent.get(s, {}), **own.get(s, {})} for s in {**parent, **own}}
+
+
 def load_profile(name: str) -> Profile:
     """Read the LoRA and batching settings of a hardware profile shipped with the package."""
-    text = (resources.files("grpo_deploy") / "profiles" / f"{name}.yaml").read_text(encoding="utf-8")
-    settings = yaml.safe_load(text)["settings"]
+    settings = _settings(name)
     lora, trl = ({k: v["value"] for k, v in settings[section].items()} for section in ("lora", "trl"))
     spec = SimpleNamespace(r=lora["r"], alpha=lora["alpha"], dropout=lora["dropout"],
                            target_modules=lora["target_modules"])

@@ -13,13 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import __version__, image_tags
+from grpo_deploy import __version__, image_tags, profiles
 from grpo_deploy.runtime import health
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "images"
 DOCKERFILES = sorted(IMAGES.rglob("Dockerfile*"))
-PROFILES = ROOT / "grpo_deploy" / "profiles"
 K8S_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 BARE_PYTHON = re.compile(r"(?<![\w./-])python(?![\w.-])")
 
@@ -196,14 +195,13 @@ def test_bake_tags_are_the_tags_of_the_table():
 
 def test_every_profile_names_a_tag_the_build_produces():
     produced = image_tags.produced()
-    for path in sorted(PROFILES.glob("*.yaml")):
-        profile = yaml.safe_load(path.read_text())
-        for key, tag in profile["images"].items():
-            assert tag in produced, f"profile {profile['name']} images.{key}: {tag} is not built by the kit " \
+    for profile in map(profiles.load, profiles.names()):  # as composed: a base's keys merged in
+        for key, tag in profile.images.items():
+            assert tag in produced, f"profile {profile.name} images.{key}: {tag} is not built by the kit " \
                                     f"(built: {sorted(produced)})"
-            if profile["hardware"]["accelerator"] == "cuda":
-                arches = {K8S_ARCH[a] for a in profile["hardware"]["arch"]}
-                assert any(tag.endswith(f"-{a}") for a in arches), f"{tag}: not the {arches} image of {path.name}"
+            if profile.accelerator == "cuda":
+                arches = {K8S_ARCH[a] for a in profile.hardware["arch"]}
+                assert any(tag.endswith(f"-{a}") for a in arches), f"{tag}: not the {arches} image of {profile.name}"
 
 
 def test_the_image_recipes_build_tags_of_the_table():
@@ -242,16 +240,16 @@ def stage_env(text: str, stage: str) -> str:
 def test_arch_list_covers_every_profiles_gpu(dockerfile: Path):
     text = dockerfile.read_text()
     assert re.search(r"^FROM arch-\$\{TARGETARCH\}$", text, re.M), "the result must start from its arch's stage"
-    for path in sorted(PROFILES.glob("*.yaml")):
-        hw = yaml.safe_load(path.read_text())["hardware"]
-        if hw["accelerator"] != "cuda":
+    for profile in map(profiles.load, profiles.names()):
+        hw = profile.hardware
+        if profile.accelerator != "cuda":
             continue
         for arch in {K8S_ARCH[a] for a in hw["arch"]}:
             env = stage_env(text, f"arch-{arch}")
             archs = re.search(r'TORCH_CUDA_ARCH_LIST="([^"]*)"', env).group(1).split()
             cc = hw["compute_capability"]
             want = {cc, cc + "a"} if float(cc) < 12.1 else {cc + "a"}  # GB10's arch-specific kernels need 12.1a
-            assert want & set(archs), f"{path.name}: sm {cc} missing from the {arch} arch list {archs}"
+            assert want & set(archs), f"{profile.name}: sm {cc} missing from the {arch} arch list {archs}"
     arm = stage_env(text, "arch-arm64")
     assert "TRITON_PTXAS_PATH=/usr/local/cuda/bin/ptxas" in arm, "DGX Spark: Triton must use the toolkit's ptxas"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_deploy.runtime import attention_compare
+from grpo_deploy.runtime import attention_compare, attention_shim
 
 from .attention_cases import random_qkv, shared_prompt_row
 
@@ -15,7 +15,7 @@ CASE = (37, [23, 5, 41, 1], [19, 8])
 def trials_on(packed, backends, dtype=torch.float32, device="cpu"):
     q, k, v = random_qkv(packed.total, 4, 2, 64, dtype, device)
     index = packed.kv_index.to(device)
-    return attention_compare.compare_backends(
+    return attention_shim.compare(
         q, k[index], v[index], packed.cu_q.to(device), packed.cu_k.to(device), packed.max_k, 0.125, backends,
         repeats=1,
     )
