@@ -18,10 +18,10 @@ from .runtime.config import (
     Reward,
     RuntimeSettings,
     Scalar,
-    Strict,
     did_you_mean,
 )
 from .runtime.data import DATASETS
+from .runtime.strict import Strict
 from .runtime.values import (
     MAX_DISK_GB,
     MAX_STEPS,
@@ -235,12 +235,13 @@ VERL_PREFIXES = ("algorithm.", "data.", "actor_rollout_ref.", "trainer.", "rewar
 _HYDRA_VALUE = Scalar | list[Scalar] | None
 
 
-class VerlSettings(BaseModel):
+class VerlSettings(Strict):
     """verl 0.9.1 Hydra overrides (dotted keys). The fields below are the ones the kit reads; any other key under
     verl's config groups may be given and is passed through."""
 
-    model_config = ConfigDict(extra="allow", strict=True, frozen=True, populate_by_name=True,
-                              use_attribute_docstrings=True)
+    # Unknown keys kept, not refused: they are Hydra overrides passed through to verl (checked by the validator
+    # below); fields also answer to their short names (populate_by_name). The rest of the strict config is Strict's.
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     n_gpus_per_node: Count = Field(1, alias="trainer.n_gpus_per_node")
     """GPUs per node."""

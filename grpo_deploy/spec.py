@@ -14,6 +14,7 @@ from . import profiles
 from .engines import ENGINE_NAMES, ENGINES, ROLE_LIMIT_WHY
 from .runtime.config import did_you_mean
 from .runtime.data import DATASETS
+from .runtime.strict import Strict
 from .runtime.values import (
     MAX_DISK_GB,
     AbsPath,
@@ -54,10 +55,13 @@ def _umask(value: str) -> str:
 Umask = Annotated[str, AfterValidator(_umask)]
 
 
-class _Strict(BaseModel):
+class _Strict(Strict):
     """Unknown keys refused; no coercion (YAML's `on` is not a UID, "no" is not false)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, use_attribute_docstrings=True)
+    # The spec schema differs from Strict in one respect, kept as it was: its models are not frozen, and an
+    # assignment is validated like a loaded value. No code in the kit assigns to a loaded spec today; freezing it
+    # would be a change of behaviour of its own (frozen models hash and refuse assignment), not part of sharing a base.
+    model_config = ConfigDict(frozen=False, validate_assignment=True)
 
 
 class RoleIdentity(_Strict):

@@ -9,11 +9,12 @@ from importlib import resources
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from . import rewards as rewards_module
 from .adapters import LORA_SUBDIR
 from .data import DatasetSpec
+from .strict import Strict
 from .values import (
     MAX_STEPS,
     AbsPath,
@@ -45,12 +46,6 @@ CHATML_RESPONSE_TEMPLATE = {
 
 class ConfigError(ValueError):
     """A config file problem, phrased as file, key, what is wrong and what is allowed."""
-
-
-class Strict(BaseModel):
-    """A section: unknown keys refused, no type coercion (YAML's `on` is not a number or a mode), immutable."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
 
 
 def _reward(name: str) -> str:
@@ -118,11 +113,13 @@ KIT_OWNED_TRL = {
 }
 
 
-class AsyncGrpoArgs(BaseModel):
+class AsyncGrpoArgs(Strict):
     """Arguments of TRL's AsyncGRPOConfig. The fields below are the ones the kit reads or sets (their defaults are
     TRL's, except vllm_server_timeout); any other AsyncGRPOConfig field may be given and is passed through."""
 
-    model_config = ConfigDict(extra="allow", strict=True, frozen=True, use_attribute_docstrings=True)
+    # Unknown keys kept, not refused: they are AsyncGRPOConfig fields passed through to TRL (checked by
+    # _known_extras below); the rest of the strict config is Strict's.
+    model_config = ConfigDict(extra="allow")
 
     output_dir: AbsPath | None = None
     """Where TRL writes checkpoints and adapters (set by the kit from checkpoints.dir)."""

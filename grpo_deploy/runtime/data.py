@@ -7,8 +7,9 @@ import os
 import random
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from .strict import Strict
 from .values import AbsPath
 
 DATASETS = ("brevity", "boxed-math", "gsm8k")
@@ -20,10 +21,8 @@ _SUBJECTS = (
 _ASKS = ["Describe {}.", "Tell me about {}.", "What is {}?", "Say something about {}.", "Write a line on {}."]
 
 
-class DatasetSpec(BaseModel):
+class DatasetSpec(Strict):
     """Which prompts the trainer reads."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, use_attribute_docstrings=True)
 
     name: Literal["brevity", "boxed-math", "gsm8k"] = "brevity"
     """brevity (synthetic, no file) | boxed-math | gsm8k (JSONL files)."""
