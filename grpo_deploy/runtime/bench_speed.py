@@ -9,7 +9,7 @@ import math
 import sys
 
 from . import flops, step_profile, trainer_speed
-from .bench_trainer import build_policy, measure, summarise, train_microbatch, trl_loss_state
+from .packed_step import build_policy, measure, summarise, train_microbatch, trl_loss_state
 from .synthetic_rollouts import microbatches
 
 # Within bf16 rounding: a switch's error against the fp32 reference is at most twice today's, or bf16's unit

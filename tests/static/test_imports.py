@@ -7,11 +7,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "grpo_deploy"
-KNOWN = {
-    # bench_speed takes the packed step (build_policy, measure, ...) from bench_trainer, which calls it for its
-    # speed rows: cut by moving the step into its own module; remove this entry then (the test says so).
-    frozenset({"grpo_deploy.runtime.bench_speed", "grpo_deploy.runtime.bench_trainer"}),
-}
+KNOWN: set[frozenset[str]] = set()
 
 
 def modules(package: Path = PACKAGE) -> dict[str, Path]:

@@ -32,10 +32,10 @@ def test_where_each_switch_cannot_run():
 
 
 def _policy(switches=None):
-    from grpo_deploy.runtime import bench_trainer
+    from grpo_deploy.runtime import packed_step
     from grpo_deploy.runtime.synthetic_rollouts import TINY, load_profile
 
-    return bench_trainer.build_policy(TINY, None, load_profile("h200"), False, "cpu", switches, autocast=True)
+    return packed_step.build_policy(TINY, None, load_profile("h200"), False, "cpu", switches, autocast=True)
 
 
 def test_bf16_linear_casts_only_the_frozen_decoder_linears():
