@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__, new_spec, preflight, profiles
+from . import __version__, checks, new_spec, profiles
 from .bench import add_bench_parser
 from .hosts.connect import HostError, SshOptions
 from .image_build.cli import add_images_parser
@@ -249,7 +249,7 @@ def _render_check(out: Path, files: dict[str, str]) -> int:
 
 def cmd_plan(args) -> int:
     res = _load(args)
-    ctx = preflight.Context(res, free_space=_free_space(args.free_space, res))
+    ctx = checks.Context(res, free_space=_free_space(args.free_space, res))
     plan = ctx.plan()
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2, default=str))
@@ -293,22 +293,22 @@ def cmd_preflight(args) -> int:
         res = _load(args)
     except SpecError as exc:
         if args.json:
-            print(json.dumps({"ok": False, "exit_code": preflight.EXIT_COULD_NOT_RUN,
+            print(json.dumps({"ok": False, "exit_code": checks.EXIT_COULD_NOT_RUN,
                               "error": "invalid spec", "problems": [str(p) for p in exc.problems]}, indent=2))
-            return preflight.EXIT_COULD_NOT_RUN
+            return checks.EXIT_COULD_NOT_RUN
         raise
-    ctx = preflight.Context(res, free_space=_free_space(args.free_space, res), ssh=_ssh(args))
+    ctx = checks.Context(res, free_space=_free_space(args.free_space, res), ssh=_ssh(args))
     try:
-        results = preflight.run_checks(ctx, only=args.only)
+        results = checks.run_checks(ctx, only=args.only)
     finally:
         ctx.close()
     if args.json:
-        print(preflight.to_json(results))
+        print(checks.to_json(results))
     else:
-        print(preflight.table_text(results))
-        failed = sum(r.verdict == preflight.FAIL for r in results)
+        print(checks.table_text(results))
+        failed = sum(r.verdict == checks.FAIL for r in results)
         print(f"\npreflight: {'FAILED, ' + str(failed) + ' check(s)' if failed else 'all checks passed'}")
-    return preflight.exit_code(results)
+    return checks.exit_code(results)
 
 
 def cmd_profiles(args) -> int:
@@ -386,9 +386,9 @@ def _status_once(res: Resolved, args) -> tuple[int, str]:
         from . import launch
 
         events, hosts = launch.run_events(launch.RunState(res), live=True), launch.host_states(res)
-        ctx = preflight.Context(res, ssh=_ssh(args))
+        ctx = checks.Context(res, ssh=_ssh(args))
         try:
-            disk = preflight.checkpoint_headroom(ctx)
+            disk = checks.checkpoint_headroom(ctx)
         finally:
             ctx.close()
     summary = status.summarize(res.spec.run.name, events, max_steps=res.settings.trl.max_steps)
@@ -405,7 +405,7 @@ def _status_once(res: Resolved, args) -> tuple[int, str]:
             print(table(["host", "role", "container", "health"],
                         [[h["host"], h["role"], h["state"], h["health"] or "-"] for h in hosts]) + "\n")
         print(status.summary_text(summary))
-        print(preflight.headroom_text(disk))
+        print(checks.headroom_text(disk))
         if args.plot:
             print(f"plot: {args.plot}")
     return (0 if summary.state != "not-started" else 1), summary.state
@@ -495,7 +495,7 @@ def cmd_checkpoints(args) -> int:
     keep = args.keep if args.keep is not None else res.keep
     if args.action == "prune" and keep is None:
         raise CliError("prune: checkpoints.keep is unset in the spec (keep all): pass --keep N")
-    ctx = preflight.Context(res, ssh=_ssh(args))
+    ctx = checks.Context(res, ssh=_ssh(args))
     try:
         answer = checkpoints.run_manager(res, ctx, args.action, keep=keep, dry_run=args.dry_run)
     except (checkpoints.CheckpointsError, HostError) as exc:
@@ -599,8 +599,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_spec(p)
     _add_json(p)
     _add_free_space(p)
-    p.add_argument("--only", action="append", metavar="CHECK", choices=[n for n, _, _ in preflight.CHECKS],
-                   help=f"run only this check (repeatable): {', '.join(n for n, _, _ in preflight.CHECKS)}")
+    p.add_argument("--only", action="append", metavar="CHECK", choices=checks.names(),
+                   help=f"run only this check (repeatable): {', '.join(checks.names())}")
     _add_ssh(p)
     p.set_defaults(fn=cmd_preflight)
 

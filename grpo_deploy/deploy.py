@@ -13,7 +13,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
-from . import preflight, status
+from . import checks, status
 from .hosts import facts as host_facts
 from .hosts import oneoff
 from .hosts.connect import Host, HostError, SshOptions, connect, on_all
@@ -30,7 +30,6 @@ POLL_S = 2.0
 STATUS_QUERY_S = 10  # status: the longest one query on a host may take (a busy engine costs seconds, not minutes)
 # Checks that need the images on the hosts: run (again) after shipping. `images` also runs before, on the labels of
 # the images here, so a vLLM mismatch is refused before anything is sent.
-AFTER_SHIPPING = ("images", "shared-volume")
 
 
 @dataclass
@@ -93,7 +92,7 @@ def publish_ips(dep: Deployment) -> dict[str, str]:
 
 def _ship_all(dep: Deployment, log: Callable[[str], None]) -> list[Shipped]:
     res = dep.res
-    wanted = {name: sorted({res.images[r] for r in preflight._image_roles(res, h)})
+    wanted = {name: sorted({res.images[r] for r in checks.image_roles(res, h)})
               for name, h in ((h.name, h) for h in res.spec.hosts) if not dep.hosts[name].is_local}
     last: dict[str, float] = {}
 
@@ -247,11 +246,11 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
     started: list[str] = []
     try:
         log(f"preflight on {', '.join(dep.hosts)} (facts only: nothing is changed)")
-        ctx = preflight.Context(res, ssh=ssh)
+        ctx = checks.Context(res, ssh=ssh)
         ctx._connectors = dep.hosts
-        if _failed(preflight.run_checks(ctx, only=[n for n, _, _ in preflight.CHECKS if n != "shared-volume"]),
+        if _failed(checks.run_checks(ctx, only=checks.before_shipping()),
                    out, log, state):
-            return preflight.EXIT_FAILED
+            return checks.EXIT_FAILED
         client = ctx.docker()  # images are built (or refreshed) here, then shipped from here
         if client is None:
             raise LaunchError(f"no Docker engine answers on this machine: {ctx.docker_error}")
@@ -263,8 +262,8 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         _put_render(dep, ips)
         log(f"render and compose files on every host; the server publishes on {ips or 'loopback (same host)'}")
         ctx._remote = None  # re-read: the images are there now
-        if _failed(preflight.run_checks(ctx, only=list(AFTER_SHIPPING)), out, log, state):
-            return preflight.EXIT_FAILED
+        if _failed(checks.run_checks(ctx, only=checks.after_shipping()), out, log, state):
+            return checks.EXIT_FAILED
         state.emit("preflight_done")  # the multi-host order: images, shipping, then this last preflight
         server_host, trainer_host = dep.role_host("server"), dep.role_host("trainer")
         if fresh:
@@ -316,8 +315,8 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
 
 
 def _failed(results, out, log, state) -> bool:
-    print(preflight.table_text(results), file=out)
-    if preflight.exit_code(results) != preflight.EXIT_OK:
+    print(checks.table_text(results), file=out)
+    if checks.exit_code(results) != checks.EXIT_OK:
         log("preflight failed: nothing was started")
         state.emit("up_end", status="preflight-failed")
         return True
@@ -375,12 +374,12 @@ def status_facts(res: Resolved, ssh: SshOptions) -> tuple[list[dict], list[dict]
     """What `status` shows of a run on its hosts — container states, the run's events, checkpoint headroom —
     gathered at once, every query bounded by STATUS_QUERY_S: a host whose engine does not answer is a row saying so."""
     options = replace(ssh, command_cap_s=STATUS_QUERY_S)
-    dep, ctx = Deployment(res, options), preflight.Context(res, ssh=options)
+    dep, ctx = Deployment(res, options), checks.Context(res, ssh=options)
     try:
         with ThreadPoolExecutor(max_workers=3) as pool:
             states = pool.submit(host_states, dep)
             events = pool.submit(run_events, dep, True)
-            disk = pool.submit(preflight.checkpoint_headroom, ctx)
+            disk = pool.submit(checks.checkpoint_headroom, ctx)
             return states.result(), events.result(), disk.result()
     finally:
         dep.close()

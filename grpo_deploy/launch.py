@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import compose, facts, preflight, status
+from . import checks, compose, facts, status
 from .hosts import engine, oneoff
 from .hosts.connect import LocalHost
 from .kit_data import FOLDERS, KitDataMissing, kit_dir
@@ -454,12 +454,12 @@ def _up(state: RunState, keep: bool, fresh: bool, out, restarts: int = UP_RESTAR
     state.emit("images_ready", build_s=round(build_s, 2))
 
     log("preflight")
-    results = preflight.run_checks(preflight.Context(res, client=client))
-    print(preflight.table_text(results), file=out)
-    if preflight.exit_code(results) != preflight.EXIT_OK:
+    results = checks.run_checks(checks.Context(res, client=client))
+    print(checks.table_text(results), file=out)
+    if checks.exit_code(results) != checks.EXIT_OK:
         log("preflight failed: nothing was started")
         state.emit("up_end", status="preflight-failed")
-        return preflight.EXIT_FAILED
+        return checks.EXIT_FAILED
     state.emit("preflight_done")
 
     project = state.project()

@@ -9,7 +9,7 @@ import secrets
 
 import pytest
 
-from grpo_deploy import preflight
+from grpo_deploy import checks
 from grpo_deploy.hostchecks import mounts
 from grpo_deploy.hosts import facts as host_facts
 from grpo_deploy.hosts import oneoff
@@ -172,7 +172,7 @@ def test_checkpoint_disk_headroom(conn, spec_host, res):
     free = host_facts.free_space(conn, path)
     assert free is not None, f"{spec_host.name}: df cannot measure {path}"
     storage_host = res.host_for(res.engine_info.main_role).name
-    disk = preflight.Context(res, free_space={storage_host: free.free_bytes}).plan().disk
+    disk = checks.Context(res, free_space={storage_host: free.free_bytes}).plan().disk
     if disk is None:
         pytest.skip(f"plan cannot size checkpoints of model {res.settings.model.path!r}: set model.architecture")
     gb = 1e9

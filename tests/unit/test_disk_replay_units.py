@@ -10,6 +10,7 @@ import yaml
 from transformers import TrainerControl, TrainerState
 
 from grpo_deploy import plan, preflight, resolve, spec
+from grpo_deploy.checks import session
 from grpo_deploy.hosts import oneoff
 from grpo_deploy.runtime.config import DiskWatchdogConfig
 from grpo_deploy.runtime.disk_watchdog import DiskWatchdog
@@ -101,7 +102,7 @@ def test_a_resume_counts_the_runs_own_checkpoints_as_free(tmp_path, monkeypatch)
     measured = preflight._measured_free_space(preflight.Context(res))
     raw = measured[0]
     # the filesystem's free space, read once: another job writing to the same disk between two reads is not the kit
-    monkeypatch.setattr(preflight, "_measured_free_space", lambda ctx: measured)
+    monkeypatch.setattr(session, "measured_free_space", lambda ctx: measured)
     free, where, how = preflight.checkpoint_free_space(preflight.Context(res))
     assert 10**6 <= free - raw < 10**6 + 3 * 4096 + 8192  # the checkpoint, not the quarantined one
     assert "this run's own checkpoints" in how

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from grpo_deploy import new_spec, preflight, resolve, spec
+from grpo_deploy.checks import registry
 from grpo_deploy.cli import main
 
 
@@ -72,7 +73,7 @@ def test_a_check_that_raises_is_reported_not_raised(monkeypatch):
     def boom(ctx):
         raise RuntimeError("probe exploded")
 
-    monkeypatch.setattr(preflight, "CHECKS", [("boom", "explodes", boom)])
+    monkeypatch.setattr(registry, "CHECKS", [registry.Check("boom", "explodes", boom)])
     (r,) = preflight.run_checks(ctx_for(CPU))
     assert r.verdict == "fail" and "probe exploded" in r.fact
 

@@ -1,0 +1,247 @@
+"""Checks of each host itself: reachable over SSH, clock, Docker and Compose, machine type and GPUs, the server's
+port, the NVIDIA driver against the images' CUDA."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from .. import compose, facts, image_tags
+from ..hosts import facts as host_facts
+from ..hosts.connect import HostError
+from ..names import CUDA_LABEL
+from ..resolve import Resolved
+from .images import images_needed
+from .registry import FAIL, OK, SKIP, WARN, Result, check
+from .session import Context
+
+CLOCK_TOLERANCE_S = 5.0  # hosts whose clocks disagree more than this make logs and checkpoint times misleading
+# The oldest driver branch each CUDA major runs on (NVIDIA's CUDA compatibility: CUDA 12.x R525, CUDA 13.x R580).
+MIN_DRIVER = {12: 525, 13: 580}
+# GPUs with CUDA forward compatibility (datacenter parts): an older driver can run a newer CUDA through the
+# image's compat libraries, which vLLM turns on with VLLM_ENABLE_CUDA_COMPATIBILITY=1.
+DATACENTER_GPUS = ("A100", "A30", "A40", "A10", "A16", "A2", "H100", "H200", "H800", "H20", "GH200", "B200", "B300",
+                   "GB200", "GB300", "L40", "L4", "L20", "V100", "T4")
+COMPAT_ENV = "VLLM_ENABLE_CUDA_COMPATIBILITY"
+
+
+@check("reachable", "Every host answers over SSH with a verified host key (this machine needs none)")
+
+
+def check_reachable(ctx: Context) -> list[Result]:
+    out = []
+    for host in ctx.res.spec.hosts:
+        if host.address == "local":
+            out.append(Result("reachable", host.name, OK, "this machine (no SSH)"))
+            continue
+        found = ctx.facts_of(host)
+        if isinstance(found, HostError):
+            out.append(Result("reachable", host.name, FAIL, found.what, found.fix))
+        else:
+            out.append(Result("reachable", host.name, OK, f"ssh {host.address}: {found['machine']}"))
+    return out
+
+
+@check("clock", f"Host clocks agree within {CLOCK_TOLERANCE_S:.0f} s (logs, checkpoints and metrics are compared "
+                "across hosts)")
+
+
+def check_clock(ctx: Context) -> list[Result]:
+    out = []
+    for host in ctx.res.spec.hosts:
+        found = ctx.facts_of(host) if host.address != "local" else {"clock": 0.0}
+        if isinstance(found, HostError):
+            continue
+        offset = found.get("clock")
+        if offset is None:
+            out.append(Result("clock", host.name, WARN, "could not read the clock (date +%s.%N)"))
+        elif abs(offset) > CLOCK_TOLERANCE_S:
+            out.append(Result("clock", host.name, FAIL, f"clock is {offset:+.1f} s off this machine's",
+                              "enable NTP on every host (timedatectl set-ntp true)"))
+        else:
+            out.append(Result("clock", host.name, OK, f"{offset:+.2f} s from this machine"))
+    return out
+
+
+@check("docker", "The Docker engine (and Compose v2 on remote hosts) answers on every host that runs containers")
+
+
+def check_docker(ctx: Context) -> list[Result]:
+    out = []
+    for host in ctx.res.spec.hosts:
+        if host.address != "local":
+            found = ctx.facts_of(host)
+            if isinstance(found, HostError):
+                continue
+            version, why = found["docker"]
+            if version is None:
+                out.append(Result("docker", host.name, FAIL, f"no Docker engine answers for the login user: {why}",
+                                  "start Docker there and add the SSH user to the docker group"))
+            elif found["compose"] is None:
+                out.append(Result("docker", host.name, FAIL, f"engine {version} but no `docker compose` (Compose v2)",
+                                  "install the docker-compose-plugin package there"))
+            else:
+                out.append(Result("docker", host.name, OK, f"engine {version}, compose {found['compose']}"))
+            continue
+        client = ctx.docker()
+        if client is None:
+            out.append(Result("docker", host.name, FAIL, f"no Docker engine answers: {ctx.docker_error}",
+                              "start it (systemctl start docker, or dockerd &) and check DOCKER_HOST"))
+            continue
+        info = facts.docker_info(client)
+        out.append(Result("docker", host.name, OK, f"engine {info['server_version']} ({info['architecture']}), "
+                                                     f"root {info['root_dir']}", data=info))
+    return out
+
+
+@check("arch", "Each host's machine type and accelerator match its profile")
+
+
+def check_arch(ctx: Context) -> list[Result]:
+    out = []
+    for host in ctx.res.spec.hosts:
+        profile = ctx.res.profiles[host.name]
+        if host.address != "local":
+            found = ctx.facts_of(host)
+            if not isinstance(found, HostError):
+                out.append(_remote_arch(host, profile, found))
+            continue
+        machine = os.uname().machine
+        allowed = profile.hardware.get("arch") or []
+        if machine not in allowed:
+            out.append(Result("arch", host.name, FAIL, f"this machine is {machine}; profile {profile.name} is for "
+                                                         f"{', '.join(allowed)}", "pick the profile of this hardware"))
+        elif profile.accelerator == "cuda" and not os.path.exists("/dev/nvidiactl"):
+            out.append(Result("arch", host.name, FAIL, f"profile {profile.name} needs an NVIDIA GPU; none here "
+                                                         "(/dev/nvidiactl missing)", "use the cpu profile to rehearse"))
+        else:
+            out.append(Result("arch", host.name, OK, f"{machine}, accelerator {profile.accelerator}"))
+    return out
+
+
+def _remote_arch(host, profile, found: dict[str, Any]) -> Result:
+    machine, allowed = found["machine"], profile.hardware.get("arch") or []
+    if machine not in allowed:
+        return Result("arch", host.name, FAIL, f"the host is {machine}; profile {profile.name} is for "
+                                               f"{', '.join(allowed)}", "pick the profile of that hardware")
+    if profile.accelerator != "cuda":
+        return Result("arch", host.name, OK, f"{machine}, no accelerator needed")
+    gpus = found.get("gpus")
+    if not gpus:
+        return Result("arch", host.name, FAIL, f"profile {profile.name} needs an NVIDIA GPU; nvidia-smi found none",
+                      "install the NVIDIA driver and container toolkit (ansible/ roles)")
+    want = profile.hardware.get("gpu_name_contains")
+    if want and not any(want.lower() in g.name.lower() for g in gpus):
+        return Result("arch", host.name, FAIL, f"GPUs are {', '.join(sorted({g.name for g in gpus}))}; profile "
+                                               f"{profile.name} is tuned for {want}", "pick the profile of that GPU")
+    return Result("arch", host.name, OK, f"{machine}, {len(gpus)} x {gpus[0].name} (sm {gpus[0].compute_capability})")
+
+
+@check("port", "The vLLM server's published port is free on the server host")
+
+
+def check_port(ctx: Context) -> list[Result]:
+    import socket
+
+    res = ctx.res
+    server = res.host_for("server")
+    if server is None:
+        return [Result("port", "-", SKIP, f"{res.engine} has no server role")]
+    port = res.settings.vllm.port
+    if server.address != "local":
+        found = ctx.facts_of(server)
+        if isinstance(found, HostError):
+            return []
+        if found.get("running"):
+            return [Result("port", server.name, FAIL, f"run {res.spec.run.name} already has running containers there",
+                           "grpo-deploy down, or grpo-deploy status")]
+        if found.get("listening"):
+            return [Result("port", server.name, FAIL, f"something already listens on port {port} there",
+                           "stop it, or set overrides: {vllm: {port: 8100}}")]
+        return [Result("port", server.name, OK, f"port {port} is free")]
+    client = ctx.docker()
+    mine = compose.containers(client, res.spec.run.name, all_=False) if client else []
+    if mine:
+        return [Result("port", server.name, FAIL, f"run {res.spec.run.name} already has running containers "
+                       f"({', '.join(c.name for c in mine)})", "grpo-deploy down, or grpo-deploy status")]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as exc:
+            return [Result("port", server.name, FAIL, f"port {port} is already in use on this host ({exc.strerror})",
+                           "stop what listens there, or set overrides: {vllm: {port: 8100}}")]
+    return [Result("port", server.name, OK, f"port {port} is free")]
+
+
+@check("driver", "The NVIDIA driver on each GPU host runs the CUDA its images are built with (CUDA 13: R580+)")
+
+
+def check_driver(ctx: Context) -> list[Result]:
+    res, out = ctx.res, []
+    client = ctx.docker()  # local images are what `up` ships to hosts that lack them
+    for host in res.spec.hosts:
+        if res.profiles[host.name].accelerator != "cuda":
+            out.append(Result("driver", host.name, SKIP, f"profile {res.profiles[host.name].name} has no GPU"))
+            continue
+        found = ctx.facts_of(host) if host.address != "local" else {}
+        if isinstance(found, HostError):
+            continue
+        drivers = found["driver"] if host.address != "local" else host_facts.nvidia_driver(ctx.connector(host))
+        for role, tag in [(r, t) for h, r, t in images_needed(res) if h.name == host.name]:
+            labels = ((found.get("images") or {}).get(role) or {}).get("labels") if found else None
+            if labels is None and client is not None:
+                labels = facts.image_labels(client, tag)
+            out.append(driver_verdict(host.name, drivers, _image_cuda(tag, labels), tag, _compat_env(res)))
+    return out
+
+
+def _image_cuda(tag: str, labels: dict[str, str] | None) -> tuple[str | None, str]:
+    """(CUDA major.minor of the image, where that came from): its label, else the kit's image table for its tag."""
+    if labels and labels.get(CUDA_LABEL):
+        return labels[CUDA_LABEL], "its label"
+    for image in image_tags.GPU_IMAGES.values():
+        if tag in {image_tags.arch_tag(image.name, a) for a in image.arches} | {image_tags.manifest_tag(image.name)}:
+            return image.cuda, "the kit's image table (image not built here yet)"
+    return None, f"no {CUDA_LABEL} label"
+
+
+def _compat_env(res: Resolved) -> bool:
+    env = getattr(getattr(res.settings, "vllm", None), "env", None) or {}
+    return str(env.get(COMPAT_ENV, "")).strip() == "1"
+
+
+def driver_verdict(host: str, drivers: list[host_facts.Driver] | None, cuda: tuple[str | None, str], tag: str,
+                   compat_env: bool = False) -> Result:
+    """The driver check's verdict for one image on one host, from nvidia-smi's answer and the image's CUDA."""
+    version, source = cuda
+    if not drivers:
+        return Result("driver", host, FAIL, "nvidia-smi does not answer: no NVIDIA driver is loaded",
+                      "install the NVIDIA driver (R580 or newer for CUDA 13 images) and the container toolkit")
+    if version is None:
+        return Result("driver", host, WARN, f"{tag}: CUDA unknown ({source}); driver {drivers[0].version}",
+                      "rebuild the image with the kit's Dockerfiles (they set the label)")
+    major = int(version.split(".")[0])
+    need = MIN_DRIVER.get(major)
+    have = min((d.major for d in drivers if d.major is not None), default=None)
+    data = {"driver": drivers[0].version, "cuda": version, "min_driver": need}
+    if need is None or have is None:
+        return Result("driver", host, WARN, f"{tag}: CUDA {version}, driver {drivers[0].version}: no known minimum",
+                      "check NVIDIA's CUDA compatibility table", data)
+    fact = f"driver {drivers[0].version} (R{have}); {tag} is CUDA {version} (from {source}), which needs R{need}+"
+    if have >= need:
+        return Result("driver", host, OK, fact, data=data)
+    datacenter = all(set(re.split(r"[^A-Z0-9]+", d.gpu.upper())) & set(DATACENTER_GPUS) for d in drivers)
+    if datacenter and compat_env:
+        return Result("driver", host, WARN, f"{fact}; {COMPAT_ENV}=1 is set: vLLM uses the image's CUDA forward "
+                      "compatibility libraries", "upgrade the driver to R580+ when you can", data)
+    if datacenter:
+        return Result("driver", host, FAIL, f"{fact}: CUDA fails to initialise at start",
+                      f"upgrade the NVIDIA driver to R{need} or newer, or (datacenter GPU: {drivers[0].gpu}) "
+                      f"set {COMPAT_ENV}=1 where vLLM runs (trl-async: overrides: "
+                      f"{{vllm: {{env: {{{COMPAT_ENV}: '1'}}}}}})",
+                      data)
+    return Result("driver", host, FAIL, f"{fact}: CUDA fails to initialise at start",
+                  f"upgrade the NVIDIA driver to R{need} or newer ({drivers[0].gpu} has no CUDA forward compatibility)",
+                  data)

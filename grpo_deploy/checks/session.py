@@ -1,0 +1,192 @@
+"""The preflight session: the spec's connectors, the facts read once from every host, the local engine's client and
+the plan, shared by every check; where the checkpoints land and how much is free there (the plan is made from it).
+
+Nothing here gives a verdict: the checks (grpo_deploy.checks.host, .storage, .images, .spec) read this session.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import facts
+from ..hosts import engine
+from ..hosts import facts as host_facts
+from ..hosts.connect import Host, HostError, SshOptions, connect, on_all
+from ..names import RUN_LABEL
+from ..plan import Plan, make_plan
+from ..resolve import Resolved
+from ..runtime.checkpoints import QUARANTINE_DIR
+
+
+@dataclass
+class Context:
+    """One preflight (or status) session over a resolved spec: every check reads the hosts through it."""
+
+    res: Resolved
+    free_space: dict[str, int] = field(default_factory=dict)  # what-if free bytes per host, from --free-space
+    environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    client: Any = None  # the local engine's client when the caller has one already (`up`); else made on first use
+    ssh: SshOptions = field(default_factory=SshOptions)
+    _docker_error: str | None = None
+    _plan: Plan | None = None
+    _connectors: dict[str, Host] = field(default_factory=dict)
+    _remote: dict[str, Any] | None = None
+
+    def connector(self, host) -> Host:
+        """The connector of a spec host (made once, shared by every check)."""
+        if host.name not in self._connectors:
+            self._connectors[host.name] = connect(host, self.ssh)
+        return self._connectors[host.name]
+
+    def remote(self) -> dict[str, Any]:
+        """Facts of every remote host, read once and in parallel: {host name: facts dict, or the HostError}."""
+        if self._remote is None:
+            hosts = {h.name: h for h in self.res.spec.hosts if h.address != "local"}
+            self._remote = on_all([self.connector(h) for h in hosts.values()],
+                                  lambda conn: _gather(self, hosts[conn.name], conn))
+        return self._remote
+
+    def facts_of(self, host) -> dict[str, Any] | HostError:
+        """The gathered facts of one remote host, or the HostError that kept them from being read."""
+        return self.remote()[host.name]
+
+    @property
+    def gathered(self) -> bool:
+        """Whether the remote facts were read already (preflight) or not (status reads one fact alone)."""
+        return self._remote is not None
+
+    def close(self) -> None:
+        for conn in self._connectors.values():
+            conn.close()
+
+    def docker(self):
+        """The local engine's client, or None (the reason is kept in docker_error)."""
+        if self.client is None and self._docker_error is None:
+            try:
+                self.client = engine.client()
+            except engine.DockerUnavailable as exc:
+                self._docker_error = str(exc)
+        return self.client
+
+    @property
+    def docker_error(self) -> str | None:
+        return self._docker_error
+
+    def plan(self) -> Plan:
+        if self._plan is None:
+            free, fs, source = checkpoint_free_space(self)
+            self._plan = make_plan(self.res, free, fs, source)
+        return self._plan
+
+
+def _gather(ctx: Context, host, conn: Host) -> dict[str, Any]:
+    """Every fact the checks read about one remote host (raises HostError when it cannot be reached)."""
+    res = ctx.res
+    conn.connect()
+    out: dict[str, Any] = {"machine": host_facts.machine(conn), "docker": host_facts.docker_version(conn),
+                           "compose": host_facts.compose_version(conn), "clock": host_facts.clock_offset(conn)}
+    if res.profiles[host.name].accelerator == "cuda":
+        out["gpus"] = host_facts.gpus(conn)
+        out["driver"] = host_facts.nvidia_driver(conn)
+    if host.shared_dir:
+        out["shared_dir"] = host_facts.owner(conn, host.shared_dir)
+    if "server" in host.roles:
+        out["listening"] = host_facts.listening(conn, res.settings.vllm.port)
+        ps = conn.run(["docker", "ps", "-q", "--filter", f"label={RUN_LABEL}={res.spec.run.name}"])
+        out["running"] = ps.out.split()
+    out["images"] = {key: host_facts.image(conn, res.images[key]) for key in image_roles(res, host)}
+    if host.name == storage_host(res).name:
+        out["free"] = host_facts.free_space(conn, storage_path(res, host, conn))
+    return out
+
+
+def image_roles(res: Resolved, host) -> list[str]:
+    """The image keys a host needs: the images its roles run, each once (the engine says which)."""
+    return res.engine_info.images_on(host.roles)
+
+
+def storage_path(res: Resolved, host, conn: Host) -> str:
+    """Where the checkpoints land on *host*'s own filesystem."""
+    if host.shared_dir:
+        return os.path.join(host.shared_dir, os.path.relpath(res.checkpoint_dir, res.spec.storage.mount))
+    return host_facts.volume_mountpoint(conn, res.spec.storage.volume) or host_facts.docker_root(conn) or "/"
+
+
+def storage_host(res: Resolved):
+    """The host whose filesystem holds the checkpoints (NFS server's host, else the trainer/head host)."""
+    return res.host_for(res.engine_info.main_role)
+
+
+def checkpoint_free_space(ctx: Context) -> tuple[int | None, str, str]:
+    """(free bytes, filesystem measured, how it was measured) for the checkpoint directory. What this run already
+    has there (its checkpoints and adapters, not quarantine/) counts as free: the plan's peak counts them already, so
+    a resume after the disk watchdog stopped the run is not refused for the very checkpoints it resumes from."""
+    free, where, how = measured_free_space(ctx)
+    if free is None or ctx.res.settings.checkpoints.dir is None or "--free-space" in how:
+        return free, where, how
+    own = _own_checkpoint_bytes(ctx)
+    if own:
+        free += own
+        how += f", plus {own / 1e6:,.1f} MB of this run's own checkpoints and adapters already there"
+    return free, where, how
+
+
+def _own_checkpoint_bytes(ctx: Context) -> int:
+    """Bytes on disk under the run's checkpoint directory, quarantine/ left out (0 when absent or unreadable)."""
+    res = ctx.res
+    host = storage_host(res)
+    rel = os.path.relpath(res.checkpoint_dir, res.spec.storage.mount)
+    if res.spec.storage.nfs is not None and not host.shared_dir:
+        return 0  # measured on the NFS server, not here
+    if host.address != "local":
+        try:
+            conn = ctx.connector(host)
+            base = host.shared_dir or host_facts.volume_mountpoint(conn, res.spec.storage.volume)
+            if not base:
+                return 0
+            r = conn.run(["du", "-s", "-B1", f"--exclude={QUARANTINE_DIR}", os.path.join(base, rel)])
+        except HostError:
+            return 0
+        first = r.out.split()[0] if r.ok and r.out.split() else ""
+        return int(first) if first.isdigit() else 0
+    if host.shared_dir:
+        base = host.shared_dir
+    else:
+        client = ctx.docker()
+        base = facts.volume_mountpoint(client, res.spec.storage.volume) if client is not None else None
+    return facts.tree_bytes(os.path.join(base, rel), skip=(QUARANTINE_DIR,)) if base else 0
+
+
+def measured_free_space(ctx: Context) -> tuple[int | None, str, str]:
+    res = ctx.res
+    host = storage_host(res)
+    if host.name in ctx.free_space:
+        return ctx.free_space[host.name], f"{host.name}:{res.checkpoint_dir}", "given with --free-space"
+    if host.address != "local":
+        if ctx.gathered:  # preflight gathered every fact already
+            found = ctx.facts_of(host)
+            free = found.get("free") if isinstance(found, dict) else None
+        else:  # status: this one fact only
+            try:
+                conn = ctx.connector(host)
+                free = host_facts.free_space(conn, storage_path(res, host, conn))
+            except HostError:
+                free = None
+        if free is None:
+            return None, f"{host.name}:{res.checkpoint_dir}", "remote host unreachable (see the reachable check)"
+        return free.free_bytes, f"{host.name}:{free.path}", "df on the host that holds the checkpoints"
+    if host.shared_dir:
+        rel = os.path.relpath(res.checkpoint_dir, res.spec.storage.mount)
+        d = facts.disk_free(os.path.join(host.shared_dir, rel))
+        return d.free_bytes, d.path, "statvfs of the shared directory on this host"
+    if res.spec.storage.nfs is not None:
+        return (None, f"nfs {res.spec.storage.nfs.server}:{res.spec.storage.nfs.export}",
+                "NFS export: measured on its server")
+    client = ctx.docker()
+    if client is None:
+        return None, f"docker volume {res.spec.storage.volume}", f"Docker engine unreachable ({ctx.docker_error})"
+    where = facts.volume_mountpoint(client, res.spec.storage.volume) or facts.docker_info(client)["root_dir"]
+    d = facts.disk_free(where)
+    return d.free_bytes, d.path, f"statvfs of the Docker volume {res.spec.storage.volume} (local engine)"
