@@ -28,8 +28,6 @@ from .runtime.values import ip_literal, parse_address
 
 POLL_S = 2.0
 STATUS_QUERY_S = 10  # status: the longest one query on a host may take (a busy engine costs seconds, not minutes)
-# Checks that need the images on the hosts: run (again) after shipping. `images` also runs before, on the labels of
-# the images here, so a vLLM mismatch is refused before anything is sent.
 
 
 @dataclass
