@@ -76,6 +76,9 @@ def _vllm_arg(value: str) -> str:
         flag = "--" + flag[2:].replace("_", "-")
     owned = flag if flag in VLLM_OWNED_FLAGS else next(
         (f for f in VLLM_OWNED_FLAGS if len(flag) > 3 and flag.startswith("--") and f.startswith(flag)), None)
+    if flag in VLLM_GONE_FLAGS:
+        raise ValueError(f"{value.strip()!r} is read as {flag}, which is gone: {VLLM_GONE_FLAGS[flag]}; remove the "
+                         "argument")
     if owned:
         why = VLLM_OWNED_FLAGS[owned]
         fix = f"remove it {why}" if why.startswith("(") else f"set {why} instead"
@@ -213,11 +216,12 @@ def _owned_flags() -> dict[str, str]:
 
 # vLLM flags the kit renders (from the fields and the table above): in extra_args they are refused, with what to do.
 VLLM_OWNED_FLAGS = _owned_flags()
-# VllmSettings keys that are gone, with why: overrides.vllm.<key> is refused with the reason.
-VLLM_REMOVED = {
-    "swap_space": "vLLM removed --swap-space in 0.18.0 (its V1 engine never swaps to CPU) and the pinned server "
-    "would refuse it; remove the key",
+# vLLM flags the pinned server no longer has, with why: refused in extra_args, and as overrides.vllm.<key>.
+VLLM_GONE_FLAGS = {
+    "--swap-space": "vLLM removed --swap-space in 0.18.0 (its V1 engine never swaps to CPU) and the pinned server "
+    "would refuse it",
 }
+VLLM_REMOVED = {flag[2:].replace("-", "_"): f"{why}; remove the key" for flag, why in VLLM_GONE_FLAGS.items()}
 
 
 # verl 0.9.1 keys the kit sets from other settings, or that older docs use but the pinned verl rejects.

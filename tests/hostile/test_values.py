@@ -131,6 +131,8 @@ def test_system_and_malformed_paths_are_refused(tmp_path, path, value, words):
      ("always on",)),
     ("cpu", {("overrides", "vllm", "swap_space"): 4}, "overrides.vllm.swap_space",
      ("vLLM removed --swap-space", "remove the key")),
+    ("cpu", {("overrides", "vllm", "extra_args"): ["--swap_space=4"]}, "overrides.vllm.extra_args[0]",
+     ("vLLM removed --swap-space", "remove the argument")),
 ])
 def test_kit_owned_settings_are_refused_with_the_setting_to_use(tmp_path, base, changes, key, words):
     _refused(tmp_path, base, changes, key, *words)
