@@ -244,8 +244,7 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
     started: list[str] = []
     try:
         log(f"preflight on {', '.join(dep.hosts)} (facts only: nothing is changed)")
-        ctx = checks.Context(res, ssh=ssh)
-        ctx._connectors = dep.hosts
+        ctx = checks.Context(res, ssh=ssh, connectors=dep.hosts)
         if _failed(checks.run_checks(ctx, only=checks.before_shipping()),
                    out, log, state):
             return checks.EXIT_FAILED
@@ -259,7 +258,7 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         ips = publish_ips(dep)
         _put_render(dep, ips)
         log(f"render and compose files on every host; the server publishes on {ips or 'loopback (same host)'}")
-        ctx._remote = None  # re-read: the images are there now
+        ctx.forget_facts()  # the images are there now
         if _failed(checks.run_checks(ctx, only=checks.after_shipping()), out, log, state):
             return checks.EXIT_FAILED
         state.emit("preflight_done")  # the multi-host order: images, shipping, then this last preflight

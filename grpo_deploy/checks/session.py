@@ -29,16 +29,21 @@ class Context:
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     client: Any = None  # the local engine's client when the caller has one already (`up`); else made on first use
     ssh: SshOptions = field(default_factory=SshOptions)
+    connectors: dict[str, Host] = field(default_factory=dict)  # by host name: a deployment's own (`up`), else made
+    # on first use
     _docker_error: str | None = None
     _plan: Plan | None = None
-    _connectors: dict[str, Host] = field(default_factory=dict)
     _remote: dict[str, Any] | None = None
 
     def connector(self, host) -> Host:
         """The connector of a spec host (made once, shared by every check)."""
-        if host.name not in self._connectors:
-            self._connectors[host.name] = connect(host, self.ssh)
-        return self._connectors[host.name]
+        if host.name not in self.connectors:
+            self.connectors[host.name] = connect(host, self.ssh)
+        return self.connectors[host.name]
+
+    def forget_facts(self) -> None:
+        """Read the remote hosts' facts again on next use (`up`: the images are on the hosts now)."""
+        self._remote = None
 
     def remote(self) -> dict[str, Any]:
         """Facts of every remote host, read once and in parallel: {host name: facts dict, or the HostError}."""
@@ -58,7 +63,7 @@ class Context:
         return self._remote is not None
 
     def close(self) -> None:
-        for conn in self._connectors.values():
+        for conn in self.connectors.values():
             conn.close()
 
     def docker(self):
