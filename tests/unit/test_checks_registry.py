@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpo_deploy import checks, preflight
+from grpo_deploy import checks
 
 
 def test_checks_run_in_the_stated_order():
@@ -13,7 +13,3 @@ def test_up_picks_its_phases_from_what_each_check_needs():
     assert {c.name for c in checks.CHECKS if c.needs_images} == {"shared-volume"}
     assert checks.before_shipping() == [c.name for c in checks.CHECKS if not c.needs_images]
     assert checks.after_shipping() == ["images", "shared-volume"]  # images re-read once they are on the hosts
-
-
-def test_the_preflight_facade_is_the_same_registry():
-    assert preflight.CHECKS is checks.CHECKS and preflight.run_checks is checks.run_checks

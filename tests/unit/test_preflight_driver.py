@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy import image_tags, new_spec, preflight, resolve, spec
+from grpo_deploy import checks, image_tags, new_spec, resolve, spec
+from grpo_deploy.checks import host as checks_host
 from grpo_deploy.hosts import facts as host_facts
 from grpo_deploy.hosts.connect import LocalHost
 
@@ -50,41 +51,41 @@ def test_driver_fact_reads_every_gpu(fake_gpu_nvidia_smi):
 @pytest.mark.parametrize("output", ["h200-r580.csv", "gb10-r580.csv"])
 def test_r580_runs_cuda_13(fake_gpu_nvidia_smi, output):
     fake_gpu_nvidia_smi(output)
-    r = preflight.driver_verdict("h", host_facts.nvidia_driver(LocalHost("local")), ("13.0", "its label"), H200_TAG)
+    r = checks_host.driver_verdict("h", host_facts.nvidia_driver(LocalHost("local")), ("13.0", "its label"), H200_TAG)
     assert r.verdict == "ok" and "needs R580+" in r.fact
 
 
 def test_old_datacenter_driver_fails_naming_both_ways_out(fake_gpu_nvidia_smi):
     fake_gpu_nvidia_smi("h200-r570.csv")
     drivers = host_facts.nvidia_driver(LocalHost("local"))
-    r = preflight.driver_verdict("h200a", drivers, ("13.0", "its label"), H200_TAG)
+    r = checks_host.driver_verdict("h200a", drivers, ("13.0", "its label"), H200_TAG)
     assert r.verdict == "fail" and "570.133.20" in r.fact and "R580" in r.fact
     assert "upgrade the NVIDIA driver to R580" in r.hint and "VLLM_ENABLE_CUDA_COMPATIBILITY=1" in r.hint
-    warned = preflight.driver_verdict("h200a", drivers, ("13.0", "its label"), H200_TAG, compat_env=True)
+    warned = checks_host.driver_verdict("h200a", drivers, ("13.0", "its label"), H200_TAG, compat_env=True)
     assert warned.verdict == "warn" and "forward compatibility" in warned.fact
 
 
 def test_old_driver_without_forward_compatibility_can_only_upgrade(fake_gpu_nvidia_smi):
     fake_gpu_nvidia_smi("gb10-r570.csv")
-    r = preflight.driver_verdict("spark1", host_facts.nvidia_driver(LocalHost("local")), ("13.0", "its label"),
+    r = checks_host.driver_verdict("spark1", host_facts.nvidia_driver(LocalHost("local")), ("13.0", "its label"),
                                  image_tags.arch_tag("vllm", "arm64"), compat_env=True)
     assert r.verdict == "fail" and "VLLM_ENABLE_CUDA_COMPATIBILITY" not in r.hint and "R580" in r.hint
 
 
 def test_cuda_12_image_runs_on_r550(fake_gpu_nvidia_smi):
     fake_gpu_nvidia_smi("a100-r550.csv")
-    r = preflight.driver_verdict("a", host_facts.nvidia_driver(LocalHost("local")), ("12.9", "its label"), "x:y")
+    r = checks_host.driver_verdict("a", host_facts.nvidia_driver(LocalHost("local")), ("12.9", "its label"), "x:y")
     assert r.verdict == "ok"
 
 
 def test_no_driver_fails():
-    r = preflight.driver_verdict("h", None, ("13.0", "its label"), H200_TAG)
+    r = checks_host.driver_verdict("h", None, ("13.0", "its label"), H200_TAG)
     assert r.verdict == "fail" and "nvidia-smi" in r.fact
 
 
 def test_cpu_profile_is_skipped():
-    ctx = preflight.Context(resolve.resolve(spec.loads(new_spec.spec_text("cpu", "trl-async"))))
-    (r,) = preflight.run_checks(ctx, only=["driver"])
+    ctx = checks.Context(resolve.resolve(spec.loads(new_spec.spec_text("cpu", "trl-async"))))
+    (r,) = checks.run_checks(ctx, only=["driver"])
     assert r.verdict == "skip" and "no GPU" in r.fact
 
 
@@ -92,11 +93,11 @@ def test_check_reads_this_hosts_driver_and_the_images_cuda(fake_gpu_nvidia_smi):
     """An h200 spec on this machine: the driver from nvidia-smi, the CUDA from the image's label or, while the image
     is not built here, from the kit's image table for its tag."""
     fake_gpu_nvidia_smi("h200-r570.csv")
-    ctx = preflight.Context(resolve.resolve(spec.loads(new_spec.spec_text("h200", "trl-async"))))
-    results = preflight.run_checks(ctx, only=["driver"])
+    ctx = checks.Context(resolve.resolve(spec.loads(new_spec.spec_text("h200", "trl-async"))))
+    results = checks.run_checks(ctx, only=["driver"])
     assert {r.verdict for r in results} == {"fail"}
     assert len(results) == 2  # the server and the trainer image on the one host
     assert all("CUDA 13.0" in r.fact and "570.133.20" in r.fact for r in results)
     fake_gpu_nvidia_smi("h200-r580.csv")
-    ctx = preflight.Context(resolve.resolve(spec.loads(new_spec.spec_text("h200", "trl-async"))))
-    assert {r.verdict for r in preflight.run_checks(ctx, only=["driver"])} == {"ok"}
+    ctx = checks.Context(resolve.resolve(spec.loads(new_spec.spec_text("h200", "trl-async"))))
+    assert {r.verdict for r in checks.run_checks(ctx, only=["driver"])} == {"ok"}
