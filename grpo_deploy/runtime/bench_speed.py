@@ -54,7 +54,8 @@ def speed_rows(arch, model_path, profile, samples, budget, device, peak, rows: l
             continue
         row = summarise(switches.label, budget, False, batches, timing, shape, profile.lora.r, len(samples), peak)
         row.update(row_head, compile_s=timing["compile_s"], warmup_s=timing["warmup_s"],
-                   graphs_warmup=timing["graphs_warmup"], recompiles_in_step=timing["recompiles_in_step"])
+                   graphs_warmup=timing["graphs_warmup"], recompiles_in_step=timing["recompiles_in_step"],
+                   microbatch_s=timing["microbatch_s"], host_microbatch_s=timing["host_microbatch_s"])
         if switches.label in breakdown:
             state = trl_loss_state(len(batches), device)
             row["breakdown"] = step_profile.profile_microbatches(

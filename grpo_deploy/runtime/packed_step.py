@@ -4,6 +4,7 @@ TRL's compute_loss on one microbatch, the timed forward+backward over a step, an
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections import defaultdict
 from types import SimpleNamespace
@@ -109,9 +110,11 @@ def measure(model, batches: list[dict], device: str, warmup: int = 2) -> dict:
     graphs_warm = trainer_speed.graphs_compiled()
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    marks = [_mark(device)]
     started = time.perf_counter()
     for batch in batches:
         train_microbatch(model, state, batch, device)
+        marks.append(_mark(device))
     _synchronize(device)
     seconds = time.perf_counter() - started
     model.zero_grad(set_to_none=True)
@@ -120,7 +123,28 @@ def measure(model, batches: list[dict], device: str, warmup: int = 2) -> dict:
     steady = seconds * sum(_tokens(b) for b in batches[:warmup]) / max(sum(_tokens(b) for b in batches), 1)
     return {"seconds": seconds, "peak_gib": peak, "warmup_s": warmup_s, "compile_s": max(warmup_s - steady, 0.0),
             "graphs_warmup": graphs_warm - graphs_before,
-            "recompiles_in_step": trainer_speed.graphs_compiled() - graphs_warm}
+            "recompiles_in_step": trainer_speed.graphs_compiled() - graphs_warm, **microbatch_spans(marks)}
+
+
+def _mark(device: str) -> tuple:
+    """The host clock and, on CUDA, an event on the current stream: where one microbatch ends and the next begins."""
+    import torch
+
+    event = None
+    if device == "cuda":
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+    return time.perf_counter(), event
+
+
+def microbatch_spans(marks: list[tuple]) -> dict:
+    """Seconds of each timed microbatch between consecutive marks (after the closing synchronize): `host_microbatch_s`
+    by the host clock (when Python had queued it), `microbatch_s` by the device's events (CUDA; else the host's). A
+    slow step is then one slow microbatch (a hiccup) or all of them (a slower machine or path)."""
+    host = [b[0] - a[0] for a, b in itertools.pairwise(marks)]
+    events = bool(marks) and marks[0][1] is not None
+    device = [a[1].elapsed_time(b[1]) / 1e3 for a, b in itertools.pairwise(marks)] if events else host
+    return {"microbatch_s": device, "host_microbatch_s": host}
 
 
 def _tokens(batch: dict) -> int:

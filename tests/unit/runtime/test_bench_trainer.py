@@ -51,6 +51,22 @@ def test_peak_lookup_prefers_the_specific_name():
     assert flops.peak_flops("cpu") is None
 
 
+def test_microbatch_spans_take_the_device_events_where_there_are_some():
+    from grpo_deploy.runtime import packed_step
+
+    class Event:
+        def __init__(self, ms):
+            self.ms = ms
+
+        def elapsed_time(self, other):
+            return other.ms - self.ms
+
+    assert packed_step.microbatch_spans([(1.0, None), (1.5, None), (3.0, None)]) == {
+        "microbatch_s": [0.5, 1.5], "host_microbatch_s": [0.5, 1.5]}
+    spans = packed_step.microbatch_spans([(1.0, Event(0.0)), (1.25, Event(400.0)), (1.5, Event(1000.0))])
+    assert spans == {"microbatch_s": [0.4, 0.6], "host_microbatch_s": [0.25, 0.25]}
+
+
 @pytest.fixture
 def bench_args(monkeypatch, tmp_path):
     packing = pytest.importorskip("trl.experimental.async_grpo.packing")
@@ -77,6 +93,9 @@ def test_tiny_bench_runs_on_cpu(bench_args, capsys):
     compiled = speed["compile+lora-ew"]
     assert compiled["tokens_per_s"] > 0 and compiled["graphs_warmup"] > 0 and compiled["recompiles_in_step"] == 0
     assert compiled["compile_s"] >= 0 and speed["today"]["graphs_warmup"] == 0
+    spans = compiled["microbatch_s"]
+    assert len(spans) == len(compiled["host_microbatch_s"]) == compiled["microbatches"]
+    assert all(s > 0 for s in spans) and sum(spans) <= compiled["seconds"]
     checked = {r["switches"]: r for r in report["exactness"]["rows"]}
     assert checked["bf16"]["exact"] and checked["compile+lora-ew"]["exact"], checked
     assert "need a CUDA device" in checked["liger"]["skipped"]
