@@ -311,6 +311,7 @@ def _trainer_knobs(ev: dict[str, Any], hint: Mapping[str, Any]) -> list[Knob]:
         knobs.append(Knob("overrides.trl.token_budget", str(RECIPE_TOKEN_BUDGET),
                           "packing: fwd/bwd 21.9 -> 5.6 s/step on H200, +22% samples/h on a Spark; it also makes "
                           "the loss per-token, so compare reward per hour and completion length, not throughput"))
+    knobs += _speed_knobs(hint.get("speed"))
     if hint.get("gradient_checkpointing", True):
         memory = ev["trainer_memory_gb"]
         known = f"the trainer GPU has {memory:g} GB; " if memory else "peak memory is not recorded; "
@@ -390,6 +391,22 @@ def diagnose(events: Iterable[Mapping[str, Any]], profile_hint: Mapping[str, Any
     return Diagnosis(side, reason, ev, knobs, missing, _notes(side, ev))
 
 
+SPEED_KNOBS = (  # bench trainer, one H200, packed 16,384, per 128 completions (docs/MEASUREMENTS.md)
+    ("compile_layers", True, "regional torch.compile of each decoder layer, with lora_elementwise and a bf16 base "
+                             "(one H200: 5.73 -> 3.16 s per step, MFU by TRL's formula 29 -> 53 %, ~40 s compile per "
+                             "process, exact within bf16 rounding); measured on an H200 only: run `grpo-deploy bench`"),
+    ("lora_elementwise", True, "LoRA's rank-1 products fused under compile (one H200: 3.58 -> 3.16 s per step)"),
+    ("base_dtype", "bf16", "the frozen base in bf16 under compile (one H200: 3.90 -> 3.58 s; LoRA weights stay fp32)"),
+)
+
+
+def _speed_knobs(speed: Mapping[str, Any] | None) -> list[Knob]:
+    """The speed switches a CUDA trainer leaves off (*speed* None on CPU): compile first, the others need it."""
+    off = [(k, v, why) for k, v, why in SPEED_KNOBS if speed is not None and speed.get(k) != v]
+    first = off[:1] if off and off[0][0] == "compile_layers" else off
+    return [Knob(f"overrides.runtime.{k}", str(v).lower(), why) for k, v, why in first]
+
+
 def settings_hint(res) -> dict[str, Any]:
     """The settings `diagnose` cannot read from events, from a resolved spec (grpo_deploy.resolve.Resolved)."""
     trl, vllm = res.settings.trl, res.settings.vllm
@@ -401,6 +418,9 @@ def settings_hint(res) -> dict[str, Any]:
     hint = {"queue_maxsize": trl.queue_maxsize, "max_inflight_tasks": inflight, "max_num_seqs": vllm.max_num_seqs,
             "weight_sync_steps": trl.weight_sync_steps, "token_budget": trl.token_budget,
             "gradient_checkpointing": trl.gradient_checkpointing}
+    runtime = res.settings.runtime
+    if runtime.device == "cuda":  # the speed switches apply to a CUDA trainer only
+        hint["speed"] = {k: getattr(runtime, k) for k in ("compile_layers", "lora_elementwise", "base_dtype")}
     if hardware.get("memory_gb_per_gpu"):
         hint["trainer_memory_gb"] = hardware["memory_gb_per_gpu"]
     return hint

@@ -209,3 +209,30 @@ def test_settings_hint_from_resolved_specs():
     auto = diagnose.settings_hint(resolve.resolve(specs.loaded(
         "gb10", "trl-async", ("a", "b"), **{"overrides.trl.max_inflight_tasks": -1})))
     assert auto["max_inflight_tasks"] == 4 * 1 * 12  # TRL's auto: max_staleness x batch x accumulation x 1 process
+
+
+# (f) the trainer's speed switches (issue 24): a CUDA trainer that leaves them off is told what bench trainer measured
+OFF = {"compile_layers": False, "lora_elementwise": False, "base_dtype": "fp32"}
+
+
+def test_a_cuda_trainer_without_compile_is_told_to_compile_right_after_packing():
+    d = diagnose.diagnose(_events("spark_trainer_bound"), {**SPARK_BASELINE, "speed": OFF})
+    assert [k.setting for k in d.next_knobs] == ["overrides.trl.token_budget", "overrides.runtime.compile_layers",
+                                                 "overrides.trl.gradient_checkpointing", "hosts[].gpus.trainer"]
+    assert "5.73 -> 3.16 s" in d.next_knobs[1].why and "H200 only" in d.next_knobs[1].why
+
+
+def test_with_compile_on_the_remaining_switches_are_named_and_all_on_names_none():
+    half = diagnose.diagnose(_events("spark_trainer_bound"),
+                             {**SPARK_BASELINE, "speed": {**OFF, "compile_layers": True}})
+    assert [k.setting for k in half.next_knobs][1:3] == ["overrides.runtime.lora_elementwise",
+                                                         "overrides.runtime.base_dtype"]
+    done = diagnose.diagnose(_events("spark_trainer_bound"), {
+        **SPARK_BASELINE, "speed": {"compile_layers": True, "lora_elementwise": True, "base_dtype": "bf16"}})
+    assert not any(k.setting.startswith("overrides.runtime.") for k in done.next_knobs)
+
+
+def test_the_hint_carries_the_switches_for_cuda_trainers_only():
+    h200 = diagnose.settings_hint(resolve.resolve(specs.loaded("h200", "trl-async", ("a", "b"))))
+    assert h200["speed"] == {"compile_layers": True, "lora_elementwise": True, "base_dtype": "bf16"}
+    assert "speed" not in diagnose.settings_hint(resolve.resolve(new_spec.embedded_default()))
