@@ -420,7 +420,7 @@ def settings_hint(res) -> dict[str, Any]:
             "gradient_checkpointing": trl.gradient_checkpointing}
     runtime = res.settings.runtime
     if runtime.device == "cuda":  # the speed switches apply to a CUDA trainer only
-        hint["speed"] = {k: getattr(runtime, k) for k in ("compile_layers", "lora_elementwise", "base_dtype")}
+        hint["speed"] = {k: getattr(runtime, k) for k, _, _ in SPEED_KNOBS}
     if hardware.get("memory_gb_per_gpu"):
         hint["trainer_memory_gb"] = hardware["memory_gb_per_gpu"]
     return hint
