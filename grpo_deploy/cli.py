@@ -20,8 +20,9 @@ from .kit_data import KitDataMissing
 from .names import UP_RESTARTS
 from .new_spec import InitError
 from .profiles import ProfileError
-from .render import RenderError, render_files
+from .render import render_files
 from .render_folder import WriteRefused, diff_tree, write_tree
+from .render_text import RenderError
 from .resolve import Resolved, resolve
 from .runtime.table import human_bytes, table
 from .spec import ENGINES, SpecError, load
@@ -391,7 +392,7 @@ def _status_once(res: Resolved, args) -> tuple[int, str]:
             disk = checks.checkpoint_headroom(ctx)
         finally:
             ctx.close()
-    summary = status.summarize(res.spec.run.name, events, max_steps=res.settings.trl.max_steps)
+    summary = status.summarize(res.spec.run.name, events, max_steps=res.engine_info.total_steps(res))
     if args.plot:
         try:
             status.plot(events, args.plot, title=status.plot_title(res.spec.run.name))
@@ -513,8 +514,7 @@ def cmd_diagnose(args) -> int:
     from . import diagnose
 
     res = _load(args)
-    if not res.engine_info.server_role:
-        raise CliError(f"diagnose reads TRL's async metrics; engine {res.engine} has none (use verl's own logs)")
+    res.engine_info.refuse("diagnose", CliError)
     d = diagnose.diagnose(_run_events(res, args), diagnose.settings_hint(res))
     print(json.dumps(d.to_dict(), indent=2) if args.json else diagnose.diagnosis_text(d))
     return 1 if d.side == "not enough data" else 0
