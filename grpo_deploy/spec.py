@@ -419,6 +419,9 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
     if local_hosts > 1:
         add(("hosts",), "more than one host has address 'local'")
 
+    for path, message in engine.foreign_keys(spec):
+        add(path, message)
+
     for role, (least, most) in engine.role_counts.items():
         having = [i for i, h in enumerate(spec.hosts) if role in h.roles]
         if len(having) > most and engine.role_limit_why(role):

@@ -97,6 +97,20 @@ class Engine:
         """Why more hosts with *role* than the engine takes are refused, when the engine says (else None)."""
         return self.why_not(f"several {role} hosts")
 
+    def foreign_keys(self, spec) -> list[tuple[tuple[str, ...], str]]:
+        """(spec key, why) for each engine-specific key of *spec* that names another engine's part: an image the
+        engine runs no role with, an overrides section it never reads. Refused at the door, not ignored."""
+        out = []
+        for key in type(spec.images).model_fields:
+            if key != "build" and getattr(spec.images, key) is not None and key not in self.image_roles:
+                out.append((("images", key), f"engine {self.name} runs no {key!r} image (its roles run: "
+                                             f"{', '.join(self.image_roles)}): remove images.{key}"))
+        for section in spec.overrides:
+            if section not in self.sections:
+                out.append((("overrides", section), f"engine {self.name} never reads the {section} settings (it "
+                                                    f"reads: {', '.join(self.sections)}): remove overrides.{section}"))
+        return out
+
     # ------------------------------------------------------------------ what it does (defaults; an engine overrides)
 
     def derive(self, res: Resolved, problem, derived: list) -> None:
