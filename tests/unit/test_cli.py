@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from grpo_deploy import new_spec
-from grpo_deploy.cli import build_parser, main
+from grpo_deploy.cli import VERBS, main
+from grpo_deploy.cli_parser import build_parser, host_list
 
 
 def test_every_verb_has_help(capsys):
@@ -55,15 +56,21 @@ def test_bad_free_space_is_a_clear_error(capsys):
     assert "cannot read size" in capsys.readouterr().err
 
 
-def test_parser_has_no_conflicts():
-    build_parser()
+def test_every_verb_of_the_grammar_has_a_handler_and_every_handler_a_verb():
+    used = set()
+
+    class Recording(dict):
+        def __getitem__(self, key):
+            used.add(key)
+            return super().__getitem__(key)
+
+    build_parser(Recording(VERBS))  # a verb without a handler is a KeyError here
+    assert used == set(VERBS)
 
 
 def test_host_list_drops_blanks():
-    from grpo_deploy.cli import _host_list
-
-    assert _host_list(" spark1, ,spark2 ") == ["spark1", "spark2"]
-    assert _host_list(None) == [] and _host_list("") == []
+    assert host_list(" spark1, ,spark2 ") == ["spark1", "spark2"]
+    assert host_list(None) == [] and host_list("") == []
 
 
 def test_a_second_up_of_the_same_run_is_refused_at_once(tmp_path):

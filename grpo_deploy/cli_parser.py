@@ -1,0 +1,274 @@
+"""The command line's grammar: verbs, options and their help, and the value types that refuse bad input in one line
+(argparse: exit 2). What each verb does is grpo_deploy.cli's."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Callable, Mapping
+
+from . import __version__, checks, profiles
+from .bench import add_bench_parser
+from .image_build.cli import add_images_parser
+from .names import UP_RESTARTS
+from .engines import ENGINE_NAMES
+
+DEFAULT_SPEC = "grpo-deploy.yaml"
+EXIT_USAGE = 2
+MAX_SIZE = 1e21  # bytes: a zettabyte; --free-space beyond that is a typo
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with the kit's error format: one line, exit 2 (the usage is one `--help` away)."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+class CliError(Exception):
+    """An expected failure: printed as one clear message, exit code 2, no traceback."""
+
+
+# ---------------------------------------------------------------- shared helpers
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B?|B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise CliError(f"--free-space: cannot read size {text!r} (use e.g. 500GB, 1.5TB, 800GiB)")
+    unit = (m.group(2) or "B").upper().rstrip("B") or "B"
+    factor = {"B": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}[unit]
+    size = float(m.group(1)) * factor
+    if not size < MAX_SIZE:
+        raise CliError(f"--free-space: {text!r} is more than any filesystem holds (use e.g. 500GB, 1.5TB)")
+    return int(size)
+
+
+def _output_path(text: str) -> str:
+    """-o as given: a usable path name (argparse turns a refusal into one line and exit 2)."""
+    if not text or "\x00" in text or len(text) > 4096 or text.count("/") > 64 or \
+            any(len(part.encode("utf-8", "surrogateescape")) > 255 for part in text.split("/")):
+        raise argparse.ArgumentTypeError(f"{text[:80]!r} is not a usable path (empty, a NUL byte, a name over 255 "
+                                         "bytes, or over 64 folders / 4096 characters)")
+    return text
+
+
+def _interval(text: str) -> float:
+    """--watch SECONDS: a number from 1 to 3600."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds from 1 to 3600")
+    return value
+
+
+def _keep_count(text: str) -> int:
+    """--keep N: a whole number from 1 to 10000 (the newest complete checkpoint is never removed)."""
+    if not re.fullmatch(r"[0-9]{1,5}", text) or not 1 <= int(text) <= 10_000:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a count from 1 to 10000")
+    return int(text)
+
+
+def _restart_count(text: str) -> int:
+    """--restarts N: a whole number from 0 to 10."""
+    if not re.fullmatch(r"[0-9]{1,2}", text) or int(text) > 10:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a count from 0 to 10")
+    return int(text)
+
+
+def _line_count(text: str) -> int:
+    """--tail N: a whole number from 0 to 100000."""
+    if not re.fullmatch(r"[0-9]{1,6}", text) or int(text) > 100_000:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a line count from 0 to 100000")
+    return int(text)
+
+
+def host_list(text: str | None) -> list[str]:
+    """--hosts a,b -> [a, b] (blanks dropped); none given -> []."""
+    return [h.strip() for h in text.split(",") if h.strip()] if text else []
+
+
+def _add_spec(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-f", "--file", metavar="SPEC",
+                   help=f"deployment spec (default: ./{DEFAULT_SPEC}, else the embedded cpu rehearsal)")
+
+
+def _add_json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output (stable shape)")
+
+
+def _add_ssh(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ssh-config", metavar="FILE", help="ssh config to read for host aliases, users, ports, keys, "
+                                                        "ProxyJump and known_hosts (default ~/.ssh/config)")
+    p.add_argument("--accept-new-host-keys", action="store_true",
+                   help="accept and save the key of a host not in known_hosts yet (a changed key is still refused)")
+
+
+def _add_free_space(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--free-space", action="append", metavar="HOST=SIZE",
+                   help="what-if: plan as if HOST had SIZE free where checkpoints go (e.g. node1=500GB); repeatable")
+
+
+def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> argparse.ArgumentParser:
+    """The whole command line; *verbs* maps each verb (k8s-render and k8s-check for `k8s`) to its handler."""
+    parser = Parser(
+        prog="grpo-deploy",
+        description="Render, check and launch GRPO + LoRA post-training deployments "
+                    "(TRL async GRPO + vLLM server, or verl) from one spec and hardware profiles.",
+        epilog="Typical flow: init -> plan -> preflight -> up -> status. Every verb has --help.",
+    )
+    parser.add_argument("--version", action="version", version=f"grpo-deploy {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    p = sub.add_parser("init", help="write a commented deployment spec from a hardware profile",
+                       description="Write a commented spec with every key, filled from a hardware profile.")
+    p.add_argument("--profile", required=True, choices=profiles.names(), help="hardware profile (grpo-deploy profiles)")
+    p.add_argument("--engine", required=True, choices=ENGINE_NAMES, help="training engine")
+    p.add_argument("--hosts", help="comma-separated SSH hosts; trl-async: 'trainer,server' (e.g. spark1,spark2) or one "
+                                   "host for both roles; verl: head first, then workers. Default: this machine")
+    p.add_argument("--name", help="run name (default: from profile and engine)")
+    p.add_argument("-o", "--output", default=DEFAULT_SPEC, type=_output_path,
+                   help=f"file to write (default {DEFAULT_SPEC})")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.set_defaults(fn=verbs["init"])
+
+    p = sub.add_parser("render", help="write every artifact (vLLM args, trainer config, compose env, verl overrides)",
+                       description="Render every artifact of the run into DIR: a new or empty directory, or an "
+                                   "earlier render, whose record (.grpo-deploy-render) lists the files the kit wrote: "
+                                   "only those are replaced or removed, nothing else is touched. With --check, compare "
+                                   "the directory with a fresh render and exit 1 on any "
+                                   "difference.")
+    _add_spec(p)
+    p.add_argument("-o", "--output", required=True, metavar="DIR", type=_output_path, help="output directory")
+    p.add_argument("--check", action="store_true", help="diff DIR against a fresh render instead of writing")
+    p.set_defaults(fn=verbs["render"])
+
+    p = sub.add_parser("k8s", help="a Kubernetes overlay (k8s/<name>/): render its generated/, check it before apply")
+    k8s = p.add_subparsers(dest="k8s_verb", metavar="ACTION", required=True, parser_class=Parser)
+    q = k8s.add_parser("render", help="rewrite OVERLAY/generated/ from OVERLAY/spec.yaml (only files the kit wrote)")
+    q.add_argument("overlay", metavar="OVERLAY", help="an overlay folder, e.g. k8s/h200")
+    q.set_defaults(fn=verbs["k8s-render"])
+    q = k8s.add_parser("check", help="refuse an overlay that still holds a placeholder (NFS address, registry) or a "
+                                     "stale generated/; exit 0 when it is ready for kubectl apply -k")
+    q.add_argument("overlay", metavar="OVERLAY", help="an overlay folder, e.g. k8s/h200")
+    q.set_defaults(fn=verbs["k8s-check"])
+
+    p = sub.add_parser("plan", help="what runs where, memory fit, checkpoint size and disk need per host",
+                       description="Plan the run: roles and GPUs per host, memory fit (rough estimates), checkpoint "
+                                   "size, save schedule, and disk need against the real free space. Exit 1 when "
+                                   "something does not fit.")
+    _add_spec(p)
+    _add_json(p)
+    _add_free_space(p)
+    p.add_argument("--explain", action="store_true", help="list every setting with its source and reason")
+    p.set_defaults(fn=verbs["plan"])
+
+    p = sub.add_parser("preflight", help="run every check; table or --json; exit 0 ok, 1 failed, 2 could not run",
+                       description="Check every precondition before anything starts: spec, identity (UID/umask), "
+                                   "Docker engine, architecture, disk headroom, logger credentials, images.")
+    _add_spec(p)
+    _add_json(p)
+    _add_free_space(p)
+    p.add_argument("--only", action="append", metavar="CHECK", choices=checks.names(),
+                   help=f"run only this check (repeatable): {', '.join(checks.names())}")
+    _add_ssh(p)
+    p.set_defaults(fn=verbs["preflight"])
+
+    p = sub.add_parser("profiles", help="list the hardware profiles")
+    p.set_defaults(fn=verbs["profiles"])
+
+    p = sub.add_parser("up", help="start the run on its hosts, follow it, summarise (all-or-nothing)",
+                       description="Render, build missing images (refresh the cpu image's code layer), run preflight "
+                                   "on every host (nothing starts if a check fails), ship images to remote hosts over "
+                                   "SSH (only what they lack), start the vLLM server, wait until it lists the model "
+                                   "and generates a token (checked from the trainer's host), start the trainer, print "
+                                   "progress per step, then a summary; stop the run unless --keep. Without a spec: "
+                                   "the embedded cpu rehearsal on this machine.")
+    _add_spec(p)
+    p.add_argument("--hosts", help="the spec's hosts, as a check (e.g. spark1,spark2): refused when they differ")
+    _add_ssh(p)
+    p.add_argument("--keep", action="store_true", help="leave the server and trainer containers up at the end")
+    p.add_argument("--fresh", action="store_true", help="delete this run's directory on the shared volume first "
+                                                         "(default: resume from the newest complete checkpoint)")
+    p.add_argument("--restarts", type=_restart_count, default=UP_RESTARTS, metavar="N",
+                   help="when the vLLM server dies mid-run, restart the server and the trainer (which resumes from "
+                        f"its newest complete checkpoint) up to N times (0-10, default {UP_RESTARTS})")
+    p.set_defaults(fn=verbs["up"])
+
+    p = sub.add_parser("status", help="steps, reward, adapter syncs, staleness, start-up times of a run",
+                       description="Summarise a running or finished run started from this directory: containers "
+                                   "per host and role, steps, reward, completion length, staleness, adapter syncs.")
+    _add_spec(p)
+    _add_json(p)
+    _add_ssh(p)
+    p.add_argument("--plot", metavar="PNG", help="also write reward / length / staleness per step to PNG")
+    p.add_argument("--watch", nargs="?", const=10.0, type=_interval, metavar="SECONDS",
+                   help="refresh every SECONDS (default 10) until the run ends or Ctrl-C; with --json one JSON "
+                        "object per line")
+    p.set_defaults(fn=verbs["status"])
+
+    p = sub.add_parser("down", help="stop the run's containers on every host (the shared volume is kept)")
+    _add_spec(p)
+    _add_ssh(p)
+    p.add_argument("--volumes", action="store_true", help="also delete the shared volume (checkpoints, adapters)")
+    p.set_defaults(fn=verbs["down"])
+
+    p = sub.add_parser("logs", help="the run's container logs, per host and role",
+                       description="The run's container logs (docker compose logs) from every host, each line "
+                                   "prefixed with its host on a multi-host run. --follow streams new lines from all "
+                                   "hosts at once until Ctrl-C or the containers stop.")
+    _add_spec(p)
+    _add_ssh(p)
+    p.add_argument("--role", metavar="ROLE", help="only this role's container (server, trainer, ...)")
+    p.add_argument("--host", metavar="NAME", help="only this host (the spec's host name)")
+    p.add_argument("--follow", action="store_true", help="keep following new lines")
+    p.add_argument("--tail", type=_line_count, default=200, metavar="N",
+                   help="lines of history per container first (default 200)")
+    p.set_defaults(fn=verbs["logs"])
+
+    p = sub.add_parser("check", help="testinfra health checks of the spec's hosts (--run: and of the running run)",
+                       description="Check every host of the spec with pytest-testinfra (grpo_deploy.hostchecks): run "
+                                   "UID owns the shared directory, NFS mount and options, a cross-host write/read as "
+                                   "the run identities, Docker and Compose, NVIDIA runtime and GPUs where the profile "
+                                   "wants CUDA, checkpoint disk headroom against plan; with --run also the server's "
+                                   "health, model, runtime LoRA loading, trainer progress and adapter permissions. "
+                                   "One line per check per host; exit 0 all passed, 1 a check failed, 2 could not "
+                                   "run. Arguments after -- go to pytest (e.g. -- -k shared_dir).")
+    p.add_argument("-f", "--file", metavar="SPEC",
+                   help=f"deployment spec (default: $GRPO_DEPLOY_SPEC, else ./{DEFAULT_SPEC})")
+    _add_ssh(p)
+    p.add_argument("--run", action="store_true", help="also check the running run (pytest --run-checks)")
+    p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="extra pytest arguments, after --")
+    p.set_defaults(fn=verbs["check"])
+
+    add_bench_parser(sub)
+    add_images_parser(sub)
+
+    p = sub.add_parser("checkpoints", help="list, verify or prune the run's checkpoints where they are written",
+                       description="The run's checkpoints (TRL checkpoint-N or verl global_step_N) on the host that "
+                                   "holds them, read in a throw-away container of the run's image as the run's "
+                                   "identity: size, complete or half-written (and why), LoRA rank, world size. "
+                                   "verify exits 1 when one is half-written. prune keeps the newest --keep complete "
+                                   "ones (default: the spec's checkpoints.keep), removes older complete ones only "
+                                   "behind them, and moves half-written ones to quarantine/ (never deletes them).")
+    p.add_argument("action", nargs="?", choices=["list", "verify", "prune"], default="list")
+    _add_spec(p)
+    _add_json(p)
+    _add_ssh(p)
+    p.add_argument("--keep", type=_keep_count, metavar="N", help="prune: complete checkpoints to keep (1-10000)")
+    p.add_argument("--dry-run", action="store_true", help="prune: say what would be removed, change nothing")
+    p.set_defaults(fn=verbs["checkpoints"])
+
+    p = sub.add_parser("diagnose", help="name the bottleneck (trainer, generation, adapter sync) and the next setting "
+                                        "to change",
+                       description="Reads the run's own TRL step metrics (forward/backward time, queue fill vs "
+                                   "queue_maxsize, time waiting for rollouts, backpressure, adapter-sync time); names "
+                                   "the bound side with figures, reward per wall-clock hour and completion length "
+                                   "beside tokens/s, and the spec settings to change, in order. Needs 5 timed steps.")
+    _add_spec(p)
+    _add_json(p)
+    _add_ssh(p)
+    p.set_defaults(fn=verbs["diagnose"])
+
+    return parser

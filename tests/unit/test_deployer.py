@@ -1,0 +1,44 @@
+"""grpo_deploy.deployer: the one place that picks the deployer for a spec's hosts; the CLI does not branch on it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from grpo_deploy import deployer, new_spec
+from grpo_deploy.hosts.connect import SshOptions
+from grpo_deploy.resolve import resolve
+from grpo_deploy.spec import loads
+
+CLI = Path(deployer.__file__).with_name("cli.py")
+
+
+def _res(hosts: str | None = None):
+    text = new_spec.spec_text("cpu", "trl-async", hosts.split(",") if hosts else [], "r1")
+    return resolve(loads(text))
+
+
+def test_only_ssh_hosts_take_the_connectors_deployer():
+    assert deployer.across_hosts(_res()) is False
+    assert deployer.across_hosts(_res("spark1,spark2")) is True
+
+
+def test_the_cli_names_no_host_address_and_neither_deployer():
+    """Where hosts are is the deployer's question: the CLI has no `address` test and imports neither deployer."""
+    tree = ast.parse(CLI.read_text(encoding="utf-8"))
+    attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert "address" not in attributes
+    assert not {"launch", "deploy"} & imported
+
+
+def test_logs_of_a_role_the_engine_lacks_is_refused_before_any_host_is_reached():
+    with pytest.raises(deployer.LaunchError, match="has the roles server, trainer"):
+        deployer.logs(_res("spark1,spark2"), SshOptions(None, False), ["head"])
+
+
+def test_logs_of_another_host_on_a_local_run_is_refused():
+    with pytest.raises(deployer.LaunchError, match="this run has one host, local"):
+        deployer.logs(_res(), SshOptions(None, False), [], host="spark1")
