@@ -9,9 +9,9 @@ from collections.abc import Callable, Mapping
 
 from . import __version__, checks, profiles
 from .bench import add_bench_parser
+from .engines import ENGINE_NAMES
 from .image_build.cli import add_images_parser
 from .names import UP_RESTARTS
-from .engines import ENGINE_NAMES
 
 DEFAULT_SPEC = "grpo-deploy.yaml"
 EXIT_USAGE = 2
