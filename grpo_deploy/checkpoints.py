@@ -22,7 +22,7 @@ def run_manager(res: Resolved, ctx: checks.Context, action: str, keep: int | Non
     """The manager's JSON answer for *action* (list, verify, prune) on the run's checkpoint directory."""
     role = res.engine_info.main_role
     host, image = res.host_for(role), res.image_for(role)
-    layout = "trl" if res.engine_info.adapters_on_volume else "verl"
+    layout = res.engine_info.checkpoint_layout
     argv = ["python3", "-m", "grpo_deploy.runtime.checkpoints", action, res.checkpoint_dir, "--layout", layout]
     if action == "prune":
         argv += ["--keep", str(keep), *(["--dry-run"] if dry_run else [])]

@@ -17,8 +17,9 @@ from .k8s_overlay import OverlayError, overlay_dir, problems, regenerate
 from .kit_data import KitDataMissing
 from .new_spec import InitError
 from .profiles import ProfileError
-from .render import RenderError, render_files
+from .render import render_files
 from .render_folder import WriteRefused, diff_tree, write_tree
+from .render_text import RenderError
 from .resolve import Resolved, resolve
 from .runtime.table import human_bytes, table
 from .spec import SpecError, load
@@ -273,7 +274,7 @@ def _status_once(res: Resolved, args) -> tuple[int, str]:
     from . import deployer, status
 
     hosts, events, disk = deployer.status_facts(res, _ssh(args))
-    summary = status.summarize(res.spec.run.name, events, max_steps=res.settings.trl.max_steps)
+    summary = status.summarize(res.spec.run.name, events, max_steps=res.engine_info.total_steps(res))
     if args.plot:
         try:
             status.plot(events, args.plot, title=status.plot_title(res.spec.run.name))
@@ -366,8 +367,7 @@ def cmd_diagnose(args) -> int:
     from . import diagnose
 
     res = _load(args)
-    if not res.engine_info.server_role:
-        raise CliError(f"diagnose reads TRL's async metrics; engine {res.engine} has none (use verl's own logs)")
+    res.engine_info.refuse("diagnose", CliError)
     d = diagnose.diagnose(_run_events(res, args), diagnose.settings_hint(res))
     print(json.dumps(d.to_dict(), indent=2) if args.json else diagnose.diagnosis_text(d))
     return 1 if d.side == "not enough data" else 0

@@ -9,9 +9,9 @@ from collections.abc import Callable, Mapping
 
 from . import __version__, checks, profiles
 from .bench import add_bench_parser
+from .engines import ENGINE_NAMES
 from .image_build.cli import add_images_parser
 from .names import UP_RESTARTS
-from .spec import ENGINES
 
 DEFAULT_SPEC = "grpo-deploy.yaml"
 EXIT_USAGE = 2
@@ -124,7 +124,7 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
     p = sub.add_parser("init", help="write a commented deployment spec from a hardware profile",
                        description="Write a commented spec with every key, filled from a hardware profile.")
     p.add_argument("--profile", required=True, choices=profiles.names(), help="hardware profile (grpo-deploy profiles)")
-    p.add_argument("--engine", required=True, choices=ENGINES, help="training engine")
+    p.add_argument("--engine", required=True, choices=ENGINE_NAMES, help="training engine")
     p.add_argument("--hosts", help="comma-separated SSH hosts; trl-async: 'trainer,server' (e.g. spark1,spark2) or one "
                                    "host for both roles; verl: head first, then workers. Default: this machine")
     p.add_argument("--name", help="run name (default: from profile and engine)")

@@ -189,7 +189,7 @@ def _follow(dep: Deployment, log: Callable[[str], None], since: float) -> int:
         text = project.read(c["id"], f"{res.run_dir}/metrics.jsonl") or ""
         steps = [e for e in parse_events(text) if e["event"] == "step" and e["time"] >= since]
         for e in steps[seen:]:
-            log(status.progress_line(e, res.settings.trl.max_steps))
+            log(status.progress_line(e, res.engine_info.total_steps(res)))
             last_step = int(e.get("step", last_step))
         seen = len(steps)
         server = dep.project(dep.role_host("server")).container("server")
@@ -224,8 +224,7 @@ def down_all(dep: Deployment, volumes: bool = False) -> None:
 def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, out=sys.stdout,
        restarts: int = UP_RESTARTS) -> int:
     """Bring the run up across its hosts, follow it to the end, summarise, and (unless keep) stop it."""
-    if not res.engine_info.server_role:
-        raise LaunchError("`up` for verl is not built yet: use the rendered config/verl-overrides.txt")
+    res.engine_info.refuse("up", LaunchError)
     require_kit()
     with RunState(res).up_lock():
         return _up(res, ssh, keep, fresh, out, restarts)

@@ -370,7 +370,7 @@ def follow_trainer(client, state: RunState, log: Callable[[str], None], since: f
     """Print a progress line per optimizer step until the trainer exits; return its exit code. Raises RoleDied when
     the server's container exits first or the trainer is killed."""
     res = state.res
-    max_steps = res.settings.trl.max_steps
+    max_steps = res.engine_info.total_steps(res)
     seen = 0
     last_step = 0
     patience = EnginePatience("following the trainer")
@@ -441,8 +441,7 @@ def _up(state: RunState, keep: bool, fresh: bool, out, restarts: int = UP_RESTAR
     if state.deploy_log.exists():
         state.deploy_log.unlink()
     state.emit("up_start", run=res.spec.run.name, engine=res.engine)
-    if not res.engine_info.server_role:
-        raise LaunchError("`up` for verl is not built yet: use the rendered config/verl-overrides.txt")
+    res.engine_info.refuse("up", LaunchError)
     write_render(state)
     log(f"rendered run {res.spec.run.name} into {state.render_dir}")
     try:
@@ -594,7 +593,7 @@ def run_events(state: RunState, live: bool = False) -> list[dict]:
 
 def summarize(state: RunState, events: list[dict]) -> status.Summary:
     res = state.res
-    return status.summarize(res.spec.run.name, events, max_steps=res.settings.trl.max_steps)
+    return status.summarize(res.spec.run.name, events, max_steps=res.engine_info.total_steps(res))
 
 
 def host_states(res: Resolved) -> list[dict]:

@@ -9,13 +9,12 @@ import yaml
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from . import profiles
-from .engines import ENGINES
+from .engines import DEFAULT_ENGINE, ENGINES
 from .runtime.values import HostAddress, parse_address
 from .settings import SECTIONS
 from .spec import DeploymentSpec, LoadedSpec, loads
 
 DEFAULT_PROFILE = "cpu"
-DEFAULT_ENGINE = "trl-async"
 COMMENT_COLUMN = 36
 LINE_WIDTH = 120
 _ADDRESS = TypeAdapter(HostAddress)

@@ -17,9 +17,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .settings import SECTIONS as SETTINGS_SECTIONS
 from .yamlpos import YamlSyntaxError, load_file, shown_path
 
-SECTIONS = ("model", "lora", "data", "trl", "vllm", "verl", "runtime", "checkpoints")
+SECTIONS = tuple(SETTINGS_SECTIONS)
 MAX_EXTENDS = 4
 """How many parents a chain may have (a profile extends a base that extends another needs two)."""
 _NAME = re.compile(r"_?[a-z0-9][a-z0-9-]{0,39}")

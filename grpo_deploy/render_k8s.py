@@ -53,11 +53,7 @@ def params(res: Resolved) -> dict[str, Any]:
     nfs = spec.storage.nfs
     if nfs is not None:
         out.update(nfs_server=nfs.server, nfs_export=nfs.export, nfs_options=nfs.options)
-    if res.engine_info.server_role:
-        out.update(served_model=res.settings.model.served_name, server_port=res.settings.vllm.port)
-    if res.engine == "verl":  # the pods of a Ray cluster: one head and ray_workers workers, each of gpus_per_node
-        verl = res.settings.verl
-        out.update(gpus_per_node=verl.n_gpus_per_node, ray_workers=verl.nnodes - 1)
+    out.update(res.engine_info.k8s_params(res))
     return out
 
 

@@ -4,7 +4,8 @@ from and why.
 Pure: no I/O beyond reading package data. Precedence: the field's default -> profile value -> spec field -> spec
 override -> derived. Every layer is validated against the same section types; an error names the spec key (file and
 line) or the profile entry that holds the bad value. Cross-field rules that need the merged values (adapter slots vs
-staleness, LoRA rank slots, context length, verl batch divisibility) are checked here, naming the key to change.
+staleness, LoRA rank slots, context length, verl batch divisibility) are the engine's (grpo_deploy.engines: its
+derive), checked here over the merged values, naming the key to change.
 """
 
 from __future__ import annotations
@@ -20,12 +21,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from . import profiles
-from .engines import ENGINES, Engine
-from .runtime.values import MAX_STEPS, describe_error, error_location, parse_address
-from .settings import OWNED, SECTIONS, SERVER_PORT, VLLM_LORA_RANKS, Settings, unknown_key_hint
+from .engines import ALL_ROLES, ENGINES, Engine
+from .runtime.values import describe_error, error_location, parse_address
+from .settings import OWNED, SECTIONS, Settings, unknown_key_hint
 from .spec import LoadedSpec, Problem, SpecError, key_str
-
-DATASET_SIZES = {"gsm8k": 7473, "boxed-math": 1460}
 
 
 @cache
@@ -230,10 +229,11 @@ def resolve(loaded: LoadedSpec, load_profile: Callable[[str], profiles.Profile] 
     spec = loaded.spec
     engine = ENGINES[spec.engine]
     main_profile = _role_profile(loaded, engine.main_role, load_profile)
-    server_profile = _role_profile(loaded, engine.server_role, load_profile) if engine.server_role else main_profile
+    role_profiles = {role: _role_profile(loaded, role, load_profile) for role in engine.roles
+                     if role == engine.main_role or any(role in h.roles for h in spec.hosts)}
     layers = _Layers(loaded)
     for section in SECTIONS:
-        layers.profile(section, server_profile if section == "vllm" else main_profile)
+        layers.profile(section, role_profiles.get(engine.profile_role(section), main_profile))
 
     def spec_field(section: str, key: str, value: Any, path: tuple[str, ...]) -> None:
         """A spec field over the profile; null = not given (the profile's value stands, else the settings' default)."""
@@ -275,7 +275,7 @@ def resolve(loaded: LoadedSpec, load_profile: Callable[[str], profiles.Profile] 
                    layers.origins)
 
     run = spec.run
-    for role in ("server", "trainer", "head", "worker"):
+    for role in ALL_ROLES:
         ident = run.roles.get(role)
         res.identities[role] = Identity(
             uid=ident.uid if ident and ident.uid is not None else run.uid,
@@ -283,13 +283,13 @@ def resolve(loaded: LoadedSpec, load_profile: Callable[[str], profiles.Profile] 
             umask=(ident.umask if ident and ident.umask else run.umask),
         )
     for key in engine.image_roles:
-        profile = server_profile if engine.server_role and key == engine.image_of(engine.server_role) else main_profile
+        profile = role_profiles.get(engine.image_profile_role(key), main_profile)
         res.images[key] = getattr(spec.images, key) or profile.images.get(key, "")
     given = spec.model.architecture
     res.architecture = given.model_dump() if given else known_models().get(res.settings.model.path)
 
     derived: list[tuple[str, str, Any, str]] = []
-    DERIVE[spec.engine](res, layers.problem, derived)
+    engine.derive(res, layers.problem, derived)
     if layers.problems:
         raise SpecError(layers.problems)
     _apply(res, derived)
@@ -312,114 +312,8 @@ def _apply(res: Resolved, derived: list[tuple[str, str, Any, str]]) -> None:
 
 
 def gpu_split(res: Resolved, host) -> dict[str, list[int]]:
-    """GPU indices per role on *host*: the spec's hosts[].gpus, else server on GPU 0 and the trainer on the rest
-    when both roles share a host, else every GPU of the profile for the one role."""
-    profile = res.profiles[host.name]
-    if profile.accelerator != "cuda":
-        return {}
-    n = int(profile.hardware.get("gpus_per_host", 1))
-    given = dict(host.gpus or {})
-    roles = host.roles
-    if len(roles) == 2 and not profile.hardware.get("unified_memory", False):
-        given.setdefault("server", [0])
-        given.setdefault("trainer", list(range(1, n)))
-    for role in roles:
-        given.setdefault(role, list(range(n)))
-    return given
-
-
-def _override(section: str, key: str) -> tuple[Any, ...]:
-    """The spec key a user changes to fix a broken rule (an override, whether or not it is written yet)."""
-    return ("overrides", section, key)
-
-
-def _derive_trl(res: Resolved, problem, derived: list) -> None:
-    s = res.settings
-    for i, host in enumerate(res.spec.hosts):
-        split = gpu_split(res, host)
-        profile = res.profiles[host.name]
-        if split and any(not ids for ids in split.values()):
-            problem(("hosts", i, "gpus"), f"host {host.name} runs both roles but its profile {profile.name} has "
-                    f"{profile.hardware.get('gpus_per_host')} GPU: give each role its own GPUs, e.g. "
-                    "gpus: {server: [0], trainer: [1]}, or use two hosts")
-        elif split and "server" in split and "trainer" in split and set(split["server"]) & set(split["trainer"]) \
-                and not profile.hardware.get("unified_memory", False):
-            problem(("hosts", i, "gpus"), "server and trainer share a GPU: vLLM reserves gpu_memory_utilization of it "
-                    "and the trainer runs out of memory; give them separate GPUs")
-    slots, staleness, r = res.adapter_slots, s.trl.max_staleness, s.lora.r
-    vllm = s.vllm
-    max_loras = vllm.max_loras if vllm.max_loras is not None else slots
-    if vllm.max_loras is None:
-        derived.append(("vllm", "max_loras", slots,
-                        f"max_staleness ({staleness}) + 2: TRL keeps that many adapter versions loaded"))
-    if vllm.max_cpu_loras is None:
-        derived.append(("vllm", "max_cpu_loras", max_loras, "same as max_loras"))
-    fitting = [x for x in VLLM_LORA_RANKS if x >= r]
-    rank = vllm.max_lora_rank
-    if rank is None and fitting:
-        rank = fitting[0]
-        derived.append(("vllm", "max_lora_rank", rank, f"smallest vLLM LoRA rank slot >= lora.r ({r})"))
-    need_len = s.model.max_prompt_length + s.trl.max_completion_length
-    if vllm.max_model_len is None:
-        derived.append(("vllm", "max_model_len", need_len, "max_prompt_length + max_completion_length"))
-    if "port" not in res.origins["vllm"]:
-        derived.append(("vllm", "port", SERVER_PORT, "vLLM's default port"))
-
-    if max_loras < slots:
-        problem(_override("vllm", "max_loras"),
-                f"vllm max_loras={max_loras} is too small for trl max_staleness={staleness}: TRL keeps up to "
-                f"max_staleness + 2 = {slots} adapter versions loaded, and a load beyond the slots evicts one "
-                f"still in use. Set it to >= {slots} or lower trl.max_staleness")
-    if rank is None or rank < r:
-        problem(_override("vllm", "max_lora_rank"),
-                f"max_lora_rank={rank} is below the adapter's rank lora.r={r}: the server would refuse the adapter"
-                if rank else f"lora.r={r} is above vLLM's largest LoRA rank slot ({VLLM_LORA_RANKS[-1]})")
-    if vllm.max_model_len is not None and vllm.max_model_len < need_len:
-        problem(_override("vllm", "max_model_len"),
-                f"max_model_len={vllm.max_model_len} < max_prompt_length + max_completion_length = {need_len}")
-    if s.trl.max_inflight_tasks > vllm.max_num_seqs * 4:
-        problem(_override("trl", "max_inflight_tasks"),
-                "max_inflight_tasks is more than 4x the server's max_num_seqs: requests would only queue")
-    if s.runtime.device == "cpu" and (s.trl.bf16 or s.trl.fp16):
-        problem(_override("trl", "bf16" if s.trl.bf16 else "fp16"),
-                "mixed precision cannot be used with runtime.device cpu: remove it, or run on cuda")
-    if s.data.dataset != "brevity" and s.data.path is None:
-        derived.append(("data", "path", f"{res.spec.storage.mount}/data/{s.data.dataset}/train.jsonl",
-                        "default: the dataset's JSONL file on the shared volume (set dataset.path to change)"))
-    ck = s.checkpoints
-    if ck.save_every:
-        derived.append(("trl", "save_strategy", "steps", "checkpoints.save_every"))
-        derived.append(("trl", "save_steps", ck.save_every, "checkpoints.save_every"))
-    if ck.keep is not None:
-        derived.append(("trl", "save_total_limit", ck.keep, "checkpoints.keep"))
-
-
-def _derive_verl(res: Resolved, problem, derived: list) -> None:
-    verl = res.settings.verl
-    nnodes = len(res.hosts_with("head")) + len(res.hosts_with("worker"))
-    derived.append(("verl", "trainer.nnodes", nnodes, "one Ray node per host with role head or worker"))
-    world = verl.n_gpus_per_node * nnodes
-    tbs, n, tp = verl.train_batch_size, verl.rollout_n, verl.rollout_tp
-    mini = verl.ppo_mini_batch_size or tbs
-    if world % tp:
-        problem(_override("verl", "actor_rollout_ref.rollout.tensor_model_parallel_size"),
-                f"rollout TP={tp} does not divide the {world} GPUs (n_gpus_per_node x nnodes)")
-    if (tbs * n) % world:
-        problem(_override("verl", "data.train_batch_size"),
-                f"data.train_batch_size x rollout.n = {tbs * n} is not divisible by the {world} GPUs")
-    size = res.spec.dataset.size or DATASET_SIZES.get(res.settings.data.dataset, 0)
-    if verl.total_training_steps is None and size // tbs * verl.total_epochs > MAX_STEPS:
-        problem(("dataset", "size") if res.spec.dataset.size else _override("verl", "trainer.total_epochs"),
-                f"{size} prompts / data.train_batch_size {tbs} x trainer.total_epochs {verl.total_epochs} is more "
-                f"than {MAX_STEPS} steps; set overrides.verl.trainer.total_training_steps")
-    if tbs < mini:
-        problem(_override("verl", "actor_rollout_ref.actor.ppo_mini_batch_size"),
-                f"ppo_mini_batch_size {mini} > data.train_batch_size {tbs}")
-    if res.settings.lora.r > 512:
-        problem(_override("lora", "r"), "verl's vLLM rollout accepts LoRA ranks up to 512")
-
-
-DERIVE = {"trl-async": _derive_trl, "verl": _derive_verl}
+    """GPU indices per role on *host*: the spec's hosts[].gpus, else the engine's split of the profile's GPUs."""
+    return res.engine_info.gpu_split(res, host)
 
 
 def as_dict(res: Resolved) -> dict[str, Any]:

@@ -315,10 +315,6 @@ class CheckpointSettings(Strict):
     """TRL: before each save, stop cleanly if free space < the next checkpoint + disk_margin_gb."""
 
 
-SECTIONS: dict[str, type[BaseModel]] = {
-    "model": ModelSettings, "lora": LoraSettings, "data": DataSettings, "trl": AsyncGrpoArgs, "vllm": VllmSettings,
-    "verl": VerlSettings, "runtime": RuntimeSettings, "checkpoints": CheckpointSettings,
-}
 # Keys a user may not set in overrides.<section>, with what to set instead.
 OWNED: dict[str, dict[str, str]] = {
     "trl": {k: f"set by the kit from {v}; set that instead" for k, v in KIT_OWNED_TRL.items()},
@@ -351,3 +347,9 @@ class Settings(BaseModel):
     verl: VerlSettings
     runtime: RuntimeSettings
     checkpoints: CheckpointSettings
+
+
+SECTIONS: dict[str, type[BaseModel]] = {name: f.annotation for name, f in Settings.model_fields.items()}
+"""Every section by name, in the order of Settings' fields: the one list of section names."""
+OVERRIDE_SECTIONS = tuple(name for name in SECTIONS if name != "checkpoints")
+"""The sections a spec's overrides may name (checkpoints are the spec's own `checkpoints:` fields)."""

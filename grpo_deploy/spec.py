@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidator, ValidationError
+from pydantic_core import PydanticCustomError
 
 from . import profiles
-from .engines import ENGINE_NAMES, ENGINES, ROLE_LIMIT_WHY
+from .architecture import ArchitectureSpec
+from .engines import ALL_ROLES, ENGINES
 from .runtime.config import did_you_mean
 from .runtime.data import DATASETS
 from .runtime.strict import Strict
@@ -37,9 +39,10 @@ from .runtime.values import (
     describe_error,
     error_location,
 )
+from .settings import OVERRIDE_SECTIONS
 from .yamlpos import Located, YamlSyntaxError, load_file, load_text, shown_path
 
-Role = Literal["server", "trainer", "head", "worker"]
+Role = Literal[ALL_ROLES]
 # Environment variables whose values are credentials: a spec holding one of their values is refused.
 SECRET_ENV_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_PASSWORD")
 SECRET_ENV_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY")
@@ -53,6 +56,19 @@ def _umask(value: str) -> str:
 
 
 Umask = Annotated[str, AfterValidator(_umask)]
+
+
+def _engine_name(value: Any) -> str:
+    """An engine the registry knows (grpo_deploy.engines.ENGINES, read when the spec is: an engine registered later
+    is known too), refused as pydantic refuses a literal."""
+    if isinstance(value, str) and value in ENGINES:
+        return value
+    names = [repr(n) for n in ENGINES]
+    expected = " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
+    raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
+
+
+EngineName = Annotated[str, PlainValidator(_engine_name, json_schema_input_type=str)]
 
 
 class _Strict(Strict):
@@ -112,22 +128,6 @@ class HostSpec(_Strict):
     publish: IpAddress | None = None
     """IP on this host the vLLM port is published on; null = the address the trainer reaches it by (never all
     interfaces unless 0.0.0.0 is written here: vLLM's LoRA and dev endpoints have no authentication)."""
-
-
-Dim = Annotated[Count, Field(le=2**24)]
-
-
-class ArchitectureSpec(_Strict):
-    """A model's shape (its config.json), for plan's memory and checkpoint estimates."""
-
-    hidden_size: Dim
-    intermediate_size: Dim
-    num_hidden_layers: Dim
-    num_attention_heads: Dim
-    num_key_value_heads: Dim
-    vocab_size: Dim
-    tie_word_embeddings: bool = True
-    head_dim: Dim | None = None
 
 
 class ModelSpec(_Strict):
@@ -220,7 +220,7 @@ class DeploymentSpec(_Strict):
 
     version: Literal[1] = 1
     """Spec format version."""
-    engine: Literal[ENGINE_NAMES]
+    engine: EngineName
     """trl-async (TRL async GRPO + vLLM server) | verl."""
     run: RunSpec = RunSpec()
     hosts: list[HostSpec] = Field(min_length=1)
@@ -230,7 +230,7 @@ class DeploymentSpec(_Strict):
     images: ImagesSpec = ImagesSpec()
     logger: LoggerSpec = LoggerSpec()
     checkpoints: CheckpointsSpec = CheckpointsSpec()
-    overrides: dict[Literal["model", "lora", "data", "trl", "vllm", "verl", "runtime"], dict[str, Any]] = {}
+    overrides: dict[Literal[OVERRIDE_SECTIONS], dict[str, Any]] = {}
     """Hyperparameters over the profile, by section: model, lora, data, trl, vllm, verl, runtime."""
 
 
@@ -419,10 +419,13 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
     if local_hosts > 1:
         add(("hosts",), "more than one host has address 'local'")
 
+    for path, message in engine.foreign_keys(spec):
+        add(path, message)
+
     for role, (least, most) in engine.role_counts.items():
         having = [i for i, h in enumerate(spec.hosts) if role in h.roles]
-        if len(having) > most and role in ROLE_LIMIT_WHY:
-            add(("hosts", having[most], "roles"), ROLE_LIMIT_WHY[role])
+        if len(having) > most and engine.role_limit_why(role):
+            add(("hosts", having[most], "roles"), engine.role_limit_why(role))
         elif not least <= len(having) <= most:
             count = f"exactly {least}" if least == most else f"at least {least}"
             add(("hosts",), f"{spec.engine} needs {count} host(s) with role {role!r}, found {len(having)}")

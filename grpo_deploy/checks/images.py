@@ -63,7 +63,7 @@ def check_images(ctx: Context) -> list[Result]:
                               "image's"))
         else:
             out.append(Result("images", label, OK, f"{tag}: user {uid}:{gid}, vLLM {versions[role]}{shipped}"))
-    if res.engine_info.server_role and len(versions) == 2:
+    if set(versions) == {"server", "trainer"}:  # a separate server: its vLLM and the trainer's must agree
         server_v, trainer_v = versions["server"], versions["trainer"]
         if server_v != trainer_v:
             out.append(Result("images", "vllm-version", FAIL,

@@ -43,11 +43,13 @@ def check_identity(ctx: Context) -> list[Result]:
     res = ctx.res
     roles = res.engine_info.roles
     ids = {r: res.identities[r] for r in roles}
-    first, second = ids[roles[0]], ids[roles[1]]
-    if (first.uid, first.gid) != (second.uid, second.gid):
+    first = ids[roles[0]]
+    other = next((r for r in roles[1:] if (ids[r].uid, ids[r].gid) != (first.uid, first.gid)), None)
+    if other is not None:
+        second = ids[other]
         return [Result(
             "identity", "-", FAIL,
-            f"{roles[1]} runs as UID {second.uid}:{second.gid} umask {second.umask}, {roles[0]} as UID "
+            f"{other} runs as UID {second.uid}:{second.gid} umask {second.umask}, {roles[0]} as UID "
             f"{first.uid}:{first.gid}: adapter_model.safetensors is written 0600 (safetensors 0.8.0, whatever the "
             f"umask), so the {roles[0]} cannot read {res.checkpoint_dir}/... and vLLM answers 404 (TRL reports "
             "'does not expose /v1/load_lora_adapter')",
@@ -91,8 +93,9 @@ def _in_container(ctx: Context, host, image: str, ident, argv: list[str]):
 def check_shared_volume(ctx: Context) -> list[Result]:
     """Writes a real safetensors probe the way the trainer saves adapters, then reads it as the server would."""
     res = ctx.res
-    if not res.engine_info.server_role:
-        return [Result("shared-volume", "-", SKIP, f"{res.engine} runs trainer and rollout in one process")]
+    why_not = res.engine_info.why_not("shared-volume")
+    if why_not is not None:
+        return [Result("shared-volume", "-", SKIP, why_not)]
     t_host, s_host = res.host_for("trainer"), res.host_for("server")
     where = t_host.name if t_host.name == s_host.name else f"{t_host.name}->{s_host.name}"
     for host, role in ((t_host, "trainer"), (s_host, "server")):

@@ -138,13 +138,11 @@ def test_nvidia_runtime(conn, spec_host, res):
 
 
 def test_gpus_visible(conn, spec_host, res):
-    from grpo_deploy.resolve import gpu_split
-
     profile = _cuda(spec_host, res)
     gpus = host_facts.gpus(conn)
     assert gpus, (f"{spec_host.name}: profile {profile.name} needs NVIDIA GPUs; nvidia-smi lists none -> install the "
                   "NVIDIA driver (nvidia-smi must work for the login user)")
-    split = gpu_split(res, spec_host)
+    split = res.engine_info.gpu_split(res, spec_host)
     need = max((i for ids in split.values() for i in ids), default=0) + 1
     assert len(gpus) >= need, (f"{spec_host.name}: {len(gpus)} GPU(s) visible; the spec gives this host GPU indices "
                                f"{split} (hosts[].gpus or the profile's split) -> fix hosts[].gpus")
@@ -186,7 +184,7 @@ def test_shared_dir_cross_host_write_read(res, on_host):
     read as the reader's identity on the server's host, both in the run's images, through the real shared storage."""
     engine = res.engine_info
     writer = res.host_for(engine.main_role)
-    reader_role = engine.server_role or "worker"
+    reader_role = engine.reader_role
     reader = res.host_for(reader_role)
     if reader is None or reader.name == writer.name or len(res.spec.hosts) == 1:
         on_host(writer, label=writer.name)

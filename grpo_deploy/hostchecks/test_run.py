@@ -20,9 +20,9 @@ METRICS_TAIL_LINES = 2000
 
 
 def _role(res, role: str):
-    spec_host = res.host_for(role) if role else None
+    spec_host = res.host_for(role)
     if spec_host is None:
-        pytest.skip(f"{res.engine} has no {role or 'server'} role")
+        pytest.skip(f"{res.engine} has no {role} role")
     return spec_host
 
 
@@ -37,7 +37,7 @@ def _container(conn, res, role: str, running: bool = True) -> dict:
 
 
 def test_server_container_healthy(res, on_host):
-    server = _role(res, res.engine_info.server_role)
+    server = _role(res, "server")
     conn = on_host(server)
     c = _container(conn, res, "server")
     health = c["health"] or "without a health check"
@@ -65,7 +65,7 @@ LIST_MODELS = ("import json,sys,urllib.request\n"
 
 
 def test_served_model_listed(res, on_host):
-    server = _role(res, res.engine_info.server_role)
+    server = _role(res, "server")
     conn = on_host(server)
     c = _container(conn, res, "server")
     port, model = res.settings.vllm.port, res.settings.model.served_name
@@ -91,7 +91,7 @@ def test_served_model_listed(res, on_host):
 
 
 def test_runtime_lora_loading_enabled(res, on_host):
-    server = _role(res, res.engine_info.server_role)
+    server = _role(res, "server")
     conn = on_host(server)
     c = _container(conn, res, "server")
     want = parse_env(render_files(res)["config/server.env"]).get(LORA_ENV)
@@ -145,7 +145,7 @@ def _host_clock(conn) -> float:
 
 
 def test_adapter_dir_readable_by_server(res, on_host):
-    server = _role(res, res.engine_info.server_role)
+    server = _role(res, "server")
     conn = on_host(server)
     c = _container(conn, res, "server")
     ident = res.identities["server"]

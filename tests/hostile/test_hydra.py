@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_deploy.render import RenderError, hydra_value
+from grpo_deploy.engines.verl import hydra_value
+from grpo_deploy.render_text import RenderError
 from grpo_deploy.runtime.values import CONTROL
 from tests.hostile.helpers import assert_refused, changed, hydra_parse, render, rendered_files
 

@@ -11,6 +11,7 @@ from transformers import TrainerControl, TrainerState
 
 from grpo_deploy import checks, plan, resolve, spec
 from grpo_deploy.checks import session
+from grpo_deploy.engines import trl_sizes
 from grpo_deploy.hosts import oneoff
 from grpo_deploy.runtime.config import DiskWatchdogConfig
 from grpo_deploy.runtime.disk_watchdog import DiskWatchdog
@@ -41,15 +42,15 @@ def test_trl_estimate_brackets_a_real_rehearsal_checkpoint():
     apparent = sum(REHEARSAL_CHECKPOINT_2.values())
     allocated = sum(_blocks(n) for n in REHEARSAL_CHECKPOINT_2.values())
     assert apparent <= allocated <= estimate <= 1.15 * apparent  # was 8.8 MB: 19 times the real 459 KB
-    assert len(REHEARSAL_CHECKPOINT_2) == plan.TRL_CHECKPOINT_FILES
-    grow = [plan.trl_checkpoint_parts(res, arch, s)["trainer_state"] for s in TRAINER_STATE_AT]
+    assert len(REHEARSAL_CHECKPOINT_2) == trl_sizes.TRL_CHECKPOINT_FILES
+    grow = [trl_sizes.checkpoint_parts(res, arch, s)["trainer_state"] for s in TRAINER_STATE_AT]
     assert all(real <= est <= real + 3000 for real, est in zip(TRAINER_STATE_AT.values(), grow, strict=True)), grow
 
 
 def test_qwen_tokenizer_keeps_a_gpu_checkpoint_in_megabytes():
     res = resolve.resolve(spec.loads(spec_yaml("gb10")))
     arch = plan.Architecture.from_dict(res.architecture)
-    parts = plan.trl_checkpoint_parts(res, arch, 500)
+    parts = trl_sizes.checkpoint_parts(res, arch, 500)
     assert 7e6 < parts["tokenizer"] < 8e6  # Qwen2.5's tokenizer.json: 7.03 MB
 
 

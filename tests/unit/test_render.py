@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from grpo_deploy import new_spec, render, resolve, spec
-from grpo_deploy.settings import VLLM_KIT_FLAGS, vllm_flags
+from grpo_deploy.settings import VLLM_KIT_FLAGS, VLLM_LORA_RANKS, vllm_flags
 from tests.render.regen import CASES, render_case
 
 CASE_DIRS = sorted(p for p in CASES.iterdir() if (p / "spec.yaml").exists())
@@ -64,7 +64,7 @@ def test_trl_server_flags_and_trainer_config(profile, hosts):
         assert flag in args
     assert "--api-key" not in args
     assert _flag(args, "--logprobs-mode") == "processed_logprobs"
-    assert int(_flag(args, "--max-lora-rank")) in resolve.VLLM_LORA_RANKS
+    assert int(_flag(args, "--max-lora-rank")) in VLLM_LORA_RANKS
     assert int(_flag(args, "--max-loras")) == 4 + 2  # max_staleness 4
     assert int(_flag(args, "--max-model-len")) >= 1024 + 3000
     env = files["config/server.env"]

@@ -140,3 +140,33 @@ def test_dataset_names_are_the_runtime_ones():
         spec.loads(PAIR.replace("  name: null                        # null = the profile's", f"  name: {name} #"))
     (p,) = _problems(PAIR.replace("  name: null                        # null = the profile's", "  name: foo #"))
     assert p.key == "dataset.name" and all(repr(name) in p.message for name in DATASETS)
+
+
+@pytest.mark.parametrize(("engine_spec", "key", "runs"), [
+    (new_spec.spec_text("a100", "verl", []), "server", "verl"),
+    (new_spec.spec_text("a100", "verl", []), "trainer", "verl"),
+    (PAIR, "verl", "server, trainer"),
+])
+def test_an_image_key_the_engine_does_not_run_is_refused_at_the_door(engine_spec, key, runs):
+    text = engine_spec.replace(f"  {key}: null", f"  {key}: example/{key}:1", 1)
+    (p,) = _problems(text)
+    assert p.key == f"images.{key}" and p.where == f"bad.yaml:{_line_of(text, f'example/{key}:1')}"
+    assert p.message.endswith(f"runs no {key!r} image (its roles run: {runs}): remove images.{key}")
+
+
+def test_cli_refuses_an_image_the_engine_does_not_run_in_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(new_spec.spec_text("a100", "verl", []).replace("  server: null", "  server: example/s:1", 1))
+    assert main(["render", "-f", str(bad), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "images.server" in err and "engine verl runs no 'server' image" in err and "Traceback" not in err
+
+
+def test_an_overrides_section_the_engine_never_reads_is_refused_at_the_door():
+    text = new_spec.spec_text("a100", "verl", []).replace("overrides: {}", "overrides: {trl: {max_steps: 3}}", 1)
+    (p,) = _problems(text)
+    assert p.key == "overrides.trl" and p.where == f"bad.yaml:{_line_of(text, 'max_steps: 3')}"
+    assert p.message == ("engine verl never reads the trl settings (it reads: model, lora, data, checkpoints, "
+                         "verl): remove overrides.trl")
+    (p,) = _problems(PAIR.replace("overrides: {}", "overrides: {verl: {trainer.total_epochs: 2}}", 1))
+    assert p.key == "overrides.verl" and "engine trl-async never reads the verl settings" in p.message

@@ -1,0 +1,163 @@
+"""The engine interface: what every training engine is (its roles, the image each runs, the settings sections it reads,
+which role's profile supplies what) and does, under the same method names in every engine (derive, config files,
+per-host files, k8s params, GPU split, memory, checkpoint layout and size, total steps), with the table of what it does
+not support yet and why. The deployer calls these methods; it never asks which engine a run uses."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..architecture import Architecture
+
+Resolved = Any
+"""grpo_deploy.resolve.Resolved, which the engines are given but never import (resolve imports the engines)."""
+GB = 1e9
+# The sections every engine reads (the model, its adapter, the data, checkpoints); an engine adds its own.
+COMMON_SECTIONS = ("model", "lora", "data", "checkpoints")
+
+
+def human(n: float) -> str:
+    """A size in bytes as GB (2 decimals), MB or KB (1 decimal), or B."""
+    for unit, size in (("GB", GB), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.{1 if unit != 'GB' else 2}f} {unit}"
+    return f"{int(n)} B"
+
+
+class Unsupported(RuntimeError):
+    """A feature the engine does not support yet; the message is the engine's one-line reason."""
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    description: str
+    roles: tuple[str, ...]
+    main_role: str
+    """The role whose host profile supplies the training settings (and whose identity owns the run's files)."""
+    role_images: dict[str, str]
+    """role -> the image key it runs (spec images.<key>, profile images.<key>): see image_of."""
+    role_counts: dict[str, tuple[int, int]]
+    """role -> (at least, at most) hosts with it."""
+    sections: tuple[str, ...]
+    """The settings sections the engine reads."""
+    checkpoint_layout: str
+    """The checkpoint manager's --layout for this engine's checkpoints (grpo_deploy.runtime.checkpoints)."""
+    reader_role: str
+    """The role that reads, from another host, what the main role writes on the share (the cross-host check)."""
+    single_host_roles: tuple[str, ...]
+    """`init` with one host (or none): the roles that host runs."""
+    multi_host_roles: tuple[tuple[str, ...], tuple[str, ...]]
+    """`init --hosts a,b,...`: the roles of the first host, then of every other host."""
+    saves_last_step: bool = False
+    """The engine also saves at the last step, whatever the cadence."""
+    settings_roles: dict[str, str] = field(default_factory=dict)
+    """section -> the role whose host profile supplies it; a section not named here comes from the main role's."""
+    unsupported: dict[str, str] = field(default_factory=dict)
+    """What the engine does not support yet -> the one-line reason a user asking for it is given."""
+
+    # ------------------------------------------------------------------ what it is
+
+    @property
+    def image_roles(self) -> tuple[str, ...]:
+        """Image keys of the engine, each once, in the order of its roles."""
+        return tuple(dict.fromkeys(self.role_images[r] for r in self.roles))
+
+    def image_of(self, role: str) -> str:
+        """The image key *role* runs: the one answer for resolve, preflight, the host checks and `checkpoints`."""
+        return self.role_images[role]
+
+    def images_on(self, roles) -> list[str]:
+        """The image keys a host running *roles* needs, each once."""
+        return list(dict.fromkeys(self.image_of(r) for r in roles))
+
+    def profile_role(self, section: str) -> str:
+        """The role whose host profile supplies settings *section*."""
+        return self.settings_roles.get(section, self.main_role)
+
+    def image_profile_role(self, key: str) -> str:
+        """The role whose host profile gives image *key*'s tag: the main role when it runs that image, else the first
+        role that does."""
+        if self.image_of(self.main_role) == key:
+            return self.main_role
+        return next(r for r in self.roles if self.image_of(r) == key)
+
+    def why_not(self, feature: str) -> str | None:
+        """The engine's reason it does not support *feature* yet, None when it does."""
+        return self.unsupported.get(feature)
+
+    def refuse(self, feature: str, error: type[Exception] = Unsupported) -> None:
+        """Raise *error* with the engine's one-line reason when it does not support *feature* yet."""
+        why = self.why_not(feature)
+        if why is not None:
+            raise error(why)
+
+    def role_limit_why(self, role: str) -> str | None:
+        """Why more hosts with *role* than the engine takes are refused, when the engine says (else None)."""
+        return self.why_not(f"several {role} hosts")
+
+    def foreign_keys(self, spec) -> list[tuple[tuple[str, ...], str]]:
+        """(spec key, why) for each engine-specific key of *spec* that names another engine's part: an image the
+        engine runs no role with, an overrides section it never reads. Refused at the door, not ignored."""
+        out = []
+        for key in type(spec.images).model_fields:
+            if key != "build" and getattr(spec.images, key) is not None and key not in self.image_roles:
+                out.append((("images", key), f"engine {self.name} runs no {key!r} image (its roles run: "
+                                             f"{', '.join(self.image_roles)}): remove images.{key}"))
+        for section in spec.overrides:
+            if section not in self.sections:
+                out.append((("overrides", section), f"engine {self.name} never reads the {section} settings (it "
+                                                    f"reads: {', '.join(self.sections)}): remove overrides.{section}"))
+        return out
+
+    # ------------------------------------------------------------------ what it does (defaults; an engine overrides)
+
+    def derive(self, res: Resolved, problem, derived: list) -> None:
+        """Cross-field rules over the merged settings (*problem*(spec key, message)) and derived values appended to
+        *derived* as (section, key, value, why)."""
+
+    def gpu_split(self, res: Resolved, host) -> dict[str, list[int]]:
+        """GPU indices per role on *host*: the spec's hosts[].gpus, else every GPU of the profile for each role."""
+        profile = res.profiles[host.name]
+        if profile.accelerator != "cuda":
+            return {}
+        n = int(profile.hardware.get("gpus_per_host", 1))
+        given = dict(host.gpus or {})
+        for role in host.roles:
+            given.setdefault(role, list(range(n)))
+        return given
+
+    def config_files(self, res: Resolved, publish_ips: dict[str, str] | None = None) -> dict[str, str]:
+        """config/ of the render: mounted read-only at /etc/grpo-deploy in every container of the run."""
+        return {}
+
+    def host_files(self, res: Resolved, host, config_dir: str,
+                   publish_ips: dict[str, str] | None = None) -> dict[str, str]:
+        """hosts/<host>.* of the render: the compose environment (services, images, users, volume) of *host*."""
+        return {}
+
+    def k8s_params(self, res: Resolved) -> dict[str, Any]:
+        """The engine's own values in k8s/params.env (besides the run's, which every engine has)."""
+        return {}
+
+    def memory(self, res: Resolved, arch: Architecture, host, role: str, cap: float) -> dict[str, Any] | None:
+        """Plan's memory estimate of *role* on *host* (*cap*: bytes per GPU, or of the host), None when none."""
+        return None
+
+    def checkpoint_bytes(self, res: Resolved, arch: Architecture,
+                         step: int | None = None) -> tuple[int, int, list[str]]:
+        """(checkpoint size, adapter version size, explanation lines) of the checkpoint written at *step* (default:
+        the run's last). This default: the LoRA weights in fp32 and Adam's two fp32 moments."""
+        lora = arch.lora_params(res.settings.lora.r, res.settings.lora.target_modules)
+        why = f"{self.name} checkpoint = LoRA {lora * 4 / GB:.3f} GB + Adam state {lora * 8 / GB:.3f} GB"
+        return lora * 12, 0, [why]
+
+    def adapters_kept(self, res: Resolved) -> int:
+        """Adapter versions beside the checkpoints while the run goes (a separate server reads them): plan counts
+        their space."""
+        return 0
+
+    def total_steps(self, res: Resolved) -> int:
+        """The optimizer steps of the run."""
+        raise NotImplementedError(f"engine {self.name} does not say its total steps")

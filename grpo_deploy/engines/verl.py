@@ -1,0 +1,188 @@
+"""The verl engine: verl with colocated vLLM, on one node or a Ray cluster of a head and workers. It owns verl's batch
+and parallelism rules, its Hydra overrides (and how a value is quoted for Hydra), each host's compose environment,
+the Ray cluster's values for Kubernetes, the rollout's memory, the FSDP checkpoint's size and the run's steps."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..architecture import Architecture
+from ..names import project_name
+from ..render_text import RenderError, template
+from ..runtime.values import CONTROL, MAX_STEPS
+from .base import COMMON_SECTIONS, GB, Engine, Resolved
+
+DATASET_SIZES = {"gsm8k": 7473, "boxed-math": 1460}
+"""Training prompts of the known datasets (steps per epoch = size // train_batch_size); dataset.size overrides."""
+CKPT_EXTRA_BYTES = 8 * 1024**2  # tokenizer/config (huggingface/), extra state, data.pt: a few MB
+
+
+def _override(key: str) -> tuple[Any, ...]:
+    """The spec key a user changes to fix a broken rule (an override, whether or not it is written yet)."""
+    return ("overrides", "verl", key)
+
+
+class Verl(Engine):
+    def derive(self, res: Resolved, problem, derived: list) -> None:
+        verl = res.settings.verl
+        nnodes = len(res.hosts_with("head")) + len(res.hosts_with("worker"))
+        derived.append(("verl", "trainer.nnodes", nnodes, "one Ray node per host with role head or worker"))
+        world = verl.n_gpus_per_node * nnodes
+        tbs, n, tp = verl.train_batch_size, verl.rollout_n, verl.rollout_tp
+        mini = verl.ppo_mini_batch_size or tbs
+        if world % tp:
+            problem(_override("actor_rollout_ref.rollout.tensor_model_parallel_size"),
+                    f"rollout TP={tp} does not divide the {world} GPUs (n_gpus_per_node x nnodes)")
+        if (tbs * n) % world:
+            problem(_override("data.train_batch_size"),
+                    f"data.train_batch_size x rollout.n = {tbs * n} is not divisible by the {world} GPUs")
+        size = _dataset_size(res)
+        if verl.total_training_steps is None and size // tbs * verl.total_epochs > MAX_STEPS:
+            problem(("dataset", "size") if res.spec.dataset.size else _override("trainer.total_epochs"),
+                    f"{size} prompts / data.train_batch_size {tbs} x trainer.total_epochs {verl.total_epochs} is "
+                    f"more than {MAX_STEPS} steps; set overrides.verl.trainer.total_training_steps")
+        if tbs < mini:
+            problem(_override("actor_rollout_ref.actor.ppo_mini_batch_size"),
+                    f"ppo_mini_batch_size {mini} > data.train_batch_size {tbs}")
+        if res.settings.lora.r > 512:
+            problem(("overrides", "lora", "r"), "verl's vLLM rollout accepts LoRA ranks up to 512")
+
+    def config_files(self, res: Resolved, publish_ips: dict[str, str] | None = None) -> dict[str, str]:
+        return {"config/verl-overrides.txt": (
+            f"# Hydra overrides for verl 0.9.1 (python -m verl.trainer.main_ppo), run {res.spec.run.name}.\n"
+            + "\n".join(verl_overrides(res)) + "\n")}
+
+    def host_files(self, res: Resolved, host, config_dir: str,
+                   publish_ips: dict[str, str] | None = None) -> dict[str, str]:
+        spec = res.spec
+        return {f"hosts/{host.name}.env": template(
+            "verl.env.j2", host=host, run_name=spec.run.name, project=project_name(spec.run.name),
+            profile=res.profiles[host.name].name, images=res.images,
+            identities=res.identities, mount=spec.storage.mount, volume=spec.storage.volume,
+            config_dir=config_dir, ray_role="head" if "head" in host.roles else "worker",
+        )}
+
+    def k8s_params(self, res: Resolved) -> dict[str, Any]:
+        """The pods of a Ray cluster: one head and ray_workers workers, each of gpus_per_node."""
+        verl = res.settings.verl
+        return {"gpus_per_node": verl.n_gpus_per_node, "ray_workers": verl.nnodes - 1}
+
+    def memory(self, res: Resolved, arch: Architecture, host, role: str, cap: float) -> dict[str, Any] | None:
+        verl = res.settings.verl
+        weights = arch.params() * 2
+        n, gmu, tp = verl.n_gpus_per_node, verl.rollout_memory, verl.rollout_tp
+        shard = arch.params() * 4 / max(n * len(res.hosts_with("head") + res.hosts_with("worker")), 1)
+        return {"role": role, "rollout_pool_gb_per_gpu": round(gmu * cap / GB, 1),
+                "rollout_weights_gb_per_gpu": round(weights / tp / GB, 2),
+                "actor_shard_fp32_gb_per_gpu": round(shard / GB, 2), "fits": weights / tp < gmu * cap,
+                "why": f"TP={tp}: each GPU holds 1/{tp} of the bf16 weights inside the rollout pool"}
+
+    def checkpoint_bytes(self, res: Resolved, arch: Architecture,
+                         step: int | None = None) -> tuple[int, int, list[str]]:
+        """The FSDP checkpoint holds the frozen base too (unless save_lora_only): every save the same size."""
+        lora = arch.lora_params(res.settings.lora.r, res.settings.lora.target_modules)
+        adapter = lora * 4  # PEFT saves the fp32 LoRA weights
+        optim = lora * 8  # Adam: two fp32 moments per trainable parameter
+        base_bytes = 2 if res.settings.verl.model_dtype in ("bf16", "bfloat16") else 4
+        base = 0 if res.settings.verl.save_lora_only else arch.params() * base_bytes
+        total = base + adapter + optim + CKPT_EXTRA_BYTES
+        why = [f"verl FSDP checkpoint = frozen base in {'bf16' if base_bytes == 2 else 'fp32 (model_dtype default)'} "
+               f"{base / GB:.2f} GB + LoRA {adapter / GB:.3f} GB + Adam state {optim / GB:.3f} GB"]
+        return total, 0, why
+
+    def total_steps(self, res: Resolved) -> int:
+        verl = res.settings.verl
+        if verl.total_training_steps:
+            return verl.total_training_steps
+        return (_dataset_size(res) // verl.train_batch_size) * verl.total_epochs
+
+
+def _dataset_size(res: Resolved) -> int:
+    return res.spec.dataset.size or DATASET_SIZES.get(res.settings.data.dataset, 0)
+
+
+def verl_overrides(res: Resolved) -> list[str]:
+    """Hydra overrides for `python -m verl.trainer.main_ppo` (verl 0.9.1 key names), each value quoted for Hydra."""
+    spec, s = res.spec, res.settings
+    keep = res.keep
+    resume = s.checkpoints.resume
+    out: dict[str, Any] = {
+        "actor_rollout_ref.model.path": s.model.path,
+        "actor_rollout_ref.model.lora_rank": s.lora.r,
+        "actor_rollout_ref.model.lora_alpha": s.lora.alpha,
+        "actor_rollout_ref.model.target_modules": s.lora.target_modules,
+        "data.max_prompt_length": s.model.max_prompt_length,
+        "data.train_files": s.data.path or f"{spec.storage.mount}/data/{s.data.dataset}/train.parquet",
+        "data.val_files": f"{spec.storage.mount}/data/{s.data.dataset}/test.parquet",
+        "trainer.default_local_dir": res.checkpoint_dir,
+        "trainer.save_freq": s.checkpoints.save_every or -1,
+        "trainer.max_actor_ckpt_to_keep": keep,
+        "trainer.resume_mode": {"auto": "auto", "never": "disable"}.get(resume, "resume_path"),
+        "trainer.project_name": spec.logger.project or "grpo-deploy",
+        "trainer.experiment_name": spec.run.name,
+        "trainer.logger": ["console"] + ([_VERL_LOGGERS[spec.logger.kind]] if spec.logger.kind in _VERL_LOGGERS
+                                         else []),
+    }
+    if resume not in ("auto", "never"):
+        out["trainer.resume_from_path"] = resume
+    out.update(s.verl.overrides(res.origins["verl"]))
+    return [f"{k}={hydra_value(v)}" for k, v in out.items()]
+
+
+_VERL_LOGGERS = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow", "jsonl": "file"}
+# Hydra's unquoted values: identifiers, numbers, paths, hub ids (no whitespace, quotes, brackets, commas, '$' ...).
+_HYDRA_PLAIN = re.compile(r"^[A-Za-z0-9_./@+-]+$")
+# Unquoted text Hydra reads as a number, a boolean or null rather than as a string.
+_HYDRA_TYPED = re.compile(r"[+-]?(\d[\d_]*\.?[\d_]*([eE][+-]?\d[\d_]*)?|\.\d[\d_]*([eE][+-]?\d[\d_]*)?|inf|nan)"
+                          r"|true|false|null", re.IGNORECASE)
+
+
+def hydra_value(value: Any, nested: bool = False) -> str:
+    """A value as Hydra's override grammar (and OmegaConf after it) reads it back: booleans True/False, None null,
+    lists ["a","b"] (items double-quoted), strings plain when they hold only safe characters and would not read as a
+    number, boolean or null, else single-quoted (see _hydra_quoted)."""
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if value is None:
+        return "null"
+    if isinstance(value, list):
+        return "[" + ",".join(hydra_value(x, nested=True) for x in value) + "]"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    if CONTROL.search(text):
+        raise RenderError(f"refusing to render {text!r} into a Hydra override: it holds a control character")
+    if not nested and _HYDRA_PLAIN.fullmatch(text) and not _HYDRA_TYPED.fullmatch(text):
+        return text
+    return _hydra_quoted(text, '"' if nested else "'")
+
+
+def _hydra_quoted(text: str, quote: str) -> str:
+    """*text* quoted for Hydra: a quote inside is escaped as \\' and only backslashes that precede a quote (or the
+    closing one) are doubled, the rest Hydra keeps as they are; '${' is escaped for OmegaConf (a literal, never an
+    interpolation such as ${oc.env:WANDB_API_KEY}), with the backslashes before it doubled."""
+    text = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)
+    text = re.sub(rf"(\\*)({quote}|$)", lambda m: m.group(1) * 2 + ("\\" + quote if m.group(2) else ""), text)
+    return quote + text + quote
+
+
+VERL = Verl(
+    name="verl",
+    description="verl with colocated vLLM (one node, or a Ray cluster of a head and workers)",
+    roles=("head", "worker"),
+    main_role="head",
+    role_images={"head": "verl", "worker": "verl"},
+    role_counts={"head": (1, 1), "worker": (0, 1 << 16)},
+    sections=COMMON_SECTIONS + ("verl",),
+    checkpoint_layout="verl",
+    reader_role="worker",
+    single_host_roles=("head",),
+    multi_host_roles=(("head",), ("worker",)),
+    saves_last_step=True,
+    unsupported={
+        "up": "`up` for verl is not built yet: use the rendered config/verl-overrides.txt",
+        "diagnose": "diagnose reads TRL's async metrics; engine verl has none (use verl's own logs)",
+        "shared-volume": "verl runs trainer and rollout in one process",
+    },
+)
