@@ -17,9 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_deploy import new_spec, resolve
+from grpo_deploy import deploy, new_spec, resolve
+from grpo_deploy.deployment import Deployment
 from grpo_deploy.hosts import engine
-from grpo_deploy.launch import RunState, write_render
+from grpo_deploy.hosts.connect import SshOptions
 from grpo_deploy.render_folder import parse_env
 from grpo_deploy.runtime.health import server_healthy
 
@@ -29,8 +30,9 @@ TARGET_HANDOFF_S = 0.3
 
 def bare_server_start(res, timeout: float = 900.0) -> float:
     client = engine.client()
-    state = RunState(res)
-    write_render(state)
+    dep = Deployment(res, SshOptions())
+    deploy.put_render(dep, {})  # the render `up` puts on this machine: the server's args and env files
+    state = dep.state
     port = 18000
     model = res.settings.model.served_name
     for stale in client.containers.list(all=True, filters={"label": "org.grpo-deploy.managed-by=grpo-deploy-bench"}):

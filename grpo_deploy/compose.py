@@ -1,44 +1,12 @@
-"""Thin wrapper over the Docker Compose v2 CLI and the Docker SDK for one host's run (local engine today)."""
+"""A run's containers on this machine's engine through the Docker SDK, by the kit's run label (preflight's port check
+and the test suites); the deployer itself drives compose through the hosts' connectors (grpo_deploy.hosts.project)."""
 
 from __future__ import annotations
 
 import io
-import subprocess
 import tarfile
-from dataclasses import dataclass
-from pathlib import Path
 
-from .kit_data import kit_dir
 from .names import RUN_LABEL
-
-
-class ComposeError(RuntimeError):
-    pass
-
-
-@dataclass
-class Project:
-    """`docker compose` for one run on one host, driven by the rendered host env file."""
-
-    env_file: Path
-    name: str
-
-    def run(self, *args: str, capture: bool = False, check: bool = True, timeout: float | None = None):
-        project_dir = kit_dir("compose")
-        cmd = ["docker", "compose", "--project-directory", str(project_dir), "--env-file", str(self.env_file),
-               "-p", self.name, *args]
-        proc = subprocess.run(cmd, cwd=project_dir, text=True, timeout=timeout, capture_output=capture)
-        if check and proc.returncode != 0:
-            detail = (proc.stderr or "").strip().splitlines()[-3:] if capture else []
-            raise ComposeError(f"docker compose {' '.join(args)} failed (exit {proc.returncode})"
-                               + (": " + " | ".join(detail) if detail else ""))
-        return proc
-
-    def up(self, *services: str, no_deps: bool = False) -> None:
-        self.run("up", "-d", "--no-build", *(["--no-deps"] if no_deps else []), *services, capture=True)
-
-    def down(self, volumes: bool = False) -> None:
-        self.run("down", "--remove-orphans", *(["--volumes"] if volumes else []), capture=True, check=False)
 
 
 def containers(client, run: str, role: str | None = None, all_: bool = True):

@@ -1,71 +1,38 @@
-"""Ordered bring-up of a run across hosts, through their connectors (SSH or this machine): preflight (facts read in
-parallel, nothing changed), the compose files and each host's render to every host, images shipped where missing,
-the cross-host adapter probe, the server first, readiness checked from the trainer's host (model listed, one token
-generated), the trainer, progress per step, a summary. All-or-nothing: a failure after start stops what this `up`
-started on every host. Also status, logs and down across hosts."""
+"""Ordered bring-up of a run on its hosts, through their connectors (this machine's or SSH), one path for a run on
+this machine, across hosts, or both: a run of the same name from another folder refused, preflight (facts read in
+parallel, nothing changed), images built here and shipped where missing, the compose files and each host's render
+put there, the last preflight (the cross-host adapter probe), the server and the trainer started (the trainer builds
+its model while the server loads), readiness (model listed; one token generated, from the trainer's side), progress
+per step under supervision, a summary. All-or-nothing: a failure after start stops what this `up` started on every
+host. Also `down`."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
 
-from . import checks, status
-from .hosts import facts as host_facts
+from . import checks, run_view
+from .deployment import Deployment
 from .hosts import oneoff
-from .hosts.connect import Host, HostError, SshOptions, connect, on_all
+from .hosts.connect import Host, HostError, SshOptions, on_all
 from .hosts.project import RemoteProject
 from .hosts.ship import Shipped, ship
-from .launch import KILLED, LaunchError, RoleDied, RunState, build_images, finish, require_kit, state_words, supervise
 from .names import READY_TIMEOUT_S, STATE_DIR, UP_RESTARTS
 from .render import render_files
 from .resolve import Resolved
+from .run_images import build_images
+from .run_state import LaunchError, RunState, require_kit
 from .runtime.metrics import parse_events
 from .runtime.values import ip_literal, parse_address
+from .supervise import KILLED, EnginePatience, RoleDied, finish, supervise, view_words
 
 POLL_S = 2.0
-STATUS_QUERY_S = 10  # status: the longest one query on a host may take (a busy engine costs seconds, not minutes)
-
-
-@dataclass
-class Deployment:
-    """The run's hosts with their connectors and compose projects."""
-
-    res: Resolved
-    ssh: SshOptions
-    state: RunState = field(init=False)
-    hosts: dict[str, Host] = field(default_factory=dict)
-    projects: dict[str, RemoteProject] = field(default_factory=dict)
-
-    def __post_init__(self):
-        self.state = RunState(self.res)
-        for host in self.res.spec.hosts:
-            self.hosts[host.name] = connect(host, self.ssh)
-
-    def project(self, name: str) -> RemoteProject:
-        """The run's compose project on a host; its folder is ~/.grpo-deploy/<run> there (this machine: the run's
-        state folder)."""
-        if name not in self.projects:
-            host = self.hosts[name]
-            if host.is_local:
-                root = str(self.state.dir / "hosts" / name)
-            else:
-                home = host_facts.home(host)
-                if not home:
-                    raise HostError(name, "cannot read the login user's home directory", "check the SSH login")
-                root = f"{home}/{STATE_DIR}/{self.res.spec.run.name}"
-            self.projects[name] = RemoteProject(host, root, self.res.spec.run.name)
-        return self.projects[name]
-
-    def role_host(self, role: str) -> str:
-        return self.res.host_for(role).name
-
-    def close(self) -> None:
-        for host in self.hosts.values():
-            host.close()
+NOTE_EVERY_S = 15.0  # a line while the server loads
+STOPPED = ("exited", "dead")
 
 
 def publish_ips(dep: Deployment) -> dict[str, str]:
@@ -88,10 +55,34 @@ def publish_ips(dep: Deployment) -> dict[str, str]:
     return {server.name: ip}
 
 
+def refuse_foreign_run(dep: Deployment) -> None:
+    """LaunchError when containers of a run of this name run on one of its hosts from another folder's render:
+    starting would recreate them under that run (seen: a second `up` of `rehearsal` from another folder SIGTERMed the
+    first one's server). A host that does not answer is left to preflight, which says so in its table."""
+
+    def foreign(host: Host) -> list[dict]:
+        project = dep.project(host.name)
+        return [c for c in project.containers() if c["state"] == "running" and c["env_file"]
+                and c["env_file"] != project.env_file]
+
+    name = dep.res.spec.run.name
+    for host_name, found in on_all(list(dep.hosts.values()), foreign).items():
+        if isinstance(found, HostError) or not found:
+            continue
+        where = "this Docker engine" if dep.hosts[host_name].is_local else f"the Docker engine of {host_name}"
+        origin = found[0]["env_file"].split(f"/{STATE_DIR}/", 1)[0]
+        raise LaunchError(f"run {name} is already running on {where}, started from {origin} (containers "
+                          f"{', '.join(sorted(c['name'] for c in found))}): stop it there with `grpo-deploy down`, "
+                          "or give this run another run.name")
+
+
 def _ship_all(dep: Deployment, log: Callable[[str], None]) -> list[Shipped]:
     res = dep.res
-    wanted = {name: sorted({res.images[r] for r in checks.image_roles(res, h)})
-              for name, h in ((h.name, h) for h in res.spec.hosts) if not dep.hosts[name].is_local}
+    wanted = {h.name: sorted({res.images[r] for r in checks.image_roles(res, h)})
+              for h in res.spec.hosts if not dep.hosts[h.name].is_local}
+    if not wanted:
+        return []
+    log(f"images to {', '.join(wanted)} (only what is missing)")
     last: dict[str, float] = {}
 
     def progress(key: str, line: str) -> None:
@@ -102,9 +93,8 @@ def _ship_all(dep: Deployment, log: Callable[[str], None]) -> list[Shipped]:
     def to_host(host: Host) -> list[Shipped]:
         return [ship(tag, host, lambda line: progress(host.name, line)) for tag in wanted[host.name]]
 
-    results = on_all([dep.hosts[n] for n in wanted], to_host)
     shipped: list[Shipped] = []
-    for name, result in results.items():
+    for name, result in on_all([dep.hosts[n] for n in wanted], to_host).items():
         if isinstance(result, HostError):
             raise result
         for s in result:
@@ -117,87 +107,135 @@ def _ship_all(dep: Deployment, log: Callable[[str], None]) -> list[Shipped]:
     return shipped
 
 
-def _put_render(dep: Deployment, ips: dict[str, str]) -> None:
+def put_render(dep: Deployment, ips: dict[str, str], hosts: list[Host] | None = None) -> None:
+    """The compose files and each host's render into the run's folder there."""
     def put(host: Host) -> int:
         project = dep.project(host.name)
         return project.put(render_files(dep.res, config_dir=project.config_dir, publish_ips=ips))
 
-    for result in on_all(list(dep.hosts.values()), put).values():
+    for result in on_all(hosts if hosts is not None else list(dep.hosts.values()), put).values():
         if isinstance(result, HostError):
             raise result
 
 
-def _container(project, role: str) -> dict:
-    """The role's container on its host (running or stopped); LaunchError when it is gone."""
-    c = project.container(role)
+def _container(project: RemoteProject, role: str) -> dict:
+    """The role's container on its host (running or stopped); LaunchError when it is gone, HostError when the
+    host's engine did not answer (ridden out by EnginePatience)."""
+    c = project.container(role, strict=True)
     if c is None:
         raise LaunchError(f"the {role} container is gone on {project.host.name}")
     return c
 
 
-def _wait_server(dep: Deployment, log: Callable[[str], None], since: float) -> float:
-    """Until the server container's health check passes (model listed); fail at once if it exits."""
-    project = dep.project(dep.role_host("server"))
+def _server_ready(dep: Deployment) -> bool:
+    """True once the server's health check passes (model listed); LaunchError when the server exited, or the trainer
+    exited with an error while the server was loading (a bad config fails at once, not after the server is up)."""
+    server = dep.role_project("server")
+    c = _container(server, "server")
+    if c["state"] in STOPPED:
+        raise LaunchError(f"the vLLM server exited on {server.host.name} before it was ready "
+                          f"(exit {c['exit_code']}):\n{server.tail(c['id'])}")
+    if c["health"] == "healthy":
+        return True
+    trainer = dep.role_project("trainer")
+    t = trainer.container("trainer", strict=True)
+    if t is not None and t["state"] in STOPPED and int(t["exit_code"] or 0) != 0:
+        raise LaunchError(f"the trainer exited on {trainer.host.name} (exit {t['exit_code']}) while the server was "
+                          f"loading:\n{trainer.tail(t['id'])}")
+    return False
+
+
+def _last_server_line(dep: Deployment) -> str:
+    server = dep.role_project("server")
+    c = server.container("server")
+    return server.tail(c["id"], 1).splitlines()[-1][-110:] if c and server.tail(c["id"], 1) else ""
+
+
+def wait_server(dep: Deployment, log: Callable[[str], None], since: float) -> float:
+    """Seconds from *since* until the server is ready; a line every NOTE_EVERY_S with its last log line."""
+    patience = EnginePatience("waiting for the server")
     last_note = 0.0
-    while True:
-        c = _container(project, "server")
-        if c["state"] in ("exited", "dead"):
-            raise LaunchError(f"the vLLM server exited on {project.host.name} before it was ready "
-                              f"(exit {c['exit_code']}):\n{project.tail(c['id'])}")
-        if c["health"] == "healthy":
-            return time.time() - since
+    where = dep.role_host("server")
+    while not patience.poll(lambda: _server_ready(dep), pause_s=POLL_S):
         elapsed = time.time() - since
         if elapsed > READY_TIMEOUT_S:
             raise LaunchError(f"the server was not ready after {READY_TIMEOUT_S} s (model not listed in /v1/models)")
-        if elapsed - last_note >= 15:
-            log(f"waiting for the server on {project.host.name}: {elapsed:4.0f} s")
+        if elapsed - last_note >= NOTE_EVERY_S:
+            with contextlib.suppress(HostError):
+                log(f"waiting for the server on {where}: {elapsed:4.0f} s  | {_last_server_line(dep)}")
             last_note = elapsed
         time.sleep(POLL_S)
+    return time.time() - since
 
 
-def _check_from_trainer(dep: Deployment, ips: dict[str, str]) -> str:
-    """From the trainer's host, in a container of the trainer image: the server lists the model and generates."""
+def _health_argv(res: Resolved, host: str) -> list[str]:
+    """From the trainer's side: the server lists the model and generates one token."""
+    return ["python3", "-m", "grpo_deploy.runtime.health", "--role", "server", "--host", host,
+            "--port", str(res.settings.vllm.port), "--model", res.settings.model.served_name, "--complete"]
+
+
+def check_from_trainer(dep: Deployment, ips: dict[str, str]) -> str:
+    """Server and trainer on two hosts: from the trainer's host, in a throw-away container of the trainer image, the
+    server lists the model and generates — the gate before any training (a firewall or a wrong address fails here)."""
     res = dep.res
     trainer = dep.role_host("trainer")
     url = res.server_url_for(ips)
-    url_host = parse_address(url.split("//", 1)[1]).host
-    r = oneoff.run(dep.hosts[trainer], res.image_for("trainer"),
-                   ["python3", "-m", "grpo_deploy.runtime.health", "--role", "server", "--host", url_host,
-                    "--port", str(res.settings.vllm.port), "--model", res.settings.model.served_name, "--complete"],
-                   network="bridge", timeout=400)
+    argv = _health_argv(res, parse_address(url.split("//", 1)[1]).host)
+    r = oneoff.run(dep.hosts[trainer], res.image_for("trainer"), argv, network="bridge", timeout=400)
     if not r.ok:
         raise LaunchError(f"the trainer's host {trainer} cannot use the server at {url}: {r.line()} "
                           "(a firewall, a wrong hosts[].publish, or the server's address resolving elsewhere there)")
     return r.out.strip().splitlines()[-1] if r.out.strip() else "ok"
 
 
-def fetch_metrics(dep: Deployment) -> str | None:
-    """The run's metrics.jsonl, read from the trainer's container (running or stopped)."""
-    project = dep.project(dep.role_host(dep.res.engine_info.main_role))
-    c = project.container(dep.res.engine_info.main_role)
-    return project.read(c["id"], f"{dep.res.run_dir}/metrics.jsonl") if c else None
+def first_completion(dep: Deployment) -> threading.Thread:
+    """Server and trainer on one host: a 1-token completion from inside the trainer's container, in the background
+    (a `server_first_completion` event): proves the server generates and warms its first-request paths while the
+    trainer spawns its rollout worker (the first generation on a cold CPU server took ~18 s, later ones ~0.1 s)."""
+    project = dep.role_project("trainer")
+
+    def run() -> None:
+        start = time.time()
+        c = project.container("trainer")
+        r = project.host.run(["docker", "exec", c["id"], *_health_argv(dep.res, "server")], timeout=300) if c else None
+        ok = r is not None and r.ok
+        said = {} if ok else {"error": (r.line() if r is not None else "no trainer container")[:200]}
+        dep.state.emit("server_first_completion", ok=not said, seconds=round(time.time() - start, 2), **said)
+
+    thread = threading.Thread(target=run, name="first-completion", daemon=True)
+    thread.start()
+    return thread
 
 
-def _follow(dep: Deployment, log: Callable[[str], None], since: float) -> int:
+def _snapshot(dep: Deployment) -> tuple[dict, str, dict | None]:
+    """The trainer's container, its metrics text and the server's container, read once."""
+    trainer = dep.role_project("trainer")
+    c = _container(trainer, "trainer")
+    text = trainer.read(c["id"], f"{dep.res.run_dir}/metrics.jsonl") or ""
+    return c, text, dep.role_project("server").container("server", strict=True)
+
+
+def follow(dep: Deployment, log: Callable[[str], None], since: float) -> int:
     """Progress per step until the trainer exits (its exit code); RoleDied when the server's container exits while
     the trainer has not finished cleanly, or the trainer is killed."""
+    from . import status
+
     res = dep.res
-    project = dep.project(dep.role_host("trainer"))
+    total = res.engine_info.total_steps(res)
     seen, last_step = 0, 0
+    patience = EnginePatience("following the trainer")
     while True:
-        c = _container(project, "trainer")
-        text = project.read(c["id"], f"{res.run_dir}/metrics.jsonl") or ""
+        c, text, server = patience.poll(lambda: _snapshot(dep), pause_s=POLL_S)
         steps = [e for e in parse_events(text) if e["event"] == "step" and e["time"] >= since]
         for e in steps[seen:]:
-            log(status.progress_line(e, res.engine_info.total_steps(res)))
+            log(status.progress_line(e, total))
             last_step = int(e.get("step", last_step))
         seen = len(steps)
-        server = dep.project(dep.role_host("server")).container("server")
-        trainer_done = c["state"] in ("exited", "dead") and int(c["exit_code"]) == 0
-        if (server is None or server["state"] in ("exited", "dead")) and not trainer_done:
+        trainer_done = c["state"] in STOPPED and int(c["exit_code"] or 0) == 0
+        if (server is None or server["state"] in STOPPED) and not trainer_done:
             dep.state.metrics_copy.write_text(text)
-            raise RoleDied("server", int(server["exit_code"]) if server else -1, last_step)
-        if c["state"] in ("exited", "dead"):
+            raise RoleDied("server", int(server["exit_code"] or 1) if server else -1, last_step)
+        if c["state"] in STOPPED:
             dep.state.metrics_copy.write_text(text)
             if int(c["exit_code"]) == KILLED:
                 raise RoleDied("trainer", KILLED, last_step)
@@ -205,7 +243,26 @@ def _follow(dep: Deployment, log: Callable[[str], None], since: float) -> int:
         time.sleep(POLL_S)
 
 
-def _save_logs(dep: Deployment) -> None:
+def note_server_view(dep: Deployment) -> None:
+    """When the trainer stopped because the server could not read an adapter, look at that path from inside the
+    server container, as the server's user (`storage_faults view`), and record what it sees (a `server_view` event):
+    the trainer only knows its own view. Best effort: a server that is gone leaves the trainer's words alone."""
+    res, state = dep.res, dep.state
+    text = run_view.fetch_metrics(dep) or (state.metrics_copy.read_text() if state.metrics_copy.exists() else "")
+    faults = [e for e in parse_events(text) if e["event"] == "storage_fault" and e.get("kind") == "adapter-unreadable"]
+    server = dep.role_project("server")
+    c = server.container("server")
+    if not faults or c is None or c["state"] != "running":
+        return
+    path = faults[-1].get("path", "")
+    r = server.host.run(["docker", "exec", "--user", res.identities["server"].user, c["id"], "python3", "-m",
+                         "grpo_deploy.runtime.storage_faults", "view", "--", path], timeout=120)
+    seen = json.loads(r.out.strip().splitlines()[-1]) if r.ok and r.out.strip() else None
+    if seen:
+        state.emit("server_view", path=path, words=view_words(seen), uid=seen.get("uid"), gid=seen.get("gid"))
+
+
+def save_logs(dep: Deployment) -> None:
     parts = []
     for name in dep.hosts:
         try:
@@ -216,14 +273,31 @@ def _save_logs(dep: Deployment) -> None:
 
 
 def down_all(dep: Deployment, volumes: bool = False) -> None:
-    for result in on_all(list(dep.hosts.values()), lambda h: dep.project(h.name).down(volumes)).values():
+    """Stop the run's containers on every host (and its volumes with *volumes*); a host where no `up` put the
+    render gets it first, so that `down` from a new folder still finds the run by its compose project."""
+    def down(host: Host) -> None:
+        project = dep.project(host.name)
+        if not project.has_render():
+            put_render(dep, {}, [host])
+        project.down(volumes)
+
+    for result in on_all(list(dep.hosts.values()), down).values():
         if isinstance(result, HostError):
             print(f"warning: {result}", file=sys.stderr)
 
 
+def down(res: Resolved, ssh: SshOptions, volumes: bool = False) -> None:
+    require_kit()
+    dep = Deployment(res, ssh)
+    try:
+        down_all(dep, volumes=volumes)
+    finally:
+        dep.close()
+
+
 def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, out=sys.stdout,
        restarts: int = UP_RESTARTS) -> int:
-    """Bring the run up across its hosts, follow it to the end, summarise, and (unless keep) stop it."""
+    """Bring the run up on its hosts, follow it to the end, summarise, and (unless keep) stop it."""
     res.engine_info.refuse("up", LaunchError)
     require_kit()
     with RunState(res).up_lock():
@@ -242,47 +316,52 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
     state.emit("up_start", run=res.spec.run.name, engine=res.engine, hosts=list(dep.hosts))
     started: list[str] = []
     try:
+        refuse_foreign_run(dep)
         log(f"preflight on {', '.join(dep.hosts)} (facts only: nothing is changed)")
         ctx = checks.Context(res, ssh=ssh, connectors=dep.hosts)
-        if _failed(checks.run_checks(ctx, only=checks.before_shipping()),
-                   out, log, state):
+        if _failed(checks.run_checks(ctx, only=checks.before_shipping()), out, log, state):
             return checks.EXIT_FAILED
         client = ctx.docker()  # images are built (or refreshed) here, then shipped from here
         if client is None:
             raise LaunchError(f"no Docker engine answers on this machine: {ctx.docker_error}")
         state.emit("images_ready", build_s=round(build_images(client, res, log), 2))
-        log("images to the hosts (only what is missing)")
         shipped = _ship_all(dep, log)
         state.emit("shipped", items=[s.__dict__ for s in shipped])
         ips = publish_ips(dep)
-        _put_render(dep, ips)
-        log(f"render and compose files on every host; the server publishes on {ips or 'loopback (same host)'}")
+        put_render(dep, ips)
+        log(f"render and compose files on {', '.join(dep.hosts)}; the server publishes on "
+            f"{ips or 'loopback (same host)'}")
         ctx.forget_facts()  # the images are there now
         if _failed(checks.run_checks(ctx, only=checks.after_shipping()), out, log, state):
             return checks.EXIT_FAILED
-        state.emit("preflight_done")  # the multi-host order: images, shipping, then this last preflight
+        state.emit("preflight_done")
         server_host, trainer_host = dep.role_host("server"), dep.role_host("trainer")
         if fresh:
-            log(f"--fresh: removing {res.run_dir}")
-            failed = oneoff.remove_run_dir(dep.hosts[dep.role_host(res.engine_info.main_role)], res)
+            main = dep.role_host(res.engine_info.main_role)
+            source, _ = oneoff.share_source(res, res.host_for(res.engine_info.main_role))
+            where = f"the share {source}" if source.startswith("/") else f"volume {source}"
+            log(f"--fresh: removing {res.run_dir} on {where} ({main})")
+            failed = oneoff.remove_run_dir(dep.hosts[main], res)
             if failed:
                 raise LaunchError(failed)
         start = time.time()
-        started.append(server_host)
+        started.extend((server_host, trainer_host))
+        # The trainer starts as soon as the server's container runs (`--no-deps`: compose would otherwise hold it
+        # until the server is healthy, +15 s to the first step): it builds its model while the server loads, and TRL
+        # waits for the server before its first request. Readiness stays the gate: if it fails, both are rolled back.
         dep.project(server_host).up("server")
-        log(f"server starting on {server_host}")
-        # The trainer starts as soon as the server's container runs: it builds its model while the server loads
-        # (TRL waits for the server before its first request), as on one host. The server's readiness and the
-        # cross-host check below stay the gate: if either fails, both are rolled back before any training.
-        started.append(trainer_host)
-        trainer_start = time.time()
         dep.project(trainer_host).up("trainer")
         state.emit("trainer_started")
-        log(f"trainer starting on {trainer_host} (it builds its model while the server loads)")
-        ready_s = _wait_server(dep, log, start)
+        log(f"server starting on {server_host}, trainer on {trainer_host} (it builds its model while the server "
+            "loads)")
+        ready_s = wait_server(dep, log, start)
         state.emit("server_ready", seconds=round(ready_s, 2))
-        log(f"server ready in {ready_s:.1f} s; from {trainer_host}: {_check_from_trainer(dep, ips)}; progress per "
-            "optimizer step:")
+        if server_host == trainer_host:
+            first_completion(dep)
+            log(f"server ready in {ready_s:.1f} s (served model listed in /v1/models); progress per optimizer step:")
+        else:
+            log(f"server ready in {ready_s:.1f} s; from {trainer_host}: {check_from_trainer(dep, ips)}; progress per "
+                "optimizer step:")
 
         def restart(role: str) -> float:
             if role == "trainer":
@@ -292,20 +371,24 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
             restart_at = time.time()
             dep.project(server_host).up("server")
             dep.project(trainer_host).up("trainer")
-            return _wait_server(dep, log, restart_at)
+            return wait_server(dep, log, restart_at)
 
-        code = supervise(state, log, trainer_start - 1, restarts, lambda since: _follow(dep, log, since), restart)
+        code = supervise(state, log, start - 1, restarts, lambda since: follow(dep, log, since), restart)
     except (LaunchError, HostError, KeyboardInterrupt) as exc:
         if started:
             log(f"rolling back: stopping what this up started on {', '.join(dict.fromkeys(started))}")
-            _save_logs(dep)
+            save_logs(dep)
             down_all(dep)
         state.emit("up_end", status="failed", error=str(exc)[:500])
         dep.close()
         raise
-    _save_logs(dep)
     try:
-        return finish(state, code, run_events(dep), out, log, keep, lambda: down_all(dep), "the run on every host")
+        if code != 0:
+            with contextlib.suppress(Exception):  # a diagnosis; a slow or failing engine here must not hide the stop
+                note_server_view(dep)
+        save_logs(dep)
+        return finish(state, code, run_view.run_events(dep), out, log, keep, lambda: down_all(dep),
+                      f"the run on {', '.join(dep.hosts)}")
     finally:
         dep.close()
 
@@ -317,79 +400,3 @@ def _failed(results, out, log, state) -> bool:
         state.emit("up_end", status="preflight-failed")
         return True
     return False
-
-
-def run_events(dep: Deployment, live: bool = False) -> list[dict]:
-    """The deployer's events plus the trainer's (from its container when *live*, else the copy saved at the end),
-    limited to the latest `up`."""
-    text = None
-    if live:
-        try:
-            text = fetch_metrics(dep)
-        except HostError:
-            text = None
-    if text is None and dep.state.metrics_copy.exists():
-        text = dep.state.metrics_copy.read_text()
-    events = dep.state.deploy_events() + parse_events(text or "")
-    starts = [e for e in events if e["event"] == "up_start"]
-    return [e for e in events if e["time"] >= starts[-1]["time"]] if starts else events
-
-
-def logs(dep: Deployment, roles: list[str], follow: bool = False, tail: int = 200, host: str | None = None) -> int:
-    """The run's container logs from its hosts (those running one of *roles*, or all); with *follow*, new lines from
-    every host at once, each prefixed with its host, until the containers stop or Ctrl-C."""
-    if host is not None and host not in dep.hosts:
-        raise LaunchError(f"--host {host!r}: the spec's hosts are {', '.join(dep.hosts)}")
-    roles_of = {h.name: set(h.roles) for h in dep.res.spec.hosts}
-    names = [n for n in ([host] if host else dep.hosts) if not roles or set(roles) & roles_of[n]]
-    if not follow:
-        for name in names:
-            print(f"===== host {name}")
-            print(dep.project(name).logs(tail=tail, roles=roles), flush=True)
-        return 0
-    printing = threading.Lock()
-
-    def follow_one(name: str) -> None:
-        project = dep.project(name)
-        for line in dep.hosts[name].lines(project.compose_argv(*project.logs_args(roles, tail, follow=True))):
-            with printing:
-                print(f"{name} | {line}", flush=True)
-
-    threads = [threading.Thread(target=follow_one, args=(n,), daemon=True) for n in names]
-    for t in threads:
-        t.start()
-    try:
-        for t in threads:
-            t.join()
-    except KeyboardInterrupt:
-        dep.close()  # ends the remote `docker compose logs --follow`
-    return 0
-
-
-def status_facts(res: Resolved, ssh: SshOptions) -> tuple[list[dict], list[dict], dict | None]:
-    """What `status` shows of a run on its hosts — container states, the run's events, checkpoint headroom —
-    gathered at once, every query bounded by STATUS_QUERY_S: a host whose engine does not answer is a row saying so."""
-    options = replace(ssh, command_cap_s=STATUS_QUERY_S)
-    dep, ctx = Deployment(res, options), checks.Context(res, ssh=options)
-    try:
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            states = pool.submit(host_states, dep)
-            events = pool.submit(run_events, dep, True)
-            disk = pool.submit(checks.checkpoint_headroom, ctx)
-            return states.result(), events.result(), disk.result()
-    finally:
-        dep.close()
-        ctx.close()
-
-
-def host_states(dep: Deployment) -> list[dict]:
-    """Per host and role: container state and health (for status)."""
-    rows = []
-    for name, result in on_all(list(dep.hosts.values()), lambda h: dep.project(h.name).containers(strict=True)).items():
-        if isinstance(result, HostError):
-            rows.append({"host": name, "role": "-", "state": "unreachable", "health": str(result)})
-            continue
-        for c in result or [{"role": "-", "state": "no containers", "health": None}]:
-            state = state_words(c["state"], c.get("exit_code")) if c["role"] != "-" else c["state"]
-            rows.append({"host": name, "role": c["role"], "state": state, "health": c["health"]})
-    return rows

@@ -1,42 +1,30 @@
-"""The one entry to a run on its hosts — up, down, logs, status facts, events — for any spec: the only place that
-chooses between the deployer of this machine alone (grpo_deploy.launch, Docker SDK) and the one across host
-connectors (grpo_deploy.deploy, SSH or this machine). The CLI calls these and never branches on where hosts are."""
+"""The one entry to a run on its hosts — up, down, logs, status facts, events — for any spec, local, remote or
+mixed: one path through the hosts' connectors (grpo_deploy.deploy brings a run up and down, grpo_deploy.run_view
+reads it). The CLI calls these and never branches on where hosts are."""
 
 from __future__ import annotations
 
 import sys
 
-from . import checks, deploy, launch
+from . import deploy, run_view
+from .deployment import Deployment
 from .hosts.connect import HostError, SshOptions
 from .names import UP_RESTARTS
 from .resolve import Resolved
+from .run_state import LaunchError
 
-LaunchError = launch.LaunchError
-
-
-def across_hosts(res: Resolved) -> bool:
-    """Whether any host is reached over SSH (the connectors' deployer); else everything runs on this machine."""
-    return any(h.address != "local" for h in res.spec.hosts)
+__all__ = ["LaunchError", "up", "down", "logs", "status_facts", "events"]
 
 
 def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, restarts: int = UP_RESTARTS,
        out=sys.stdout) -> int:
     """Bring the run up on its hosts, follow it to the end, summarise, and (unless keep) stop it."""
-    if across_hosts(res):
-        return deploy.up(res, ssh, keep=keep, fresh=fresh, out=out, restarts=restarts)
-    return launch.up(res, keep=keep, fresh=fresh, out=out, restarts=restarts)
+    return deploy.up(res, ssh, keep=keep, fresh=fresh, out=out, restarts=restarts)
 
 
 def down(res: Resolved, ssh: SshOptions, volumes: bool = False) -> None:
     """Stop the run's containers on every host (and remove the shared volume with *volumes*)."""
-    if not across_hosts(res):
-        launch.down(res, volumes=volumes)
-        return
-    dep = deploy.Deployment(res, ssh)
-    try:
-        deploy.down_all(dep, volumes=volumes)
-    finally:
-        dep.close()
+    deploy.down(res, ssh, volumes=volumes)
 
 
 def logs(res: Resolved, ssh: SshOptions, roles: list[str], follow: bool = False, tail: int = 200,
@@ -44,13 +32,9 @@ def logs(res: Resolved, ssh: SshOptions, roles: list[str], follow: bool = False,
     """The run's container logs from its hosts (only *host*'s, or those running one of *roles*, when given)."""
     if roles and not set(roles) <= set(res.engine_info.roles):
         raise LaunchError(f"--role {roles[0]!r}: engine {res.engine} has the roles {', '.join(res.engine_info.roles)}")
-    if not across_hosts(res):
-        if host and host != "local":
-            raise LaunchError(f"--host {host!r}: this run has one host, local")
-        return launch.logs(res, roles, follow=follow, tail=tail)
-    dep = deploy.Deployment(res, ssh)
+    dep = Deployment(res, ssh)
     try:
-        return deploy.logs(dep, roles, follow=follow, tail=tail, host=host)
+        return run_view.logs(dep, roles, follow=follow, tail=tail, host=host)
     except HostError as exc:
         raise LaunchError(str(exc)) from None
     finally:
@@ -59,22 +43,9 @@ def logs(res: Resolved, ssh: SshOptions, roles: list[str], follow: bool = False,
 
 def status_facts(res: Resolved, ssh: SshOptions) -> tuple[list[dict], list[dict], dict | None]:
     """(container rows per host and role, the run's events, checkpoint headroom) for `status`."""
-    if across_hosts(res):
-        return deploy.status_facts(res, ssh)
-    events, hosts = launch.run_events(launch.RunState(res), live=True), launch.host_states(res)
-    ctx = checks.Context(res, ssh=ssh)
-    try:
-        return hosts, events, checks.checkpoint_headroom(ctx)
-    finally:
-        ctx.close()
+    return run_view.status_facts(res, ssh)
 
 
 def events(res: Resolved, ssh: SshOptions) -> list[dict]:
     """The run's events (the deployer's and the trainer's, live from the hosts), limited to the latest `up`."""
-    if not across_hosts(res):
-        return launch.run_events(launch.RunState(res), live=True)
-    dep = deploy.Deployment(res, ssh)
-    try:
-        return deploy.run_events(dep, live=True)
-    finally:
-        dep.close()
+    return run_view.events(res, ssh)

@@ -31,12 +31,12 @@ def cpu_image(docker_client):
     """The embedded default's cpu image, built or refreshed the way `up` does it (debootstrap base + host wheelhouse +
     --no-index install; only the code layer is rebuilt when the kit's code changed) — once a session: a failed build
     is reported in full once, then in one line by each test that needed it."""
-    from grpo_deploy import facts, launch, new_spec, resolve
+    from grpo_deploy import facts, new_spec, resolve, run_images
     from grpo_deploy.image_build import places
 
     def build() -> str:
         res = resolve.resolve(new_spec.embedded_default())
-        launch.build_images(docker_client, res, print)
+        run_images.build_images(docker_client, res, print)
         tag = res.images["server"]
         assert facts.image_labels(docker_client, tag) is not None, f"{tag} is not on the engine after its build"
         return tag

@@ -3,11 +3,10 @@ port, the NVIDIA driver against the images' CUDA."""
 
 from __future__ import annotations
 
-import os
 import re
 from typing import Any
 
-from .. import compose, facts, image_tags
+from .. import facts, image_tags
 from ..hosts import facts as host_facts
 from ..hosts.connect import HostError
 from ..names import CUDA_LABEL
@@ -32,14 +31,11 @@ COMPAT_ENV = "VLLM_ENABLE_CUDA_COMPATIBILITY"
 def check_reachable(ctx: Context) -> list[Result]:
     out = []
     for host in ctx.res.spec.hosts:
-        if host.address == "local":
-            out.append(Result("reachable", host.name, OK, "this machine (no SSH)"))
-            continue
         found = ctx.facts_of(host)
         if isinstance(found, HostError):
             out.append(Result("reachable", host.name, FAIL, found.what, found.fix))
         else:
-            out.append(Result("reachable", host.name, OK, f"ssh {host.address}: {found['machine']}"))
+            out.append(Result("reachable", host.name, OK, f"{found['reached']}: {found['machine']}"))
     return out
 
 
@@ -50,7 +46,7 @@ def check_reachable(ctx: Context) -> list[Result]:
 def check_clock(ctx: Context) -> list[Result]:
     out = []
     for host in ctx.res.spec.hosts:
-        found = ctx.facts_of(host) if host.address != "local" else {"clock": 0.0}
+        found = ctx.facts_of(host)
         if isinstance(found, HostError):
             continue
         offset = found.get("clock")
@@ -64,34 +60,25 @@ def check_clock(ctx: Context) -> list[Result]:
     return out
 
 
-@check("docker", "The Docker engine (and Compose v2 on remote hosts) answers on every host that runs containers")
+@check("docker", "The Docker engine and Compose v2 answer on every host that runs containers")
 
 
 def check_docker(ctx: Context) -> list[Result]:
     out = []
     for host in ctx.res.spec.hosts:
-        if host.address != "local":
-            found = ctx.facts_of(host)
-            if isinstance(found, HostError):
-                continue
-            version, why = found["docker"]
-            if version is None:
-                out.append(Result("docker", host.name, FAIL, f"no Docker engine answers for the login user: {why}",
-                                  "start Docker there and add the SSH user to the docker group"))
-            elif found["compose"] is None:
-                out.append(Result("docker", host.name, FAIL, f"engine {version} but no `docker compose` (Compose v2)",
-                                  "install the docker-compose-plugin package there"))
-            else:
-                out.append(Result("docker", host.name, OK, f"engine {version}, compose {found['compose']}"))
+        found = ctx.facts_of(host)
+        if isinstance(found, HostError):
             continue
-        client = ctx.docker()
-        if client is None:
-            out.append(Result("docker", host.name, FAIL, f"no Docker engine answers: {ctx.docker_error}",
-                              "start it (systemctl start docker, or dockerd &) and check DOCKER_HOST"))
-            continue
-        info = facts.docker_info(client)
-        out.append(Result("docker", host.name, OK, f"engine {info['server_version']} ({info['architecture']}), "
-                                                     f"root {info['root_dir']}", data=info))
+        version, why = found["docker"]
+        if version is None:
+            out.append(Result("docker", host.name, FAIL, f"no Docker engine answers for the login user: {why}",
+                              "start Docker there (systemctl start docker) and add the user to the docker group"))
+        elif found["compose"] is None:
+            out.append(Result("docker", host.name, FAIL, f"engine {version} but no `docker compose` (Compose v2)",
+                              "install the docker-compose-plugin package there (`make setup` on this machine)"))
+        else:
+            out.append(Result("docker", host.name, OK, f"engine {version}, compose {found['compose']}",
+                              data={"server_version": version, "compose": found["compose"]}))
     return out
 
 
@@ -101,26 +88,13 @@ def check_docker(ctx: Context) -> list[Result]:
 def check_arch(ctx: Context) -> list[Result]:
     out = []
     for host in ctx.res.spec.hosts:
-        profile = ctx.res.profiles[host.name]
-        if host.address != "local":
-            found = ctx.facts_of(host)
-            if not isinstance(found, HostError):
-                out.append(_remote_arch(host, profile, found))
-            continue
-        machine = os.uname().machine
-        allowed = profile.hardware.get("arch") or []
-        if machine not in allowed:
-            out.append(Result("arch", host.name, FAIL, f"this machine is {machine}; profile {profile.name} is for "
-                                                         f"{', '.join(allowed)}", "pick the profile of this hardware"))
-        elif profile.accelerator == "cuda" and not os.path.exists("/dev/nvidiactl"):
-            out.append(Result("arch", host.name, FAIL, f"profile {profile.name} needs an NVIDIA GPU; none here "
-                                                         "(/dev/nvidiactl missing)", "use the cpu profile to rehearse"))
-        else:
-            out.append(Result("arch", host.name, OK, f"{machine}, accelerator {profile.accelerator}"))
+        found = ctx.facts_of(host)
+        if not isinstance(found, HostError):
+            out.append(_arch(host, ctx.res.profiles[host.name], found))
     return out
 
 
-def _remote_arch(host, profile, found: dict[str, Any]) -> Result:
+def _arch(host, profile, found: dict[str, Any]) -> Result:
     machine, allowed = found["machine"], profile.hardware.get("arch") or []
     if machine not in allowed:
         return Result("arch", host.name, FAIL, f"the host is {machine}; profile {profile.name} is for "
@@ -142,36 +116,23 @@ def _remote_arch(host, profile, found: dict[str, Any]) -> Result:
 
 
 def check_port(ctx: Context) -> list[Result]:
-    import socket
-
     res = ctx.res
     server = res.host_for("server")
     if server is None:
         return [Result("port", "-", SKIP, f"{res.engine} has no server role")]
     port = res.settings.vllm.port
-    if server.address != "local":
-        found = ctx.facts_of(server)
-        if isinstance(found, HostError):
-            return []
-        if found.get("running"):
-            return [Result("port", server.name, FAIL, f"run {res.spec.run.name} already has running containers there",
-                           "grpo-deploy down, or grpo-deploy status")]
-        if found.get("listening"):
-            return [Result("port", server.name, FAIL, f"something already listens on port {port} there",
-                           "stop it, or set overrides: {vllm: {port: 8100}}")]
-        return [Result("port", server.name, OK, f"port {port} is free")]
-    client = ctx.docker()
-    mine = compose.containers(client, res.spec.run.name, all_=False) if client else []
-    if mine:
-        return [Result("port", server.name, FAIL, f"run {res.spec.run.name} already has running containers "
-                       f"({', '.join(c.name for c in mine)})", "grpo-deploy down, or grpo-deploy status")]
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as exc:
-            return [Result("port", server.name, FAIL, f"port {port} is already in use on this host ({exc.strerror})",
-                           "stop what listens there, or set overrides: {vllm: {port: 8100}}")]
+    found = ctx.facts_of(server)
+    if isinstance(found, HostError):
+        return []
+    if found.get("running"):
+        return [Result("port", server.name, FAIL, f"run {res.spec.run.name} already has running containers there "
+                       f"({', '.join(found['running'])})", "grpo-deploy down, or grpo-deploy status")]
+    if found.get("listening"):
+        return [Result("port", server.name, FAIL, f"something already listens on port {port} there",
+                       "stop it, or set overrides: {vllm: {port: 8100}}")]
+    if found.get("listening") is None:
+        return [Result("port", server.name, WARN, f"cannot tell whether port {port} is free there (`ss -ltn` did not "
+                       "answer)", "install iproute2 there")]
     return [Result("port", server.name, OK, f"port {port} is free")]
 
 
@@ -185,12 +146,12 @@ def check_driver(ctx: Context) -> list[Result]:
         if res.profiles[host.name].accelerator != "cuda":
             out.append(Result("driver", host.name, SKIP, f"profile {res.profiles[host.name].name} has no GPU"))
             continue
-        found = ctx.facts_of(host) if host.address != "local" else {}
+        found = ctx.facts_of(host)
         if isinstance(found, HostError):
             continue
-        drivers = found["driver"] if host.address != "local" else host_facts.nvidia_driver(ctx.connector(host))
+        drivers = found["driver"]
         for role, tag in [(r, t) for h, r, t in images_needed(res) if h.name == host.name]:
-            labels = ((found.get("images") or {}).get(role) or {}).get("labels") if found else None
+            labels = ((found.get("images") or {}).get(role) or {}).get("labels")
             if labels is None and client is not None:
                 labels = facts.image_labels(client, tag)
             out.append(driver_verdict(host.name, drivers, _image_cuda(tag, labels), tag, _compat_env(res)))

@@ -35,19 +35,17 @@ def check_images(ctx: Context) -> list[Result]:
     client = ctx.docker()  # this machine's engine: local hosts run from it, remote hosts get images shipped from it
     out, versions = [], {}
     for host, role, tag in images_needed(res):
+        found = ctx.facts_of(host)
+        if isinstance(found, HostError):
+            continue
         here = facts.image_labels(client, tag) if client is not None else None
-        labels, shipped = here, ""
-        if host.address != "local":
-            found = ctx.facts_of(host)
-            if isinstance(found, HostError):
-                continue
-            there = (found["images"].get(role) or {}).get("labels") if found["images"].get(role) else None
-            labels = there if there is not None else here
-            shipped = "" if there is not None else f" (not on {host.name} yet: `up` ships it from this machine)"
+        there = (found["images"].get(role) or {}).get("labels") if found["images"].get(role) else None
+        labels = there if there is not None else here  # on this machine's engine only: `up` ships it from here
+        shipped = "" if there is not None else f" (not on {host.name} yet: `up` ships it from this machine)"
         label = f"{role}@{host.name}"
         if labels is None:
             verdict = WARN if res.spec.images.build else FAIL
-            where = "this machine's engine" if host.address == "local" else f"{host.name} or this machine"
+            where = "this machine's engine" if ctx.connector(host).is_local else f"{host.name} or this machine"
             out.append(Result("images", label, verdict, f"{tag} is not on {where}",
                               "`grpo-deploy up` builds it (images.build: true), or `make images`"
                               if res.spec.images.build else "build or load it, or set images.build: true"))
@@ -95,12 +93,7 @@ def images_needed(res: Resolved) -> list[tuple[Any, str, str]]:
 
 def image_on(ctx: Context, host, tag: str) -> bool | str:
     """True when *tag* is on *host*'s engine; else why not (a message)."""
-    if host.address != "local":
-        found = ctx.facts_of(host)
-        if isinstance(found, HostError):
-            return f"{host.name} unreachable (see the reachable check)"
-        return host_facts.image(ctx.connector(host), tag) is not None
-    client = ctx.docker()
-    if client is None:
-        return "Docker engine unreachable (see the docker check)"
-    return facts.image_labels(client, tag) is not None
+    found = ctx.facts_of(host)
+    if isinstance(found, HostError):
+        return f"{host.name} unreachable (see the reachable check)"
+    return host_facts.image(ctx.connector(host), tag) is not None

@@ -10,7 +10,6 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import facts
 from ..hosts import engine
 from ..hosts import facts as host_facts
 from ..hosts.connect import Host, HostError, SshOptions, connect, on_all
@@ -33,7 +32,7 @@ class Context:
     # on first use
     _docker_error: str | None = None
     _plan: Plan | None = None
-    _remote: dict[str, Any] | None = None
+    _facts: dict[str, Any] | None = None
 
     def connector(self, host) -> Host:
         """The connector of a spec host (made once, shared by every check)."""
@@ -42,25 +41,26 @@ class Context:
         return self.connectors[host.name]
 
     def forget_facts(self) -> None:
-        """Read the remote hosts' facts again on next use (`up`: the images are on the hosts now)."""
-        self._remote = None
+        """Read the hosts' facts again on next use (`up`: the images are on the hosts now)."""
+        self._facts = None
 
-    def remote(self) -> dict[str, Any]:
-        """Facts of every remote host, read once and in parallel: {host name: facts dict, or the HostError}."""
-        if self._remote is None:
-            hosts = {h.name: h for h in self.res.spec.hosts if h.address != "local"}
-            self._remote = on_all([self.connector(h) for h in hosts.values()],
-                                  lambda conn: _gather(self, hosts[conn.name], conn))
-        return self._remote
+    def all_facts(self) -> dict[str, Any]:
+        """Facts of every host (this machine's too, through its connector), read once and in parallel: {host name:
+        facts dict, or the HostError that kept them from being read}."""
+        if self._facts is None:
+            hosts = {h.name: h for h in self.res.spec.hosts}
+            self._facts = on_all([self.connector(h) for h in hosts.values()],
+                                 lambda conn: _gather(self, hosts[conn.name], conn))
+        return self._facts
 
     def facts_of(self, host) -> dict[str, Any] | HostError:
-        """The gathered facts of one remote host, or the HostError that kept them from being read."""
-        return self.remote()[host.name]
+        """The gathered facts of one host, or the HostError that kept them from being read."""
+        return self.all_facts()[host.name]
 
     @property
     def gathered(self) -> bool:
-        """Whether the remote facts were read already (preflight) or not (status reads one fact alone)."""
-        return self._remote is not None
+        """Whether the hosts' facts were read already (preflight) or not (status reads one fact alone)."""
+        return self._facts is not None
 
     def close(self) -> None:
         for conn in self.connectors.values():
@@ -87,10 +87,11 @@ class Context:
 
 
 def _gather(ctx: Context, host, conn: Host) -> dict[str, Any]:
-    """Every fact the checks read about one remote host (raises HostError when it cannot be reached)."""
+    """Every fact the checks read about one host (raises HostError when it cannot be reached)."""
     res = ctx.res
     conn.connect()
-    out: dict[str, Any] = {"machine": host_facts.machine(conn), "docker": host_facts.docker_version(conn),
+    out: dict[str, Any] = {"reached": "this machine (no SSH)" if conn.is_local else f"ssh {host.address}",
+                           "machine": host_facts.machine(conn), "docker": host_facts.docker_version(conn),
                            "compose": host_facts.compose_version(conn), "clock": host_facts.clock_offset(conn)}
     if res.profiles[host.name].accelerator == "cuda":
         out["gpus"] = host_facts.gpus(conn)
@@ -99,7 +100,7 @@ def _gather(ctx: Context, host, conn: Host) -> dict[str, Any]:
         out["shared_dir"] = host_facts.owner(conn, host.shared_dir)
     if "server" in host.roles:
         out["listening"] = host_facts.listening(conn, res.settings.vllm.port)
-        ps = conn.run(["docker", "ps", "-q", "--filter", f"label={RUN_LABEL}={res.spec.run.name}"])
+        ps = conn.run(["docker", "ps", "--format", "{{.Names}}", "--filter", f"label={RUN_LABEL}={res.spec.run.name}"])
         out["running"] = ps.out.split()
     out["images"] = {key: host_facts.image(conn, res.images[key]) for key in image_roles(res, host)}
     if host.name == storage_host(res).name:
@@ -145,53 +146,38 @@ def _own_checkpoint_bytes(ctx: Context) -> int:
     rel = os.path.relpath(res.checkpoint_dir, res.spec.storage.mount)
     if res.spec.storage.nfs is not None and not host.shared_dir:
         return 0  # measured on the NFS server, not here
-    if host.address != "local":
-        try:
-            conn = ctx.connector(host)
-            base = host.shared_dir or host_facts.volume_mountpoint(conn, res.spec.storage.volume)
-            if not base:
-                return 0
-            r = conn.run(["du", "-s", "-B1", f"--exclude={QUARANTINE_DIR}", os.path.join(base, rel)])
-        except HostError:
+    try:
+        conn = ctx.connector(host)
+        base = host.shared_dir or host_facts.volume_mountpoint(conn, res.spec.storage.volume)
+        if not base:
             return 0
-        first = r.out.split()[0] if r.ok and r.out.split() else ""
-        return int(first) if first.isdigit() else 0
-    if host.shared_dir:
-        base = host.shared_dir
-    else:
-        client = ctx.docker()
-        base = facts.volume_mountpoint(client, res.spec.storage.volume) if client is not None else None
-    return facts.tree_bytes(os.path.join(base, rel), skip=(QUARANTINE_DIR,)) if base else 0
+        r = conn.run(["du", "-s", "-B1", f"--exclude={QUARANTINE_DIR}", os.path.join(base, rel)])
+    except HostError:
+        return 0
+    first = r.out.split()[0] if r.ok and r.out.split() else ""
+    return int(first) if first.isdigit() else 0
 
 
 def measured_free_space(ctx: Context) -> tuple[int | None, str, str]:
+    """(free bytes, filesystem measured, how) where the checkpoints land: df on the host that holds them, through its
+    connector (the figure preflight gathered, or this one fact alone for status)."""
     res = ctx.res
     host = storage_host(res)
     if host.name in ctx.free_space:
         return ctx.free_space[host.name], f"{host.name}:{res.checkpoint_dir}", "given with --free-space"
-    if host.address != "local":
-        if ctx.gathered:  # preflight gathered every fact already
-            found = ctx.facts_of(host)
-            free = found.get("free") if isinstance(found, dict) else None
-        else:  # status: this one fact only
-            try:
-                conn = ctx.connector(host)
-                free = host_facts.free_space(conn, storage_path(res, host, conn))
-            except HostError:
-                free = None
-        if free is None:
-            return None, f"{host.name}:{res.checkpoint_dir}", "remote host unreachable (see the reachable check)"
-        return free.free_bytes, f"{host.name}:{free.path}", "df on the host that holds the checkpoints"
-    if host.shared_dir:
-        rel = os.path.relpath(res.checkpoint_dir, res.spec.storage.mount)
-        d = facts.disk_free(os.path.join(host.shared_dir, rel))
-        return d.free_bytes, d.path, "statvfs of the shared directory on this host"
-    if res.spec.storage.nfs is not None:
+    if res.spec.storage.nfs is not None and not host.shared_dir:
         return (None, f"nfs {res.spec.storage.nfs.server}:{res.spec.storage.nfs.export}",
                 "NFS export: measured on its server")
-    client = ctx.docker()
-    if client is None:
-        return None, f"docker volume {res.spec.storage.volume}", f"Docker engine unreachable ({ctx.docker_error})"
-    where = facts.volume_mountpoint(client, res.spec.storage.volume) or facts.docker_info(client)["root_dir"]
-    d = facts.disk_free(where)
-    return d.free_bytes, d.path, f"statvfs of the Docker volume {res.spec.storage.volume} (local engine)"
+    if ctx.gathered:  # preflight gathered every fact already
+        found = ctx.facts_of(host)
+        free = found.get("free") if isinstance(found, dict) else None
+    else:  # status: this one fact only
+        try:
+            conn = ctx.connector(host)
+            free = host_facts.free_space(conn, storage_path(res, host, conn))
+        except HostError:
+            free = None
+    if free is None:
+        return None, f"{host.name}:{res.checkpoint_dir}", "host unreachable or df failed (see the reachable check)"
+    where = free.path if ctx.connector(host).is_local else f"{host.name}:{free.path}"  # this machine's paths bare
+    return free.free_bytes, where, "df on the host that holds the checkpoints"

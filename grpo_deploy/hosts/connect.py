@@ -89,6 +89,15 @@ class Host:
         """Create or replace a file (parents created, owned by the login user), written then renamed."""
         raise NotImplementedError
 
+    def put_tree(self, folder: str, files: dict[str, tuple[str, int]]) -> None:
+        """Write {relative path: (text, mode)} under *folder*, file by file (write_file)."""
+        for rel, (text, mode) in files.items():
+            self.write_file(f"{folder}/{rel}", text.encode("utf-8"), mode)
+
+    def connect(self) -> Host:
+        """Open the connection (this machine's connector has none to open)."""
+        return self
+
     def close(self) -> None:
         pass
 
@@ -146,6 +155,20 @@ class LocalHost(Host):
             handle.write(data)
         os.chmod(tmp, mode)
         os.replace(tmp, target)
+
+    def put_tree(self, folder: str, files: dict[str, tuple[str, int]]) -> None:
+        """On this machine the render folder is written as `render -o` writes one (grpo_deploy.render_folder): only
+        into a new folder or the kit's own earlier render, files of that render this one lacks removed, nothing
+        written through a link, folders kept (containers of the run still up bind-mount config/); HostError when
+        refused, the folder untouched."""
+        from ..render_folder import WriteRefused, write_tree
+
+        try:
+            written = write_tree({rel: text for rel, (text, _) in files.items()}, Path(folder))
+        except WriteRefused as exc:
+            raise HostError(self.name, f"cannot write the run's render: {exc}", "remove or move that path") from None
+        for path, (_, mode) in zip(written, files.values(), strict=True):
+            os.chmod(path, mode)
 
 
 @dataclass

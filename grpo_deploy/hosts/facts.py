@@ -93,11 +93,13 @@ def free_space(host: Host, target: str) -> Free | None:
     """Free bytes of the filesystem that holds *target* (or would, once created)."""
     candidates = [str(p) for p in [PurePosixPath(target), *PurePosixPath(target).parents]]
     r = host.run(["df", "-P", "-B1", *candidates])
-    rows = [line.split() for line in r.out.strip().splitlines()[1:]]
-    for row in rows:  # df prints the existing ones in order; the first is the nearest
-        if len(row) >= 6 and row[3].isdigit():
-            return Free(candidates[0] if row[5] == candidates[0] else row[5], int(row[3]))
-    return None
+    rows = [row for row in (line.split() for line in r.out.strip().splitlines()[1:]) if len(row) >= 6
+            and row[3].isdigit()]
+    if not rows:
+        return None
+    # df prints a row for each candidate that exists, in order; a folder's parents exist when it does, so the rows
+    # are the last len(rows) candidates and the first row is the nearest existing one.
+    return Free(candidates[len(candidates) - len(rows)], int(rows[0][3]))
 
 
 def clock_offset(host: Host) -> float | None:

@@ -12,6 +12,8 @@ from ..kit_data import kit_dir
 from ..names import COMPOSE_FILES, ROLE_LABEL, RUN_LABEL, project_name
 from .connect import Host, HostError, Result
 
+ENV_FILE_LABEL = "com.docker.compose.project.environment_file"  # compose's label: the env file a container came from
+
 
 def compose_files() -> dict[str, str]:
     """The kit's compose files (the same ones `docker compose up` uses in compose/)."""
@@ -41,13 +43,11 @@ class RemoteProject:
         total = 0
         for name, text in compose_files().items():
             total += self._write(f"{self.root}/compose/{name}", text, 0o600)
-        for rel, text in render.items():
-            if rel.startswith("config/"):
-                total += self._write(f"{self.root}/render/{rel}", text, 0o644)
-            elif rel.startswith(f"hosts/{self.host.name}."):
-                total += self._write(f"{self.root}/render/{rel}", text, 0o600)
+        mine = {rel: (text, 0o644 if rel.startswith("config/") else 0o600) for rel, text in render.items()
+                if rel.startswith(("config/", f"hosts/{self.host.name}."))}
+        self.host.put_tree(f"{self.root}/render", mine)
         self.host.run(["chmod", "0755", self.root, f"{self.root}/render", self.config_dir])
-        return total
+        return total + sum(len(text.encode("utf-8")) for text, _ in mine.values())
 
     def _write(self, path: str, text: str, mode: int) -> int:
         data = text.encode("utf-8")
@@ -81,7 +81,7 @@ class RemoteProject:
         return r.out + r.err
 
     def containers(self, strict: bool = False) -> list[dict]:
-        """This run's containers on the host: {id, name, role, state, status, health, exit_code}. A query that fails
+        """This run's containers on the host: {id, name, role, state, health, exit_code, env_file}. A query that fails
         counts as none, or raises HostError when *strict* (status says the engine did not answer)."""
         r = self.host.run(["docker", "ps", "-a", "-q", "--no-trunc", "--filter", f"label={RUN_LABEL}={self.run_name}"])
         ids = r.out.split()
@@ -90,19 +90,20 @@ class RemoteProject:
         if not r.ok or not ids:
             return []
         fmt = "\t".join(["{{json .Id}}", "{{json .Name}}", '{{json (index .Config.Labels "' + ROLE_LABEL + '")}}',
-                         "{{json .State.Status}}", "{{json .State.ExitCode}}", "{{json .State.Health}}"])
+                         "{{json .State.Status}}", "{{json .State.ExitCode}}", "{{json .State.Health}}",
+                         '{{json (index .Config.Labels "' + ENV_FILE_LABEL + '")}}'])
         r = self.host.run(["docker", "inspect", "--format", fmt, *ids])
         if strict and not r.ok and not r.out.strip():  # one container gone since ps is not a failure
             raise HostError(self.host.name, f"docker inspect: {r.line()}", "check the host's Docker engine")
         out = []
         for line in r.out.strip().splitlines():
-            cid, name, role, status, code, health = (json.loads(p) for p in line.split("\t"))
+            cid, name, role, status, code, health, env_file = (json.loads(p) for p in line.split("\t"))
             out.append({"id": cid, "name": name.lstrip("/"), "role": role, "state": status, "exit_code": code,
-                        "health": (health or {}).get("Status")})
+                        "health": (health or {}).get("Status"), "env_file": env_file})
         return out
 
-    def container(self, role: str) -> dict | None:
-        found = [c for c in self.containers() if c["role"] == role]
+    def container(self, role: str, strict: bool = False) -> dict | None:
+        found = [c for c in self.containers(strict) if c["role"] == role]
         return found[0] if found else None
 
     def read(self, container_id: str, path: str) -> str | None:
@@ -117,6 +118,10 @@ class RemoteProject:
                 return tar.extractfile(member).read().decode("utf-8", errors="replace") if member else None
         except tarfile.TarError:
             return None
+
+    def has_render(self) -> bool:
+        """Whether this host's env file is in place (an `up` of the run put it there)."""
+        return self.host.run(["test", "-f", self.env_file]).ok
 
     def tail(self, container_id: str, lines: int = 15) -> str:
         r = self.host.run(["docker", "logs", "--tail", str(lines), container_id])

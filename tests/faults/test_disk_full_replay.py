@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import compose, launch, plan, resolve, spec
+from grpo_deploy import compose, deploy, plan, resolve, spec
+from grpo_deploy.deployment import Deployment
+from grpo_deploy.hosts.connect import SshOptions
 from grpo_deploy.runtime.checkpoints import list_checkpoints
 from grpo_deploy.runtime.metrics import parse_events
 from tests.specs import spec_data
@@ -139,13 +141,13 @@ def test_seed000_without_retention_plan_names_the_save_that_fails(seed_disk, cpu
     assert not compose.containers(docker_client, RUN), "preflight failed, yet containers exist"
 
     # The seed's user had no preflight: the same render and compose project, started past it.
-    state = launch.RunState(res)
-    launch.write_render(state)
-    project = state.project()
+    dep = Deployment(res, SshOptions())
+    deploy.put_render(dep, {})
+    project = dep.project("local")
     started = time.time()
     try:
         project.up("server")
-        project.up("trainer", no_deps=True)
+        project.up("trainer")
         deadline = time.time() + UP_TIMEOUT_S
         trainer = compose.containers(docker_client, RUN, "trainer")[0]
         while time.time() < deadline:

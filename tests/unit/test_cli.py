@@ -75,9 +75,9 @@ def test_host_list_drops_blanks():
 
 def test_a_second_up_of_the_same_run_is_refused_at_once(tmp_path):
     """While one `up` of a run holds its lock, another `up` of it from the same folder starts nothing."""
-    from grpo_deploy import launch, resolve
+    from grpo_deploy import resolve, run_state
 
-    state = launch.RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path / ".grpo-deploy")
+    state = run_state.RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path / ".grpo-deploy")
     with state.up_lock():
         proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "up"], cwd=tmp_path, capture_output=True,
                               text=True, timeout=120)
@@ -92,9 +92,9 @@ def test_a_second_up_of_the_same_run_is_refused_at_once(tmp_path):
 def test_a_second_up_of_the_same_run_from_another_folder_is_refused(tmp_path):
     """The run's containers are one set per Docker engine: an `up` of the same run name from another folder would
     recreate them under the first one (seen in a test run: the first run's server got SIGTERM)."""
-    from grpo_deploy import launch, resolve
+    from grpo_deploy import resolve, run_state
 
-    first = launch.RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path / "a" / ".grpo-deploy")
+    first = run_state.RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path / "a" / ".grpo-deploy")
     other = tmp_path / "b"
     other.mkdir()
     with first.up_lock():

@@ -1,4 +1,4 @@
-"""grpo_deploy.deployer: the one place that picks the deployer for a spec's hosts; the CLI does not branch on it."""
+"""grpo_deploy.deployer: one path for a run on any hosts; the CLI does not branch on where hosts are."""
 
 from __future__ import annotations
 
@@ -20,11 +20,6 @@ def _res(hosts: str | None = None):
     return resolve(loads(text))
 
 
-def test_only_ssh_hosts_take_the_connectors_deployer():
-    assert deployer.across_hosts(_res()) is False
-    assert deployer.across_hosts(_res("spark1,spark2")) is True
-
-
 def test_the_cli_names_no_host_address_and_neither_deployer():
     """Where hosts are is the deployer's question: the CLI has no `address` test and imports neither deployer."""
     tree = ast.parse(CLI.read_text(encoding="utf-8"))
@@ -40,5 +35,5 @@ def test_logs_of_a_role_the_engine_lacks_is_refused_before_any_host_is_reached()
 
 
 def test_logs_of_another_host_on_a_local_run_is_refused():
-    with pytest.raises(deployer.LaunchError, match="this run has one host, local"):
+    with pytest.raises(deployer.LaunchError, match="--host 'spark1': the spec's hosts are local"):
         deployer.logs(_res(), SshOptions(None, False), [], host="spark1")

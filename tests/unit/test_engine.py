@@ -102,7 +102,7 @@ def test_housekeeping_returns_the_default_and_logs_the_problem():
 
 CLIENT_MAKERS = {"from_env", "DockerClient", "APIClient"}
 FACTORY = ROOT / "grpo_deploy" / "hosts" / "engine.py"
-STANDIN_TESTS = ROOT / "tests" / "unit"  # clients of stand-in sockets (test_launch, this file), never of an engine
+STANDIN_TESTS = ROOT / "tests" / "unit"  # clients of stand-in sockets (test_supervise, this file), never of an engine
 
 
 def client_constructions(path: Path) -> list[int]:

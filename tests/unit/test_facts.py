@@ -1,14 +1,20 @@
-"""Tests of grpo_deploy.facts (read-only probes)."""
+"""Tests of grpo_deploy.facts (read-only probes of this machine) and of the free-space fact every host is read by."""
 
 import shutil
 
 from grpo_deploy import facts
+from grpo_deploy.hosts import facts as host_facts
+from grpo_deploy.hosts.connect import LocalHost
 
 
-def test_disk_free_uses_nearest_existing_parent(tmp_path):
-    d = facts.disk_free(str(tmp_path / "not" / "yet"))
-    assert d.path == str(tmp_path)
+def test_free_space_measures_the_nearest_existing_folder(tmp_path):
+    """df through the connector (real df on this machine): a target that does not exist yet is measured at its
+    nearest existing parent, and that folder is named (not the filesystem's mount point)."""
+    (tmp_path / "a").mkdir()
+    d = host_facts.free_space(LocalHost(), str(tmp_path / "a" / "not" / "yet"))
+    assert d.path == str(tmp_path / "a")
     assert abs(d.free_bytes - shutil.disk_usage(tmp_path).free) < 64 * 1024**2
+    assert host_facts.free_space(LocalHost(), str(tmp_path)).path == str(tmp_path)
 
 
 def test_netrc_lookup(tmp_path):

@@ -94,10 +94,6 @@ def test_exit_1_when_a_check_fails(tmp_path, capsys):
     assert "FAIL" in capsys.readouterr().out
 
 
-class _FakeContainer:
-    name = "grpo-rehearsal-server-1"
-
-
 class _FakeContainers:
     def __init__(self, found):
         self.found, self.calls = found, []
@@ -125,10 +121,18 @@ def test_context_uses_the_client_it_is_given(monkeypatch):
 
 
 def test_port_check_refuses_a_run_with_running_containers():
-    client = _FakeClient([_FakeContainer()])
-    (r,) = _only(ctx_for(CPU, client=client), "port")
+    """The verdict from the server host's gathered facts (the gathering runs in every real preflight: integration)."""
+    ctx = ctx_for(CPU)
+    ctx._facts = {"local": {"running": ["grpo-rehearsal-server-1"], "listening": True}}
+    (r,) = _only(ctx, "port")
     assert r.verdict == "fail" and "grpo-rehearsal-server-1" in r.fact and "grpo-deploy down" in r.hint
-    assert client.containers.calls == [{"all": False, "filters": {"label": ["org.grpo-deploy.run=rehearsal"]}}]
+    ctx._facts = {"local": {"running": [], "listening": True}}
+    (r,) = _only(ctx, "port")
+    assert r.verdict == "fail" and "already listens on port 8000" in r.fact
+    ctx._facts = {"local": {"running": [], "listening": None}}
+    assert _only(ctx, "port")[0].verdict == "warn"
+    ctx._facts = {"local": {"running": [], "listening": False}}
+    assert _only(ctx, "port")[0].verdict == "ok"
 
 
 def test_checkpoint_headroom_warns_below_one_checkpoint_plus_margin():

@@ -223,13 +223,24 @@ def test_diff_tree_names_missing_differing_and_extra_files(tmp_path):
     assert render_folder.diff_tree(files, tmp_path / "absent") == ["missing  a", "missing  c", "missing  d/b"]
 
 
-def test_run_render_folder_loses_files_of_an_earlier_render_only(tmp_path):
-    from grpo_deploy.launch import LaunchError, RunState, write_render
+def test_run_render_folder_loses_files_of_an_earlier_render_only(tmp_path, monkeypatch):
+    """The deployer's render into this machine's run folder (LocalHost.put_tree) is written as `render -o` writes."""
+    from grpo_deploy import deploy
+    from grpo_deploy.deployment import Deployment
+    from grpo_deploy.hosts.connect import HostError, SshOptions
 
-    state = RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    dep = Deployment(resolve.resolve(new_spec.embedded_default()), SshOptions())
+    state = dep.state
+
+    def write_render(_state):
+        deploy.put_render(dep, {})
+
     write_render(state)
     config_inode = (state.render_dir / "config").stat().st_ino
-    files = render.render_files(state.res, config_dir=str(state.render_dir / "config"))
+    rendered = render.render_files(state.res, config_dir=str(state.render_dir / "config"))
+    files = {rel: text for rel, text in rendered.items()
+             if rel.startswith(("config/", "hosts/local."))}  # what a host's folder holds: config/ and its own files
     assert render_folder.diff_tree(files, state.render_dir) == []
     stale = state.render_dir / "hosts" / "gone.env"  # a file an earlier spec rendered: listed in the record
     stale.write_text("from an earlier spec\n")
@@ -242,6 +253,6 @@ def test_run_render_folder_loses_files_of_an_earlier_render_only(tmp_path):
     assert (state.render_dir / "config").stat().st_ino == config_inode
     (state.render_dir / "hosts" / "local.env").unlink()
     (state.render_dir / "hosts" / "local.env").symlink_to(mine)
-    with pytest.raises(LaunchError, match="cannot render run .*is a symbolic link where the render writes a file"):
+    with pytest.raises(HostError, match="cannot write the run's render: .*is a symbolic link where the render writes"):
         write_render(state)
     assert mine.read_text() == "the user's\n"

@@ -69,16 +69,20 @@ def test_plot_title():
     assert status.plot_title() == "grpo-deploy run"
 
 
-def test_deployer_events_use_the_runtime_envelope(tmp_path):
-    from grpo_deploy import launch, new_spec, resolve
+def test_deployer_events_use_the_runtime_envelope(tmp_path, monkeypatch):
+    from grpo_deploy import new_spec, resolve, run_view
+    from grpo_deploy.deployment import Deployment
+    from grpo_deploy.hosts.connect import SshOptions
 
-    state = launch.RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    dep = Deployment(resolve.resolve(new_spec.embedded_default()), SshOptions())
+    state = dep.state
     state.emit("up_start", run="rehearsal", seconds=float("nan"))
     (line,) = state.deploy_log.read_text().splitlines()
     record = json.loads(line)
     assert list(record)[:2] == ["event", "time"] and record["event"] == "up_start"
     assert record["run"] == "rehearsal" and record["seconds"] is None  # NaN is written as null, never as NaN
-    assert [e["event"] for e in launch.run_events(state)] == ["up_start"]
+    assert [e["event"] for e in run_view.run_events(dep)] == ["up_start"]
 
 
 def test_watch_ends_when_the_run_has_ended(tmp_path):
@@ -86,9 +90,9 @@ def test_watch_ends_when_the_run_has_ended(tmp_path):
     import subprocess
     import sys
 
-    from grpo_deploy import launch, new_spec, resolve
+    from grpo_deploy import new_spec, resolve, run_state
 
-    state = launch.RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path / ".grpo-deploy")
+    state = run_state.RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path / ".grpo-deploy")
     state.emit("up_start", run="rehearsal")
     state.emit("up_end", status="ok", trainer_exit=0)
     proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "status", "--watch", "1", "--json"], cwd=tmp_path,
@@ -112,7 +116,7 @@ def test_a_storage_fault_is_named_in_status():
 
 
 def test_the_servers_own_view_is_added_to_the_fault():
-    from grpo_deploy.launch import view_words
+    from grpo_deploy.supervise import view_words
 
     seen = {"path": "/s/l/v7", "blocked": "/s/l", "problem": "no access", "mode": "0700", "owner": "0:0", "uid": 1000}
     words = view_words(seen)

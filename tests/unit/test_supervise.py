@@ -1,4 +1,5 @@
-"""launch.EnginePatience: a slow Docker engine is ridden out, a silent one ends `up` in one line, real errors pass."""
+"""grpo_deploy.supervise: EnginePatience (a slow Docker engine ridden out, a silent one ends `up` in one line, real
+errors pass), restarts after a death mid-run, the words for container states."""
 
 import io
 import socket
@@ -8,8 +9,8 @@ import time
 import docker
 import pytest
 
-from grpo_deploy import launch
-from grpo_deploy.launch import EnginePatience, LaunchError
+from grpo_deploy.run_state import LaunchError
+from grpo_deploy.supervise import EnginePatience, state_words
 
 
 @pytest.fixture()
@@ -77,7 +78,8 @@ def test_an_error_that_is_not_the_engine_being_slow_is_raised_as_is():
 # ------------------------------------------------------------------ supervise: restarts after a death mid-run
 
 from grpo_deploy import new_spec, resolve  # noqa: E402
-from grpo_deploy.launch import KILLED, RoleDied, RunState, finish, supervise  # noqa: E402
+from grpo_deploy.run_state import RunState  # noqa: E402
+from grpo_deploy.supervise import KILLED, RoleDied, finish, supervise  # noqa: E402
 
 
 def scripted_follow(outcomes):
@@ -136,10 +138,10 @@ def test_poll_returns_what_the_engine_answers_and_gives_up_on_a_silent_one(silen
 
 
 def test_state_words_name_the_exit_code_and_what_137_means():
-    assert launch.state_words("running", None) == "running"
-    assert launch.state_words("exited", 0) == "exited (code 0)"
-    assert launch.state_words("exited", 137) == "exited (code 137 (SIGKILL: killed, or out of memory))"
-    assert launch.state_words("dead", 1) == "dead (code 1)"
+    assert state_words("running", None) == "running"
+    assert state_words("exited", 0) == "exited (code 0)"
+    assert state_words("exited", 137) == "exited (code 137 (SIGKILL: killed, or out of memory))"
+    assert state_words("dead", 1) == "dead (code 1)"
 
 
 def test_finish_names_a_shared_volume_fault_in_ups_output(tmp_path):

@@ -1,0 +1,54 @@
+"""A run's hosts as the deployer holds them: one connector per host (this machine's or SSH) and the run's compose
+project on each, with its folder there — ~/.grpo-deploy/<run> on a remote host, the run's own folder
+(.grpo-deploy/<run>/) on this machine. The only place a host's connector is chosen for a run (hosts.connect.connect)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .hosts import facts as host_facts
+from .hosts.connect import Host, HostError, SshOptions, connect
+from .hosts.project import RemoteProject
+from .names import STATE_DIR
+from .resolve import Resolved
+from .run_state import RunState
+
+
+@dataclass
+class Deployment:
+    """The run's hosts with their connectors and compose projects."""
+
+    res: Resolved
+    ssh: SshOptions
+    state: RunState = field(init=False)
+    hosts: dict[str, Host] = field(default_factory=dict)
+    projects: dict[str, RemoteProject] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.state = RunState(self.res)
+        for host in self.res.spec.hosts:
+            self.hosts[host.name] = connect(host, self.ssh)
+
+    def project(self, name: str) -> RemoteProject:
+        """The run's compose project on a host (HostError when a remote login's home cannot be read)."""
+        if name not in self.projects:
+            host = self.hosts[name]
+            if host.is_local:
+                root = str(self.state.dir)
+            else:
+                home = host_facts.home(host)
+                if not home:
+                    raise HostError(name, "cannot read the login user's home directory", "check the SSH login")
+                root = f"{home}/{STATE_DIR}/{self.res.spec.run.name}"
+            self.projects[name] = RemoteProject(host, root, self.res.spec.run.name)
+        return self.projects[name]
+
+    def role_host(self, role: str) -> str:
+        return self.res.host_for(role).name
+
+    def role_project(self, role: str) -> RemoteProject:
+        return self.project(self.role_host(role))
+
+    def close(self) -> None:
+        for host in self.hosts.values():
+            host.close()
