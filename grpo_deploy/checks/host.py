@@ -69,17 +69,31 @@ def check_docker(ctx: Context) -> list[Result]:
         found = ctx.facts_of(host)
         if isinstance(found, HostError):
             continue
-        version, why = found["docker"]
-        if version is None:
-            out.append(Result("docker", host.name, FAIL, f"no Docker engine answers for the login user: {why}",
-                              "start Docker there (systemctl start docker) and add the user to the docker group"))
-        elif found["compose"] is None:
-            out.append(Result("docker", host.name, FAIL, f"engine {version} but no `docker compose` (Compose v2)",
-                              "install the docker-compose-plugin package there (`make setup` on this machine)"))
-        else:
-            out.append(Result("docker", host.name, OK, f"engine {version}, compose {found['compose']}",
-                              data={"server_version": version, "compose": found["compose"]}))
+        version, compose = found["docker"][0], found["compose"]
+        out.append(engine_problem(host.name, found["docker"]) or compose_problem(host.name, version, compose)
+                   or Result("docker", host.name, OK, f"engine {version}, compose {compose}",
+                             data={"server_version": version, "compose": compose}))
     return out
+
+
+def engine_problem(host_name: str, docker: tuple[str | None, str]) -> Result | None:
+    """The failing verdict when no Docker engine answers (hosts.facts.docker_version's answer), else None; the
+    testinfra check `docker_engine_answers` gives the same verdict."""
+    version, why = docker
+    if version is not None:
+        return None
+    return Result("docker", host_name, FAIL, f"no Docker engine answers for the login user: {why}",
+                  "start Docker there (systemctl start docker) and add the user to the docker group")
+
+
+def compose_problem(host_name: str, engine: str | None, compose: str | None) -> Result | None:
+    """The failing verdict when `docker compose` (Compose v2) does not answer, else None (testinfra:
+    `compose_v2_answers`)."""
+    if compose:
+        return None
+    return Result("docker", host_name, FAIL, f"engine {engine or '?'} but no `docker compose` (Compose v2)",
+                  "install the docker-compose-plugin package there (or the compose binary in ~/.docker/cli-plugins; "
+                  "`make setup` on this machine)")
 
 
 @check("arch", "Each host's machine type and accelerator match its profile")
@@ -90,11 +104,13 @@ def check_arch(ctx: Context) -> list[Result]:
     for host in ctx.res.spec.hosts:
         found = ctx.facts_of(host)
         if not isinstance(found, HostError):
-            out.append(_arch(host, ctx.res.profiles[host.name], found))
+            out.append(arch_verdict(host, ctx.res.profiles[host.name], found))
     return out
 
 
-def _arch(host, profile, found: dict[str, Any]) -> Result:
+def arch_verdict(host, profile, found: dict[str, Any]) -> Result:
+    """The host's machine type and GPUs ({machine, gpus} facts) against its profile; the testinfra check
+    `gpus_visible` gives the same verdict."""
     machine, allowed = found["machine"], profile.hardware.get("arch") or []
     if machine not in allowed:
         return Result("arch", host.name, FAIL, f"the host is {machine}; profile {profile.name} is for "

@@ -10,6 +10,7 @@ import secrets
 import pytest
 
 from grpo_deploy import checks
+from grpo_deploy.checks import host as host_checks
 from grpo_deploy.hostchecks import mounts
 from grpo_deploy.hosts import facts as host_facts
 from grpo_deploy.hosts import oneoff
@@ -32,6 +33,11 @@ def _run_identity(res):
 
 def _sh(conn, *argv: str):
     return conn.run(list(argv))
+
+
+def _said(spec_host, result) -> str:
+    """A preflight verdict (grpo_deploy.checks) as this check's failure line."""
+    return f"{spec_host.name}: {result.fact} -> {result.hint}" if result.hint else f"{spec_host.name}: {result.fact}"
 
 
 def test_shared_dir_present(host, spec_host, res):
@@ -108,16 +114,13 @@ def test_login_user_can_use_docker(host, conn, spec_host):
 
 
 def test_docker_engine_answers(conn, spec_host):
-    version, why = host_facts.docker_version(conn)
-    assert version, (f"{spec_host.name}: no Docker engine answers the login user: {why} -> start it "
-                     "(systemctl start docker) and check DOCKER_HOST")
+    problem = host_checks.engine_problem(spec_host.name, host_facts.docker_version(conn))
+    assert problem is None, _said(spec_host, problem)
 
 
 def test_compose_v2_answers(conn, spec_host):
-    r = _sh(conn, "docker", "compose", "version", "--short")
-    assert r.ok and r.out.strip(), (f"{spec_host.name}: `docker compose` (Compose v2) does not answer: {r.line()} -> "
-                                    "install the docker-compose-plugin package (or the compose binary in "
-                                    "~/.docker/cli-plugins)")
+    problem = host_checks.compose_problem(spec_host.name, None, host_facts.compose_version(conn))
+    assert problem is None, _said(spec_host, problem)
 
 
 def _cuda(spec_host, res):
@@ -140,17 +143,12 @@ def test_nvidia_runtime(conn, spec_host, res):
 def test_gpus_visible(conn, spec_host, res):
     profile = _cuda(spec_host, res)
     gpus = host_facts.gpus(conn)
-    assert gpus, (f"{spec_host.name}: profile {profile.name} needs NVIDIA GPUs; nvidia-smi lists none -> install the "
-                  "NVIDIA driver (nvidia-smi must work for the login user)")
+    verdict = host_checks.arch_verdict(spec_host, profile, {"machine": host_facts.machine(conn), "gpus": gpus})
+    assert verdict.verdict != "fail", _said(spec_host, verdict)
     split = res.engine_info.gpu_split(res, spec_host)
     need = max((i for ids in split.values() for i in ids), default=0) + 1
     assert len(gpus) >= need, (f"{spec_host.name}: {len(gpus)} GPU(s) visible; the spec gives this host GPU indices "
                                f"{split} (hosts[].gpus or the profile's split) -> fix hosts[].gpus")
-    want = profile.hardware.get("gpu_name_contains")
-    names = sorted({g.name for g in gpus})
-    assert not want or any(want.lower() in n.lower() for n in names), (
-        f"{spec_host.name}: GPUs are {', '.join(names)}; profile {profile.name} is tuned for {want} -> use the "
-        "profile of this hardware")
 
 
 def _checkpoint_path(res, spec_host, conn) -> str | None:
