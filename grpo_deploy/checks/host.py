@@ -28,6 +28,11 @@ COMPAT_ENV = "VLLM_ENABLE_CUDA_COMPATIBILITY"
 @check("reachable", "Every host answers over SSH with a verified host key (this machine needs none)")
 
 
+def reached(ctx: Context) -> list[tuple[Any, dict[str, Any]]]:
+    """(spec host, its gathered facts) of every host that answered; the `reachable` check reports the others."""
+    return [(host, found) for host in ctx.res.spec.hosts if not isinstance(found := ctx.facts_of(host), HostError)]
+
+
 def check_reachable(ctx: Context) -> list[Result]:
     out = []
     for host in ctx.res.spec.hosts:
@@ -45,10 +50,7 @@ def check_reachable(ctx: Context) -> list[Result]:
 
 def check_clock(ctx: Context) -> list[Result]:
     out = []
-    for host in ctx.res.spec.hosts:
-        found = ctx.facts_of(host)
-        if isinstance(found, HostError):
-            continue
+    for host, found in reached(ctx):
         offset = found.get("clock")
         if offset is None:
             out.append(Result("clock", host.name, WARN, "could not read the clock (date +%s.%N)"))
@@ -65,10 +67,7 @@ def check_clock(ctx: Context) -> list[Result]:
 
 def check_docker(ctx: Context) -> list[Result]:
     out = []
-    for host in ctx.res.spec.hosts:
-        found = ctx.facts_of(host)
-        if isinstance(found, HostError):
-            continue
+    for host, found in reached(ctx):
         version, compose = found["docker"][0], found["compose"]
         out.append(engine_problem(host.name, found["docker"]) or compose_problem(host.name, version, compose)
                    or Result("docker", host.name, OK, f"engine {version}, compose {compose}",
@@ -100,12 +99,7 @@ def compose_problem(host_name: str, engine: str | None, compose: str | None) -> 
 
 
 def check_arch(ctx: Context) -> list[Result]:
-    out = []
-    for host in ctx.res.spec.hosts:
-        found = ctx.facts_of(host)
-        if not isinstance(found, HostError):
-            out.append(arch_verdict(host, ctx.res.profiles[host.name], found))
-    return out
+    return [arch_verdict(host, ctx.res.profiles[host.name], found) for host, found in reached(ctx)]
 
 
 def arch_verdict(host, profile, found: dict[str, Any]) -> Result:

@@ -59,15 +59,11 @@ def _window(causal: bool, window_size: tuple[int, int]) -> tuple[int, int]:
     return left, right
 
 
-def segment_mask(
-    seg_q: torch.Tensor, pos_q: torch.Tensor, seg_k: torch.Tensor, pos_k: torch.Tensor, left: int, right: int
-) -> torch.Tensor:
-    """Boolean (Tq, Tk) mask: same segment, and the key inside the query's window.
-
-    `pos_q` is a query's position on its segment's key axis, i.e. aligned bottom-right (query i of a segment with Lq
-    queries and Lk keys sits at key position i + Lk - Lq), which is FlashAttention's convention when q is shorter
-    than k.
-    """
+def segment_mask(seg_q: torch.Tensor, pos_q: torch.Tensor, seg_k: torch.Tensor, pos_k: torch.Tensor, left: int,
+                 right: int) -> torch.Tensor:
+    """Boolean (Tq, Tk) mask: same segment, and the key inside the query's window. `pos_q` is a query's position on
+    its segment's key axis, i.e. aligned bottom-right (query i of a segment with Lq queries and Lk keys sits at key
+    position i + Lk - Lq), which is FlashAttention's convention when q is shorter than k."""
     allowed = seg_q[:, None] == seg_k[None, :]
     offset = pos_k[None, :] - pos_q[:, None]
     if right >= 0:
