@@ -92,8 +92,11 @@ def images_needed(res: Resolved) -> list[tuple[Any, str, str]]:
 
 
 def image_on(ctx: Context, host, tag: str) -> bool | str:
-    """True when *tag* is on *host*'s engine; else why not (a message)."""
-    found = ctx.facts_of(host)
-    if isinstance(found, HostError):
+    """True when *tag* is on *host*'s engine; else why not (a message). Asked alone (the testinfra probe) when the
+    session has gathered no facts."""
+    if ctx.gathered and isinstance(ctx.facts_of(host), HostError):
         return f"{host.name} unreachable (see the reachable check)"
-    return host_facts.image(ctx.connector(host), tag) is not None
+    try:
+        return host_facts.image(ctx.connector(host), tag) is not None
+    except HostError as exc:
+        return f"{host.name} unreachable ({exc.what})"

@@ -96,57 +96,63 @@ def check_shared_volume(ctx: Context) -> list[Result]:
     why_not = res.engine_info.why_not("shared-volume")
     if why_not is not None:
         return [Result("shared-volume", "-", SKIP, why_not)]
-    t_host, s_host = res.host_for("trainer"), res.host_for("server")
-    where = t_host.name if t_host.name == s_host.name else f"{t_host.name}->{s_host.name}"
-    for host, role in ((t_host, "trainer"), (s_host, "server")):
+    return [shared_volume_probe(ctx, res.engine_info.main_role, res.engine_info.reader_role)]
+
+
+def shared_volume_probe(ctx: Context, writer: str, reader: str) -> Result:
+    """The probe between two roles' hosts, in their images, as their identities (the testinfra check
+    `shared_dir_cross_host_write_read` gives this same verdict through its own connectors): *writer* saves a real
+    safetensors file on the share the way adapters and checkpoints are saved; *reader* reads it on its host."""
+    res = ctx.res
+    w_host, r_host = res.host_for(writer), res.host_for(reader)
+    where = w_host.name if w_host.name == r_host.name else f"{w_host.name}->{r_host.name}"
+    for host, role in ((w_host, writer), (r_host, reader)):
         image = res.image_for(role)
         present = image_on(ctx, host, image)
         if present is not True:
-            return [Result("shared-volume", where, SKIP, present or f"image {image} is not on {host.name} "
-                           "yet: `up` ships it and probes then")]
-    trainer, server = res.identities["trainer"], res.identities["server"]
+            return Result("shared-volume", where, SKIP, present or f"image {image} is not on {host.name} yet: `up` "
+                          "ships it and probes then")
+    w_ident, r_ident = res.identities[writer], res.identities[reader]
     probe_dir = f"{res.run_dir}/.preflight-probe"
-    mount = res.spec.storage.mount
-    w = _in_container(ctx, t_host, res.image_for("trainer"), trainer,
+    w = _in_container(ctx, w_host, res.image_for(writer), w_ident,
                       ["python3", "-m", "grpo_deploy.runtime.probe", "write", "--dir", probe_dir])
     if oneoff.engine_error(w) is not None:
-        return [_cannot_start(res, where, t_host.name, oneoff.engine_error(w))]
+        return _cannot_start(res, where, w_host.name, oneoff.engine_error(w))
     if not w.ok:
-        return [Result("shared-volume", where, FAIL,
-                       f"the trainer identity UID {trainer.uid}:{trainer.gid} (umask {trainer.umask}) cannot write "
-                       f"{probe_dir} on {t_host.name}: {w.line()}",
-                       f"make {t_host.shared_dir or mount} writable by UID {trainer.uid} (directory owner, NFS export "
-                       "owner)")]
+        return Result("shared-volume", where, FAIL,
+                      f"the {writer} identity UID {w_ident.uid}:{w_ident.gid} (umask {w_ident.umask}) cannot write "
+                      f"{probe_dir} on {w_host.name}: {w.line()}",
+                      f"make {w_host.shared_dir or res.spec.storage.mount} writable by UID {w_ident.uid} (directory "
+                      "owner, NFS export owner)")
     written = _last_json(w.out)
     # The reader also removes the probe when it can (same identity: the usual case), saving a container start;
     # otherwise the writer's identity cleans up.
-    r = _in_container(ctx, s_host, res.image_for("server"), server,
+    r = _in_container(ctx, r_host, res.image_for(reader), r_ident,
                       ["sh", "-c", 'python3 -m grpo_deploy.runtime.probe read --dir "$0"; rc=$?; '
                        'rm -rf "$0" 2>/dev/null; exit $rc', probe_dir])
     read = _last_json(r.out)
-    if (trainer.uid, trainer.gid) != (server.uid, server.gid) or not r.ok:
-        _in_container(ctx, t_host, res.image_for("trainer"), trainer, ["rm", "-rf", probe_dir])
+    if (w_ident.uid, w_ident.gid) != (r_ident.uid, r_ident.gid) or not r.ok:
+        _in_container(ctx, w_host, res.image_for(writer), w_ident, ["rm", "-rf", probe_dir])
     if oneoff.engine_error(r) is not None:
-        return [_cannot_start(res, where, s_host.name, oneoff.engine_error(r))]
+        return _cannot_start(res, where, r_host.name, oneoff.engine_error(r))
     path = written.get("path", probe_dir)
     data = {"written": written, "read": read}
     if not r.ok or not read.get("ok", False):
         errors = "; ".join(f"{e.get('path')}: {e.get('error')}" for e in read.get("errors", [])) or r.line()
         missing = "No such file" in errors or "not found" in errors.lower()
-        cause = (f"the server host {s_host.name} does not see the file the trainer host {t_host.name} wrote: the "
-                 "two shared directories are not the same storage" if missing and t_host.name != s_host.name else
-                 f"the server (UID {server.uid}:{server.gid}) cannot read the adapter probe {path} written by the "
-                 f"trainer (UID {trainer.uid}:{trainer.gid}, umask {trainer.umask}, file mode "
+        cause = (f"the {reader} host {r_host.name} does not see the file the {writer} host {w_host.name} wrote: the "
+                 "two shared directories are not the same storage" if missing and w_host.name != r_host.name else
+                 f"the {reader} (UID {r_ident.uid}:{r_ident.gid}) cannot read the adapter probe {path} written by the "
+                 f"{writer} (UID {w_ident.uid}:{w_ident.gid}, umask {w_ident.umask}, file mode "
                  f"{written.get('file_mode')}, dir mode {written.get('dir_mode')})")
-        return [Result(
-            "shared-volume", where, FAIL,
-            f"{cause}: {errors}. vLLM would answer 404 and TRL would misreport it as 'does not expose "
-            "/v1/load_lora_adapter'",
+        then = res.engine_info.unreadable_share
+        return Result(
+            "shared-volume", where, FAIL, f"{cause}: {errors}" + (f". {then}" if then else ""),
             "mount the same share on both hosts (hosts[].shared_dir or storage.nfs)" if missing else
-            "run both roles as the same UID/GID (remove run.roles overrides) with umask 0022", data)]
-    return [Result("shared-volume", where, OK,
-                   f"probe {path} written on {t_host.name} as {trainer.uid}:{trainer.gid} (file "
-                   f"{written.get('file_mode')}) and read on {s_host.name} as {server.uid}:{server.gid}", data=data)]
+            "run both roles as the same UID/GID (remove run.roles overrides) with umask 0022", data)
+    return Result("shared-volume", where, OK,
+                  f"probe {path} written on {w_host.name} as {w_ident.uid}:{w_ident.gid} (file "
+                  f"{written.get('file_mode')}) and read on {r_host.name} as {r_ident.uid}:{r_ident.gid}", data=data)
 
 
 def _cannot_start(res: Resolved, where: str, host_name: str, error: str) -> Result:

@@ -56,6 +56,8 @@ class Engine:
     """section -> the role whose host profile supplies it; a section not named here comes from the main role's."""
     unsupported: dict[str, str] = field(default_factory=dict)
     """What the engine does not support yet -> the one-line reason a user asking for it is given."""
+    unreadable_share: str = ""
+    """What the engine's reader would do with a file on the share it cannot read (the shared-volume probe says it)."""
 
     # ------------------------------------------------------------------ what it is
 

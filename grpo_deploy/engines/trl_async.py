@@ -311,6 +311,7 @@ TRL_ASYNC = TrlAsync(
     sections=COMMON_SECTIONS + ("trl", "vllm", "runtime"),
     checkpoint_layout="trl",
     reader_role="server",
+    unreadable_share="vLLM would answer 404 and TRL would misreport it as 'does not expose /v1/load_lora_adapter'",
     single_host_roles=("server", "trainer"),
     multi_host_roles=(("trainer",), ("server",)),
     settings_roles={"vllm": "server"},

@@ -5,15 +5,14 @@ what the spec wants and the fix."""
 from __future__ import annotations
 
 import os
-import secrets
 
 import pytest
 
 from grpo_deploy import checks
 from grpo_deploy.checks import host as host_checks
+from grpo_deploy.checks import storage as storage_checks
 from grpo_deploy.hostchecks import mounts
 from grpo_deploy.hosts import facts as host_facts
-from grpo_deploy.hosts import oneoff
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 
@@ -178,48 +177,21 @@ def test_checkpoint_disk_headroom(conn, spec_host, res):
 
 
 def test_shared_dir_cross_host_write_read(res, on_host):
-    """A file written 0600 (as safetensors writes adapter weights) as the writer's identity on the trainer's host is
-    read as the reader's identity on the server's host, both in the run's images, through the real shared storage."""
+    """A real safetensors file (weights 0600, as adapters and checkpoints are saved) written as the main role's
+    identity on its host is read as the reader role's identity on the reader's host, both in the run's images,
+    through the real shared storage: preflight's shared-volume probe (checks.storage.shared_volume_probe), run
+    through testinfra's connectors."""
     engine = res.engine_info
     writer = res.host_for(engine.main_role)
-    reader_role = engine.reader_role
-    reader = res.host_for(reader_role)
+    reader = res.host_for(engine.reader_role)
     if reader is None or reader.name == writer.name or len(res.spec.hosts) == 1:
         on_host(writer, label=writer.name)
         pytest.skip(f"shared_dir_cross_host_write_read: the spec has one host ({writer.name}) for "
-                    f"{engine.main_role} and {reader_role}: nothing crosses hosts")
+                    f"{engine.main_role} and {engine.reader_role}: nothing crosses hosts")
     label = f"{writer.name}->{reader.name}"
-    w_conn, r_conn = on_host(writer, label), on_host(reader, label)
-    w_ident, r_ident = res.identities[engine.main_role], res.identities[reader_role]
-    w_image, r_image = res.image_for(engine.main_role), res.image_for(reader_role)
-    for c, image in ((w_conn, w_image), (r_conn, r_image)):
-        if host_facts.image(c, image) is None:
-            pytest.skip(f"image {image} is not on {c.name} (the probe runs in the run's images) -> "
-                        "`grpo-deploy up` ships it, or docker load it there")
-    folder = f"{res.spec.storage.mount}/.grpo-hostcheck-{secrets.token_hex(4)}"
-    token = secrets.token_hex(8)
-
-    def in_image(c, spec_host, image, ident, *argv):
-        return oneoff.run(c, image, list(argv), ident=ident, share=(res, spec_host))
-
-    write = in_image(w_conn, writer, w_image, w_ident, "sh", "-c",
-                     'mkdir -p "$0" && printf %s "$1" > "$0/adapter_model.safetensors" && '
-                     'chmod 0600 "$0/adapter_model.safetensors"', folder, token)
-    try:
-        refused = oneoff.engine_error(write)
-        assert refused is None, (f"{writer.name}: a container with the share mounted cannot start: {refused} -> "
-                                 f"{oneoff.start_failure_fix(res, writer.name, refused)}")
-        assert write.ok, (f"{writer.name}: the run identity {w_ident.user} (umask {w_ident.umask}) cannot write "
-                          f"{folder} ({writer.shared_dir or res.spec.storage.volume} on the host): {write.line()} -> "
-                          f"make it writable by UID {w_ident.uid}")
-        read = in_image(r_conn, reader, r_image, r_ident, "cat", f"{folder}/adapter_model.safetensors")
-        missing = "No such file" in read.err
-        assert read.ok and read.out == token, (
-            f"{reader.name} does not see the file {writer.name} wrote ({folder}): hosts[].shared_dir on the two "
-            f"hosts are not the same storage -> mount the same share at both (storage.nfs or hosts[].shared_dir)"
-            if missing else
-            f"{reader.name}: the {reader_role} identity {r_ident.user} cannot read {folder}/adapter_model.safetensors "
-            f"written 0600 by {w_ident.user} on {writer.name}: {read.line()} -> run both roles as the same UID/GID "
-            "(remove run.roles overrides)")
-    finally:
-        in_image(w_conn, writer, w_image, w_ident, "rm", "-rf", folder)
+    ctx = checks.Context(res, connectors={writer.name: on_host(writer, label), reader.name: on_host(reader, label)})
+    verdict = storage_checks.shared_volume_probe(ctx, engine.main_role, engine.reader_role)
+    if verdict.verdict == "skip":
+        pytest.skip(f"{verdict.fact} (the probe runs in the run's images) -> `grpo-deploy up` ships them, or docker "
+                    "load them there")
+    assert verdict.verdict == "ok", f"{label}: {verdict.fact} -> {verdict.hint}"

@@ -99,7 +99,8 @@ def test_a_shared_dir_owned_by_another_uid_fails_on_every_host(spec, hosts, ship
         assert line.startswith("FAIL") and f"{name}: {SHARED_DIR} is owned by 4242:1000" in line
         assert "chown 1000:1000" in line
     probe = got[("spark1->spark2", "shared_dir_cross_host_write_read")]
-    assert probe.startswith("FAIL") and "spark1: the run identity 1000:1000" in probe and "cannot write" in probe
+    assert probe.startswith("FAIL") and "the trainer identity UID 1000:1000" in probe and "cannot write" in probe
+    assert "on spark1" in probe and "writable by UID 1000" in probe
 
 
 def test_a_host_with_its_own_shared_dir_fails_that_host_and_the_probe(spec, hosts, shipped):
@@ -116,7 +117,8 @@ def test_a_host_with_its_own_shared_dir_fails_that_host_and_the_probe(spec, host
     assert f"spark2: {SHARED_DIR} is owned by 0:0" in got[("spark2", "shared_dir_owner")]
     assert got[("spark1", "shared_dir_owner")].startswith("PASS")
     probe = got[("spark1->spark2", "shared_dir_cross_host_write_read")]
-    assert probe.startswith("FAIL") and "spark2 does not see the file spark1 wrote" in probe
+    assert probe.startswith("FAIL") and "the server host spark2 does not see the file the trainer host spark1 wrote" \
+        in probe and "same share" in probe
 
 
 def test_an_unknown_host_key_fails_that_host_only(spec, hosts):
