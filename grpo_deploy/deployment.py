@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .hosts import facts as host_facts
-from .hosts.connect import Host, HostError, SshOptions, connect
+from .hosts.connect import Host, SshOptions, connect
 from .hosts.project import RemoteProject
-from .names import STATE_DIR
 from .resolve import Resolved
 from .run_state import RunState
 
@@ -33,14 +31,7 @@ class Deployment:
         """The run's compose project on a host (HostError when a remote login's home cannot be read)."""
         if name not in self.projects:
             host = self.hosts[name]
-            if host.is_local:
-                root = str(self.state.dir)
-            else:
-                home = host_facts.home(host)
-                if not home:
-                    raise HostError(name, "cannot read the login user's home directory", "check the SSH login")
-                root = f"{home}/{STATE_DIR}/{self.res.spec.run.name}"
-            self.projects[name] = RemoteProject(host, root, self.res.spec.run.name)
+            self.projects[name] = RemoteProject(host, host.run_folder(self.res.spec.run.name), self.res.spec.run.name)
         return self.projects[name]
 
     def role_host(self, role: str) -> str:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..names import STATE_DIR
 from ..runtime.values import parse_address
 
 CONNECT_TIMEOUT_S = 15
@@ -98,6 +99,14 @@ class Host:
         """Open the connection (this machine's connector has none to open)."""
         return self
 
+    def run_folder(self, run_name: str) -> str:
+        """Where a run's compose files and render live on this host: ~/.grpo-deploy/<run> of the login user (HostError
+        when the home directory cannot be read)."""
+        r = self.run(["pwd"])
+        if not r.ok or not r.out.strip():
+            raise HostError(self.name, "cannot read the login user's home directory", "check the SSH login")
+        return f"{r.out.strip()}/{STATE_DIR}/{run_name}"
+
     def close(self) -> None:
         pass
 
@@ -155,6 +164,10 @@ class LocalHost(Host):
             handle.write(data)
         os.chmod(tmp, mode)
         os.replace(tmp, target)
+
+    def run_folder(self, run_name: str) -> str:
+        """This machine's run folder is the deployer's own: .grpo-deploy/<run> in the working directory (run_state)."""
+        return str((Path(STATE_DIR) / run_name).resolve())
 
     def put_tree(self, folder: str, files: dict[str, tuple[str, int]]) -> None:
         """On this machine the render folder is written as `render -o` writes one (grpo_deploy.render_folder): only

@@ -156,13 +156,3 @@ def layer_chains(host: Host) -> list[list[str]]:
     r = host.run(["docker", "image", "inspect", "--format", "{{json .RootFS.Layers}}", *sorted(set(ids.out.split()))],
                  timeout=120)
     return [json.loads(line) or [] for line in r.out.splitlines() if line.strip()]
-
-
-def home(host: Host) -> str | None:
-    """The login user's home directory (where the run's files go on that host)."""
-    r = host.run(["pwd"]) if not host.is_local else None
-    if r is None:
-        import os
-
-        return os.path.expanduser("~")
-    return r.out.strip() if r.ok else None
