@@ -272,27 +272,37 @@ def save_logs(dep: Deployment) -> None:
     (dep.state.dir / "logs.txt").write_text("\n".join(parts))
 
 
-def down_all(dep: Deployment, volumes: bool = False) -> None:
+def down_all(dep: Deployment, volumes: bool = False, warn: bool = True) -> list[str]:
     """Stop the run's containers on every host (and its volumes with *volumes*); a host where no `up` put the
-    render gets it first, so that `down` from a new folder still finds the run by its compose project."""
+    render gets it first, so that `down` from a new folder still finds the run by its compose project. Returns what
+    failed, a line per host (each also printed as a warning with *warn*: the other hosts are stopped all the same)."""
     def down(host: Host) -> None:
         project = dep.project(host.name)
         if not project.has_render():
             put_render(dep, {}, [host])
-        project.down(volumes)
+        r = project.down(volumes)
+        if not r.ok:
+            raise HostError(host.name, f"docker compose down failed: {r.line()}", "see `docker ps` there")
 
+    failed = []
     for result in on_all(list(dep.hosts.values()), down).values():
         if isinstance(result, HostError):
-            print(f"warning: {result}", file=sys.stderr)
+            if warn:
+                print(f"warning: {result}", file=sys.stderr)
+            failed.append(str(result))
+    return failed
 
 
 def down(res: Resolved, ssh: SshOptions, volumes: bool = False) -> None:
+    """`down`: LaunchError naming the hosts where the run could not be stopped."""
     require_kit()
     dep = Deployment(res, ssh)
     try:
-        down_all(dep, volumes=volumes)
+        failed = down_all(dep, volumes=volumes, warn=False)
     finally:
         dep.close()
+    if failed:
+        raise LaunchError(f"the run was not stopped on {len(failed)} host(s): {'; '.join(failed)}")
 
 
 def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, out=sys.stdout,
