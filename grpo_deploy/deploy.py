@@ -359,11 +359,11 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         # The trainer starts as soon as the server's container runs (`--no-deps`: compose would otherwise hold it
         # until the server is healthy, +15 s to the first step): it builds its model while the server loads, and TRL
         # waits for the server before its first request. Readiness stays the gate: if it fails, both are rolled back.
+        log(f"starting the vLLM server on {server_host} and the trainer on {trainer_host} (the trainer builds its "
+            "model while the server loads)")
         dep.project(server_host).up("server")
         dep.project(trainer_host).up("trainer")
         state.emit("trainer_started")
-        log(f"server starting on {server_host}, trainer on {trainer_host} (it builds its model while the server "
-            "loads)")
         ready_s = wait_server(dep, log, start)
         state.emit("server_ready", seconds=round(ready_s, 2))
         if server_host == trainer_host:
