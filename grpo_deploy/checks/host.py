@@ -25,12 +25,12 @@ DATACENTER_GPUS = ("A100", "A30", "A40", "A10", "A16", "A2", "H100", "H200", "H8
 COMPAT_ENV = "VLLM_ENABLE_CUDA_COMPATIBILITY"
 
 
-@check("reachable", "Every host answers over SSH with a verified host key (this machine needs none)")
-
-
 def reached(ctx: Context) -> list[tuple[Any, dict[str, Any]]]:
     """(spec host, its gathered facts) of every host that answered; the `reachable` check reports the others."""
     return [(host, found) for host in ctx.res.spec.hosts if not isinstance(found := ctx.facts_of(host), HostError)]
+
+
+@check("reachable", "Every host answers over SSH with a verified host key (this machine needs none)")
 
 
 def check_reachable(ctx: Context) -> list[Result]:

@@ -56,6 +56,9 @@ CHECKS: list[Check] = []
 def check(name: str, description: str, *, needs_images: bool = False, reads_images: bool = False):
     """Register a check under *name* (its place in ORDER sets when it runs)."""
     def register(fn: Callable[[Context], list[Result]]) -> Callable[[Context], list[Result]]:
+        expected = f"check_{name.replace('-', '_')}"
+        if fn.__name__ != expected:  # the decorator landed on a helper defined between it and its check
+            raise TypeError(f"@check({name!r}) decorates {fn.__name__}; it belongs on {expected}")
         CHECKS.append(Check(name, description, fn, needs_images, reads_images))
         CHECKS.sort(key=lambda c: ORDER.index(c.name))  # a name missing from ORDER fails at import, by design
         return fn

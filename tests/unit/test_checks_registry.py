@@ -13,3 +13,31 @@ def test_up_picks_its_phases_from_what_each_check_needs():
     assert {c.name for c in checks.CHECKS if c.needs_images} == {"shared-volume"}
     assert checks.before_shipping() == [c.name for c in checks.CHECKS if not c.needs_images]
     assert checks.after_shipping() == ["images", "shared-volume"]  # images re-read once they are on the hosts
+
+
+def test_a_check_decorator_on_anything_but_its_check_is_refused_at_import():
+    """@check(name) belongs on check_<name>: one landing on a helper written between it and its check would make
+    the helper the check (seen: `reachable` returned (host, facts) tuples and `up` ended in a traceback)."""
+    import pytest
+
+    def reached(ctx):
+        return []
+
+    with pytest.raises(TypeError, match=r"@check\('clock'\) decorates reached; it belongs on check_clock"):
+        checks.registry.check("clock", "x")(reached)
+    assert checks.names() == list(checks.registry.ORDER)  # nothing was registered
+
+
+def test_every_check_answers_with_results_on_this_machine():
+    """The whole preflight of the embedded default on this machine's real engine (no images needed): every row is a
+    Result and the table prints."""
+    from grpo_deploy import new_spec, resolve
+
+    ctx = checks.Context(resolve.resolve(new_spec.embedded_default()))
+    try:
+        results = checks.run_checks(ctx, only=checks.before_shipping())
+    finally:
+        ctx.close()
+    assert results and all(isinstance(r, checks.Result) for r in results), [type(r) for r in results]
+    assert {r.check for r in results} >= {"reachable", "clock", "docker", "arch", "port", "disk"}
+    assert "reachable" in checks.table_text(results)
