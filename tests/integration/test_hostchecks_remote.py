@@ -87,11 +87,13 @@ def test_plain_pytest_passes_the_same_checks(spec, hosts, shipped):
 
 
 def test_a_shared_dir_owned_by_another_uid_fails_on_every_host(spec, hosts, shipped):
-    hosts["spark1"].exec(["chown", "4242:1000", SHARED_DIR])  # one directory behind both hosts: both see it
+    # One directory behind both hosts: both see it. Recursively: the probe writes under the run's own folder, which
+    # an earlier check left there owned by the run user (writable, so the probe would rightly pass).
+    hosts["spark1"].exec(["chown", "-R", "4242:1000", SHARED_DIR])
     try:
         proc = check(spec, hosts)
     finally:
-        hosts["spark1"].exec(["chown", "1000:1000", SHARED_DIR])
+        hosts["spark1"].exec(["chown", "-R", "1000:1000", SHARED_DIR])
     got = check_lines(proc.stdout)
     assert proc.returncode == 1
     for name in ("spark1", "spark2"):
