@@ -90,7 +90,7 @@ class RemoteProject:
         if not r.ok or not ids:
             return []
         fmt = "\t".join(["{{json .Id}}", "{{json .Name}}", '{{json (index .Config.Labels "' + ROLE_LABEL + '")}}',
-                         "{{json .State.Status}}", "{{json .State.ExitCode}}", "{{json .State.Health}}",
+                         "{{json .State.Status}}", "{{json .State.ExitCode}}", "{{json (index .State \"Health\")}}",
                          '{{json (index .Config.Labels "' + ENV_FILE_LABEL + '")}}'])
         r = self.host.run(["docker", "inspect", "--format", fmt, *ids])
         if strict and not r.ok and not r.out.strip():  # one container gone since ps is not a failure
