@@ -148,7 +148,8 @@ def _server_ready(dep: Deployment) -> bool:
 def _last_server_line(dep: Deployment) -> str:
     server = dep.role_project("server")
     c = server.container("server")
-    return server.tail(c["id"], 1).splitlines()[-1][-110:] if c and server.tail(c["id"], 1) else ""
+    lines = server.tail(c["id"], 1).splitlines() if c else []
+    return lines[-1][-110:] if lines else ""
 
 
 def wait_server(dep: Deployment, log: Callable[[str], None], since: float) -> float:
