@@ -10,6 +10,7 @@ wrap changes the backend only when that platform is the one in use. Imports noth
 from __future__ import annotations
 
 import os
+import sys
 import types
 from contextlib import contextmanager
 from typing import Any
@@ -27,16 +28,19 @@ def _nothing(*_args, **_kwargs) -> None:
 
 
 def device_module() -> types.SimpleNamespace:
-    """`torch.cpu` with what verl calls on a device module and torch.cpu lacks: seeds (torch's global generator),
-    empty_cache, and memory statistics that read zero."""
+    """`torch.cpu` with what verl calls on a device module and torch.cpu lacks: seeds and RNG state (torch's global
+    generator), the device's name, empty_cache and a memory fraction that do nothing, memory statistics that read
+    zero."""
     import torch
 
-    names = ("set_device", "current_device", "device_count", "synchronize", "is_available")
+    names = ("set_device", "current_device", "device_count", "synchronize", "is_available", "current_stream",
+             "stream", "Stream", "Event")
     shim = types.SimpleNamespace(**{n: getattr(torch.cpu, n) for n in names if hasattr(torch.cpu, n)})
     shim.manual_seed = torch.manual_seed
     shim.manual_seed_all = torch.manual_seed
-    shim.empty_cache = _nothing
-    shim.ipc_collect = _nothing
+    shim.get_rng_state, shim.set_rng_state = torch.get_rng_state, torch.set_rng_state
+    shim.get_device_name = lambda *_a, **_k: "CPU"  # verl's FLOPs table has no CPU: MFU reads 0
+    shim.empty_cache = shim.ipc_collect = shim.set_per_process_memory_fraction = _nothing
     for stat in ("max_memory_allocated", "max_memory_reserved", "memory_allocated", "memory_reserved"):
         setattr(shim, stat, _zero)
     shim.reset_peak_memory_stats = _nothing
@@ -58,10 +62,11 @@ def platform_class(base: type) -> type:
             return True
 
         def is_platform_available(self, use_smi_check=False) -> bool:
-            return os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM  # never auto-detected
+            return in_use()  # never auto-detected
 
-        def current_device(self) -> int:
-            return 0
+        def current_device(self) -> str:
+            # verl moves tensors with .to(get_device_id()): an index would mean an accelerator, "cpu" is the CPU
+            return "cpu"
 
         def device_count(self) -> int:
             return 1
@@ -109,7 +114,7 @@ def gloo_backend(original):
     `cpu:gloo,<device>:<backend>`, which torch refuses when the device is cpu too)."""
 
     def initialize(timeout_second=None, backend=None):
-        if backend is None and os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM:
+        if backend is None and in_use():
             backend = "gloo"
         return original(timeout_second=timeout_second, backend=backend)
 
@@ -117,9 +122,27 @@ def gloo_backend(original):
     return initialize
 
 
+def in_use() -> bool:
+    """The CPU platform is the one asked for (VERL_PLATFORM=cpu)."""
+    return os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM
+
+
+def vllm_lora_names() -> None:
+    """verl's LoRA loader inside vLLM (its hijack of `_load_adapter`) asks vLLM >= 0.25 for
+    `WeightsMapper.get_unstacked_mapper`; the vLLM CPU build installable beside torch 2.13 (0.32) names the same
+    mapping `get_rename_mapper` (renames only, no stacking). Give the old name to the new method, only in a process
+    where vLLM is already loaded (a rollout worker: verl is imported there after vLLM) and only when it is missing."""
+    if "vllm" not in sys.modules:
+        return
+    from vllm.model_executor.models.utils import WeightsMapper
+
+    if not hasattr(WeightsMapper, "get_unstacked_mapper") and hasattr(WeightsMapper, "get_rename_mapper"):
+        WeightsMapper.get_unstacked_mapper = WeightsMapper.get_rename_mapper
+
+
 def register() -> None:
     """verl's `verl.plugins` entry point: register the platform and wrap the process-group call (before
-    verl.workers.engine_workers imports its name)."""
+    verl.workers.engine_workers imports its name); with the platform in use, the vLLM name verl's LoRA loader needs."""
     from verl.plugin.platform.platform_base import PlatformBase
     from verl.plugin.platform.platform_manager import PlatformRegistry
     from verl.utils import distributed
@@ -128,3 +151,5 @@ def register() -> None:
         PlatformRegistry.register(platform=PLATFORM)(platform_class(PlatformBase))
     if not hasattr(distributed.initialize_global_process_group_ray, "__wrapped__"):
         distributed.initialize_global_process_group_ray = gloo_backend(distributed.initialize_global_process_group_ray)
+    if in_use():
+        vllm_lora_names()

@@ -14,8 +14,9 @@ import argparse
 import os
 import sys
 
-from .data import DATASETS, DatasetSpec, brevity_rows, read_records, user_prompt
-from .rewards import answers_match, gsm8k_gold, last_boxed, predicted_answer
+# Absolute imports: verl loads this file by its path (a module without a package), not as grpo_deploy.runtime.verl_data.
+from grpo_deploy.runtime.data import DATASETS, DatasetSpec, brevity_rows, read_records, user_prompt
+from grpo_deploy.runtime.rewards import answers_match, gsm8k_gold, last_boxed, predicted_answer
 
 INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
 """Appended to every GSM8K question, as verl's own GSM8K preprocessing does (seed 000: plain chain of thought)."""
