@@ -32,6 +32,7 @@ GPU_IMAGES: dict[str, GpuImage] = {i.name: i for i in (
     GpuImage("verl", "images/verl/Dockerfile", "13.0"),
 )}
 CPU_TAG = f"{NAMESPACE}/cpu:{__version__}"
+VERL_CPU_TAG = f"{NAMESPACE}/verl-cpu:{__version__}"
 """The cpu image (built by `grpo-deploy images build cpu` for the machine it runs on; one tag)."""
 
 
@@ -52,7 +53,7 @@ def manifest_tag(image: str, version: str = __version__, namespace: str = NAMESP
 
 def produced() -> set[str]:
     """Every tag the build produces with the default namespace and version."""
-    tags = {CPU_TAG}
+    tags = {CPU_TAG, VERL_CPU_TAG}
     for image in GPU_IMAGES.values():
         tags |= {arch_tag(image.name, arch) for arch in image.arches} | {manifest_tag(image.name)}
     return tags

@@ -11,7 +11,7 @@ import re
 import tarfile
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import __version__
@@ -20,7 +20,7 @@ from ..hosts.engine import image_or_none
 from . import locks, wheelhouse
 from .base import build_base
 from .progress import Step, StepFailed, human
-from .recipes import BASE_SUITES, Recipe, known_base
+from .recipes import BASE_SUITES, RECIPES, Recipe, known_base
 
 DEPS_REPO_SUFFIX = "-deps"
 _STEP = re.compile(r"^Step (\d+)/(\d+) :")
@@ -190,6 +190,8 @@ def build_deps(client, recipe: Recipe, images: Path, wheel_dir: Path, log_dir: P
     wheelhouse.ensure(recipe, images, wheel_dir, log_dir)
     pins = locks.parse(lock_bytes.decode(), str(images / recipe.lock))
     wheels = locks.select(pins, wheel_dir)
+    if recipe.sdist_lock:  # wheels built here from source archives whose sha256 the sdist lock pins
+        wheels += locks.select(locks.read(images / recipe.sdist_lock), wheel_dir, check_hash=False)
     members = [Member("Dockerfile", dockerfile.encode()), Member("requirements.lock", lock_bytes),
                *(Member(name, path, path.stat().st_mode & 0o777) for name, path in files.items())]
     args = {"BASE_IMAGE": recipe.base, **{arg: locks.version_of(pins, project) for arg, project in
@@ -237,6 +239,27 @@ def retire_old_deps(client, keep: str) -> list[str]:
     return retired
 
 
+def ensure_deps(client, recipe: Recipe, images: Path, build_dir: Path, wheel_dir: Path,
+                force: bool = False) -> tuple[str, bool]:
+    """The recipe's dependency image, and what it starts from first: the kit's debootstrap base when missing, or
+    with base_recipe that recipe's dependency image (never forced: *force* is this recipe's). (its tag, built now)."""
+    log_dir = build_dir / "logs"
+    if recipe.base_recipe:
+        parent = RECIPES[recipe.base_recipe]
+        parent_tag, _ = ensure_deps(client, parent, images, build_dir,
+                                    build_dir / "wheelhouse" / parent.wheelhouse_name())
+        recipe = replace(recipe, base=parent_tag)
+    elif image_or_none(client, recipe.base) is None:
+        known = known_base(recipe.base)
+        if known is None:
+            raise StepFailed(f"the base image {recipe.base} is missing: build or load it first")
+        # the kit's own base: debootstrap (root) + import, a minute (4 under QEMU)
+        with wheelhouse.prefetched(recipe, images, wheel_dir, log_dir):  # no base: the deps image is missing too
+            build_base(client, recipe.base, images / "base.sh", build_dir / "rootfs", log_dir,
+                       suite=BASE_SUITES[known[0]], arch=known[1])
+    return build_deps(client, recipe, images, wheel_dir, log_dir, force)
+
+
 def build(client, recipe: Recipe, images: Path, package_dir: Path, build_dir: Path, *, tag: str | None = None,
           uid: int = 1000, gid: int = 1000, wheel_dir: Path | None = None, force: bool = False) -> BuildResult:
     """The recipe's image: dependency image (cached by its inputs), then the code image on it, skipped when its
@@ -245,15 +268,7 @@ def build(client, recipe: Recipe, images: Path, package_dir: Path, build_dir: Pa
     log_dir = build_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)  # the build state lives here, never in the kit's own folders
     wheel_dir = wheel_dir or build_dir / "wheelhouse" / recipe.wheelhouse_name()
-    if image_or_none(client, recipe.base) is None:
-        known = known_base(recipe.base)
-        if known is None:
-            raise StepFailed(f"the base image {recipe.base} is missing: build or load it first")
-        # the kit's own base: debootstrap (root) + import, a minute (4 under QEMU)
-        with wheelhouse.prefetched(recipe, images, wheel_dir, log_dir):  # no base: the deps image is missing too
-            build_base(client, recipe.base, images / "base.sh", build_dir / "rootfs", log_dir,
-                       suite=BASE_SUITES[known[0]], arch=known[1])
-    base_tag, deps_built = build_deps(client, recipe, images, wheel_dir, log_dir, force)
+    base_tag, deps_built = ensure_deps(client, recipe, images, build_dir, wheel_dir, force)
     if recipe.dockerfile is None:
         client.images.get(base_tag).tag(*tag.rsplit(":", 1))
         return BuildResult(tag, base_tag, deps_built, False)

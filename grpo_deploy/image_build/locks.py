@@ -132,12 +132,13 @@ def missing(pins: list[Pin], directory: Path, check_hash: bool = True) -> list[P
     return [p for p in pins if find_wheel(p, index, check_hash) is None]
 
 
-def select(pins: list[Pin], directory: Path) -> list[Path]:
-    """The wheel file of every pin, hash-checked; LockError naming every pin that has none."""
+def select(pins: list[Pin], directory: Path, check_hash: bool = True) -> list[Path]:
+    """The wheel file of every pin, hash-checked (unless not *check_hash*: wheels built here from a hash-checked
+    source archive); LockError naming every pin that has none."""
     index = wheels_by_pin(directory)
     found, absent = [], []
     for pin in pins:
-        wheel = find_wheel(pin, index)
+        wheel = find_wheel(pin, index, check_hash)
         (found.append(wheel) if wheel else absent.append(pin.spec()))
     if absent:
         raise LockError(f"{directory}: no wheel (or a hash mismatch) for {', '.join(absent[:8])}"
@@ -174,3 +175,28 @@ def subtract(pins: list[Pin], base: list[Pin], keep_changed: bool = False) -> li
     have = {p.key: p.version for p in base}
     return [p for p in pins if p.key not in have
             or (keep_changed and have[p.key] and public(have[p.key]) != public(p.version))]
+
+
+def reachable(report: dict, roots: list[str], stop: set[str]) -> set[str]:
+    """The projects of a `pip install --dry-run --report` reachable from *roots* (requirement strings) through the
+    installed items' requirements (markers evaluated, extras followed) without passing through a project in *stop*
+    (what the base carries: its own dependencies are the base's business, e.g. a CUDA torch's nvidia-* wheels)."""
+    from packaging.requirements import Requirement
+
+    items = {canonical(i["metadata"]["name"]): i["metadata"] for i in report.get("install", [])}
+    todo = [Requirement(r) for r in roots]
+    seen: set[str] = set()
+    while todo:
+        req = todo.pop()
+        name = canonical(req.name)
+        if name in stop or name not in items:
+            continue
+        extras = set(req.extras)
+        if name in seen and not extras:
+            continue
+        seen.add(name)
+        for line in items[name].get("requires_dist") or []:
+            dep = Requirement(line)
+            if dep.marker is None or any(dep.marker.evaluate({"extra": e}) for e in (extras or {""})):
+                todo.append(dep)
+    return seen

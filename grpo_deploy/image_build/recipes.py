@@ -118,12 +118,14 @@ class Recipe:
     lock_requires: tuple[str, ...] = ()  # instead of lock_source: pins read from Dockerfile ARG defaults, written
     # "trl=={trainer/Dockerfile:TRL_VERSION}"; lock_base: what the base image carries (subtracted from the result)
     lock_base: str | None = None
+    lock_base_lock: str | None = None  # instead of lock_base: the lock of the image this one starts from, subtracted
     lock_keep_changed: bool = False  # keep pins the base carries at another version (verl replaces some)
     sdist_only: tuple[str, ...] = ()  # requirements PyPI has only as source archives (pinned in sdist_lock)
     build_args: dict[str, str] = field(default_factory=dict)  # the code image's
     deps_args: dict[str, str] = field(default_factory=dict)  # the dependency image's (part of its key)
     versions: dict[str, str] = field(default_factory=dict)  # build arg -> project whose locked version it gets
     deps_repo: str | None = None  # the dependency image's repository (default: the tag's repository + "-deps")
+    base_recipe: str | None = None  # the dependency image starts FROM that recipe's dependency image (built first)
     wheelhouse: str | None = None  # the wheelhouse folder's name, shared by recipes of one lock (default: name)
 
     def wheelhouse_name(self) -> str:
@@ -174,6 +176,17 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
              lock_base="vllm=={verl/Dockerfile:VLLM_VERSION}", lock_keep_changed=True,
              sdist_only=("antlr4-python3-runtime==4.9.3",))  # hydra-core 1.3 needs 4.9.*; PyPI has no wheel
       for arch in image_tags.ARCHES),
+    # The verl rehearsal: verl 0.9.1, Ray, TransferQueue and Hydra added to the cpu image's venv (its dependency image
+    # is the base), verl's own pins (transformers < 5.11, vllm 0.24.0 with torch 2.11.0) overridden: the CPU vLLM
+    # installable beside torch 2.13.0+cpu is 0.32.0, and the kit's plugin (grpo_deploy.runtime.verl_cpu) bridges it.
+    Recipe("verl-cpu", "verl-cpu/requirements.lock", BOOKWORM_AMD64, tag=image_tags.VERL_CPU_TAG,
+           deps_dockerfile="verl-cpu/Dockerfile.deps", dockerfile="verl-cpu/Dockerfile", base_recipe="cpu",
+           deps_files=("verl-cpu/requirements-sdist.lock",), code_files=COMMON, verify="verl-cpu/verify.sh",
+           sdist_lock="verl-cpu/requirements-sdist.lock",
+           lock_requires=("verl=={verl/Dockerfile:VERL_VERSION}",
+                          "transferqueue=={verl/Dockerfile:TRANSFERQUEUE_VERSION}"),
+           lock_base_lock="cpu/requirements.lock", sdist_only=("antlr4-python3-runtime==4.9.3",),
+           versions={"VERL_VERSION": "verl", "TRANSFERQUEUE_VERSION": "transferqueue"}),
     *(cuda_airgap(role, image, arch) for arch in image_tags.ARCHES
       for role, image in (("server", "vllm"), ("trainer", "trainer"))),
 )}
@@ -183,7 +196,7 @@ def files_of(recipe: Recipe) -> list[str]:
     """Every images/ file the recipe reads (the table's consistency test checks they exist)."""
     paths = [recipe.lock, *recipe.deps_files, *(src for src, _, _ in recipe.code_files)]
     paths += [p for p in (recipe.deps_dockerfile, recipe.dockerfile, recipe.sdist_lock, recipe.verify,
-                          recipe.lock_source) if p]
+                          recipe.lock_source, recipe.lock_base_lock) if p]
     return paths
 
 
