@@ -234,8 +234,8 @@ VERL_OWNED = {
     "trainer.resume_mode": "set checkpoints.resume instead",
     "trainer.nnodes": "set by the kit: one Ray node per host with role head or worker",
 }
-VERL_PREFIXES = ("algorithm.", "data.", "actor_rollout_ref.", "trainer.", "reward_model.", "critic.", "ray_kwargs.",
-                 "custom_reward_function.", "+")
+VERL_PREFIXES = ("algorithm.", "data.", "actor_rollout_ref.", "trainer.", "reward_model.", "reward.", "critic.",
+                 "ray_kwargs.", "custom_reward_function.", "transfer_queue.", "+")
 _HYDRA_VALUE = Scalar | list[Scalar] | None
 
 

@@ -103,8 +103,6 @@ def supervise(state: RunState, log: Callable[[str], None], since: float, restart
             since = time.time()  # steps from here on are the resumed trainer's (those before were printed)
             ready_s = restart(died.role)
             state.emit("role_restarted", role=died.role, seconds=round(ready_s, 2), restart=used)
-            if died.role == "server":
-                log(f"server ready again in {ready_s:.1f} s; progress per optimizer step:")
 
 def finish(state: RunState, code: int, events: list[dict], out, log: Callable[[str], None], keep: bool,
            stop: Callable[[], None], what: str) -> int:

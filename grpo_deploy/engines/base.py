@@ -50,6 +50,8 @@ class Engine:
     """`init` with one host (or none): the roles that host runs."""
     multi_host_roles: tuple[tuple[str, ...], tuple[str, ...]]
     """`init --hosts a,b,...`: the roles of the first host, then of every other host."""
+    bringup: str = ""
+    """The module of its bring-up on the hosts (grpo_deploy.bringup: hosts, start, follow, restart, after_failure)."""
     saves_last_step: bool = False
     """The engine also saves at the last step, whatever the cadence."""
     settings_roles: dict[str, str] = field(default_factory=dict)

@@ -306,6 +306,7 @@ TRL_ASYNC = TrlAsync(
     description="TRL async GRPO trainer + a vLLM server, adapters handed over through the shared volume",
     roles=("server", "trainer"),
     main_role="trainer",
+    bringup="grpo_deploy.bringup.trl_async",
     role_images={"server": "server", "trainer": "trainer"},
     role_counts={"trainer": (1, 1), "server": (1, 1)},
     sections=COMMON_SECTIONS + ("trl", "vllm", "runtime"),

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from ..architecture import Architecture
-from ..names import project_name
+from ..names import COMPOSE_BIND, COMPOSE_NFS, COMPOSE_VERL, project_name
 from ..render_text import RenderError, template
 from ..runtime.values import CONTROL, MAX_STEPS
 from .base import COMMON_SECTIONS, GB, Engine, Resolved
@@ -56,11 +56,21 @@ class Verl(Engine):
     def host_files(self, res: Resolved, host, config_dir: str,
                    publish_ips: dict[str, str] | None = None) -> dict[str, str]:
         spec = res.spec
+        profile = res.profiles[host.name]
+        compose_files = [COMPOSE_VERL]
+        if spec.storage.nfs is not None:
+            compose_files.append(COMPOSE_NFS)
+        elif host.shared_dir:
+            compose_files.append(COMPOSE_BIND)
         return {f"hosts/{host.name}.env": template(
             "verl.env.j2", host=host, run_name=spec.run.name, project=project_name(spec.run.name),
-            profile=res.profiles[host.name].name, images=res.images,
-            identities=res.identities, mount=spec.storage.mount, volume=spec.storage.volume,
-            config_dir=config_dir, ray_role="head" if "head" in host.roles else "worker",
+            profile=profile.name, images=res.images, compose_files=compose_files,
+            services=[r for r in self.roles if r in host.roles], identities=res.identities, mount=spec.storage.mount,
+            volume=spec.storage.volume, config_dir=config_dir, run_dir=res.run_dir, dataset=res.settings.data.dataset,
+            data_dir=data_dir(res), num_prompts=res.settings.data.num_prompts,
+            ray_role="head" if "head" in host.roles else "worker", ray=ray_resources(res, profile),
+            shm_size="2g" if profile.accelerator != "cuda" else "32g", nfs=spec.storage.nfs,
+            shared_dir=host.shared_dir,
         )}
 
     def k8s_params(self, res: Resolved) -> dict[str, Any]:
@@ -98,6 +108,37 @@ class Verl(Engine):
         return (_dataset_size(res) // verl.train_batch_size) * verl.total_epochs
 
 
+RAY_CPUS_PER_GPU = 3
+"""Ray CPUs verl's placement groups take per GPU (actor, rollout and reference workers share a bundle's CPUs)."""
+RAY_CPUS_BESIDE = 5
+"""Ray CPUs verl's other actors take on the head: the task runner, the rollout's agent loop and reward workers, and
+TransferQueue's controller and storage units (as few as the cpu profile sets)."""
+CPU_OBJECT_STORE_BYTES = 400_000_000
+"""Ray's object store on a CPU host: inside the 2 GB /dev/shm the compose file gives the container."""
+
+
+def ray_resources(res: Resolved, profile) -> dict[str, int]:
+    """`ray start` resources of a host (0: Ray counts them itself). On a GPU host Ray sees the GPUs and CPUs it has;
+    on a CPU host the GPUs are logical (one per trainer.n_gpus_per_node: verl asks Ray for `GPU`) and the CPUs a
+    logical count verl's actors fit in (Ray's CPUs are a reservation count, not cores)."""
+    if profile.accelerator == "cuda":
+        return {"cpus": 0, "gpus": 0, "object_store": 0}
+    gpus = res.settings.verl.n_gpus_per_node
+    return {"cpus": RAY_CPUS_PER_GPU * gpus + RAY_CPUS_BESIDE, "gpus": gpus, "object_store": CPU_OBJECT_STORE_BYTES}
+
+
+KIT_REWARDS = ("brevity", "boxed-math")
+"""Datasets whose reward verl does not know: grpo_deploy.runtime.verl_data.compute_score scores them (GSM8K rows
+carry data_source openai/gsm8k, which verl's own scorer knows)."""
+KIT_REWARD_FILE = "/opt/grpo-deploy/lib/grpo_deploy/runtime/verl_data.py"
+"""The reward file inside the kit's images (the package lives in /opt/grpo-deploy/lib)."""
+
+
+def data_dir(res: Resolved) -> str:
+    """The folder of the run's verl parquet files on the share."""
+    return f"{res.spec.storage.mount}/data/{res.settings.data.dataset}"
+
+
 def _dataset_size(res: Resolved) -> int:
     return res.spec.dataset.size or DATASET_SIZES.get(res.settings.data.dataset, 0)
 
@@ -113,24 +154,28 @@ def verl_overrides(res: Resolved) -> list[str]:
         "actor_rollout_ref.model.lora_alpha": s.lora.alpha,
         "actor_rollout_ref.model.target_modules": s.lora.target_modules,
         "data.max_prompt_length": s.model.max_prompt_length,
-        "data.train_files": s.data.path or f"{spec.storage.mount}/data/{s.data.dataset}/train.parquet",
-        "data.val_files": f"{spec.storage.mount}/data/{s.data.dataset}/test.parquet",
+        "data.train_files": s.data.path or f"{data_dir(res)}/train.parquet",
+        "data.val_files": f"{data_dir(res)}/test.parquet",
         "trainer.default_local_dir": res.checkpoint_dir,
         "trainer.save_freq": s.checkpoints.save_every or -1,
         "trainer.max_actor_ckpt_to_keep": keep,
         "trainer.resume_mode": {"auto": "auto", "never": "disable"}.get(resume, "resume_path"),
         "trainer.project_name": spec.logger.project or "grpo-deploy",
         "trainer.experiment_name": spec.run.name,
-        "trainer.logger": ["console"] + ([_VERL_LOGGERS[spec.logger.kind]] if spec.logger.kind in _VERL_LOGGERS
-                                         else []),
+        # "file": verl's per-step metrics, which the head turns into the kit's events (status, plot, progress)
+        "trainer.logger": ["console", "file"] + ([_VERL_LOGGERS[spec.logger.kind]]
+                                                 if spec.logger.kind in _VERL_LOGGERS else []),
     }
+    if s.data.dataset in KIT_REWARDS:  # the kit's own tasks: their reward is the kit's file, loaded by its path
+        out["reward.custom_reward_function.path"] = KIT_REWARD_FILE
+        out["reward.custom_reward_function.name"] = "compute_score"
     if resume not in ("auto", "never"):
         out["trainer.resume_from_path"] = resume
     out.update(s.verl.overrides(res.origins["verl"]))
     return [f"{k}={hydra_value(v)}" for k, v in out.items()]
 
 
-_VERL_LOGGERS = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow", "jsonl": "file"}
+_VERL_LOGGERS = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow"}
 # Hydra's unquoted values: identifiers, numbers, paths, hub ids (no whitespace, quotes, brackets, commas, '$' ...).
 _HYDRA_PLAIN = re.compile(r"^[A-Za-z0-9_./@+-]+$")
 # Unquoted text Hydra reads as a number, a boolean or null rather than as a string.
@@ -172,6 +217,7 @@ VERL = Verl(
     description="verl with colocated vLLM (one node, or a Ray cluster of a head and workers)",
     roles=("head", "worker"),
     main_role="head",
+    bringup="grpo_deploy.bringup.verl",
     role_images={"head": "verl", "worker": "verl"},
     role_counts={"head": (1, 1), "worker": (0, 1 << 16)},
     sections=COMMON_SECTIONS + ("verl",),
@@ -181,7 +227,6 @@ VERL = Verl(
     multi_host_roles=(("head",), ("worker",)),
     saves_last_step=True,
     unsupported={
-        "up": "`up` for verl is not built yet: use the rendered config/verl-overrides.txt",
         "diagnose": "diagnose reads TRL's async metrics; engine verl has none (use verl's own logs)",
         "shared-volume": "verl runs trainer and rollout in one process",
     },

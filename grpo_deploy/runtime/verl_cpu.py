@@ -152,4 +152,7 @@ def register() -> None:
     if not hasattr(distributed.initialize_global_process_group_ray, "__wrapped__"):
         distributed.initialize_global_process_group_ray = gloo_backend(distributed.initialize_global_process_group_ray)
     if in_use():
+        # verl registers its FSDP engines under the devices cuda and npu only; the registry's lookup key may be
+        # set by this variable, and the engine then runs on the device the platform gives (the CPU).
+        os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")
         vllm_lora_names()

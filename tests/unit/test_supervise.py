@@ -109,7 +109,7 @@ def test_a_dead_server_is_restarted_and_the_run_continues(tmp_path):
     assert calls[0] == 100.0 and calls[1] > 100.0  # after a restart only the resumed trainer's steps are printed
     assert "vLLM server exited with code 137 (SIGKILL" in lines[0] and "at step 22" in lines[0]
     assert "restarting the server and the trainer" in lines[0] and "restart 1 of 2" in lines[0]
-    assert "restarting the trainer;" in lines[2] and "restart 2 of 2" in lines[2]
+    assert "restarting the trainer;" in lines[1] and "restart 2 of 2" in lines[1]
     died = [e for e in st.deploy_events() if e["event"] == "role_died"]
     assert [(e["role"], e["step"]) for e in died] == [("server", 22), ("trainer", 31)]
 

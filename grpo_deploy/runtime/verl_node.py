@@ -1,0 +1,186 @@
+"""The verl container's entrypoint: `python3 -m grpo_deploy.runtime.verl_node --role head` starts the Ray head with
+the node's resources, runs verl's trainer (`python3 -m verl.trainer.main_ppo` with the rendered overrides) as a driver
+that joins it, and turns verl's own per-step metrics into the kit's events (metrics.jsonl on the share: status, the
+plot, the summary and `up`'s progress lines read them). The exit code is the driver's.
+
+verl's file logger truncates its file when it opens it, so every attempt (a first start, each resume) gets a file of
+its own under <run dir>/verl-metrics/; the kit's metrics.jsonl appends across attempts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .identity import apply_umask, identity
+from .metrics import MetricsSink
+
+STEP_KEYS = {
+    "critic/score/mean": "reward",
+    "response_length/mean": "completions/mean_length",
+}
+"""verl's metric -> the kit's name for it (what status, the plot and diagnose read for every engine)."""
+TELEMETRY = ("actor/kl_loss", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/lr", "critic/score/max",
+             "critic/score/min", "response_length/clip_ratio", "timing_s/step", "timing_s/gen",
+             "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor", "timing_s/reward",
+             "timing_s/save_checkpoint", "timing_s/testing", "perf/throughput", "perf/cpu_memory_used_gb")
+"""verl's metrics kept verbatim in each step event (the seed-000 telemetry: reward, KL, gradient norm, response
+length, time per phase); validation scores (val-core/..., val-aux/...) are kept whenever verl validates."""
+POLL_S = 1.0
+RAY_START_TIMEOUT_S = 180
+
+
+def step_event(record: dict) -> dict | None:
+    """The kit's step event for one line of verl's file logger (`{"step": N, "data": {...}}`), None for another
+    line."""
+    step, data = record.get("step"), record.get("data")
+    if not isinstance(step, int) or not isinstance(data, dict):
+        return None
+    event = {"step": step}
+    for theirs, ours in STEP_KEYS.items():
+        if isinstance(data.get(theirs), (int, float)):
+            event[ours] = data[theirs]
+    for key, value in data.items():
+        if (key in TELEMETRY or key.startswith(("val-core/", "val-aux/"))) and isinstance(value, (int, float)):
+            event[key] = value
+    return event
+
+
+class StepFollower(threading.Thread):
+    """Tails verl's metrics file and emits one kit `step` event per verl step (a torn last line waits for its end)."""
+
+    def __init__(self, path: Path, sink: MetricsSink):
+        super().__init__(daemon=True)
+        self.path, self.sink, self.steps, self.last_step = path, sink, 0, 0
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        offset, pending = 0, b""
+        while True:
+            stopping = self._done.is_set()
+            try:
+                with open(self.path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read(1 << 20)
+            except FileNotFoundError:
+                chunk = b""
+            offset += len(chunk)
+            *lines, pending = (pending + chunk).split(b"\n")
+            for line in lines:
+                self._line(line)
+            if stopping and not chunk:
+                return
+            if not chunk:
+                self._done.wait(POLL_S)
+
+    def _line(self, line: bytes) -> None:
+        try:
+            event = step_event(json.loads(line))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return
+        if event is not None:
+            self.sink.emit("step", **event)
+            self.steps, self.last_step = self.steps + 1, event["step"]
+
+    def finish(self) -> None:
+        self._done.set()
+        self.join(timeout=10)
+
+
+def read_overrides(path: Path) -> list[str]:
+    """The rendered Hydra overrides, one per line (comments and blank lines skipped)."""
+    text = path.read_text(encoding="utf-8")
+    return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def ray_start_argv(args: argparse.Namespace) -> list[str]:
+    """`ray start --head` with the node's resources (0: Ray counts them itself): logical GPUs on a CPU host satisfy
+    verl's placement groups."""
+    argv = ["ray", "start", "--head", "--port", str(args.ray_port), "--disable-usage-stats",
+            "--include-dashboard=false"]
+    for flag, value in (("--num-cpus", args.num_cpus), ("--num-gpus", args.num_gpus),
+                        ("--object-store-memory", args.object_store_bytes)):
+        if value:
+            argv += [flag, str(value)]
+    return argv
+
+
+def prepare_data(dataset: str, data_dir: Path, num_prompts: int) -> str:
+    """The run's parquet files: kept when train.parquet is there; written for the synthetic brevity task; for a
+    dataset from a file, `grpo-deploy data prepare` writes them (an error naming it otherwise)."""
+    from . import verl_data
+
+    if (data_dir / verl_data.FILES[0]).is_file():
+        return f"{data_dir}: kept"
+    if dataset != "brevity":
+        raise SystemExit(f"verl node: {data_dir / verl_data.FILES[0]} is missing: write it with "
+                         f"grpo-deploy data prepare (dataset {dataset})")
+    argv = ["--dataset", dataset, "--out", str(data_dir)] + (["--num-prompts", str(num_prompts)] if num_prompts else [])
+    if verl_data.main(argv) != 0:
+        raise SystemExit(f"verl node: writing the {dataset} data to {data_dir} failed")
+    return f"{data_dir}: written"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m grpo_deploy.runtime.verl_node", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--role", choices=("head",), default="head", help="the Ray role of this node")
+    parser.add_argument("--overrides", type=Path, default=Path("/etc/grpo-deploy/verl-overrides.txt"))
+    parser.add_argument("--run-dir", type=Path, required=True, help="the run's folder on the share")
+    parser.add_argument("--num-cpus", type=int, required=True)
+    parser.add_argument("--num-gpus", type=int, required=True, help="GPUs of the node (logical ones on CPU)")
+    parser.add_argument("--object-store-bytes", type=int, default=0)
+    parser.add_argument("--ray-port", type=int, default=6379)
+    parser.add_argument("--dataset", default="brevity", help="the task (brevity is written here when missing)")
+    parser.add_argument("--data-dir", type=Path, required=True, help="where train.parquet and test.parquet are")
+    parser.add_argument("--num-prompts", type=int, default=0)
+    args = parser.parse_args(argv)
+    apply_umask()
+    overrides = read_overrides(args.overrides)
+    print(f"verl node: data {prepare_data(args.dataset, args.data_dir, args.num_prompts)}", flush=True)
+    attempt = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    verl_metrics = args.run_dir / "verl-metrics" / f"attempt-{attempt}.jsonl"
+    verl_metrics.parent.mkdir(parents=True, exist_ok=True)
+    sink = MetricsSink(str(args.run_dir / "metrics.jsonl"))
+    sink.emit("run_start", engine="verl", **identity(), pid=os.getpid(), verl_metrics=str(verl_metrics))
+    # RAY_AUTH_MODE=token, said explicitly: the head makes a token in the run user's ~/.ray and the driver (and
+    # every Ray process it starts) presents it; left unset, Ray 2.60's driver did not and was refused.
+    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(verl_metrics), "RAY_ADDRESS": f"127.0.0.1:{args.ray_port}",
+           "RAY_AUTH_MODE": "token"}
+    ray = shutil.which("ray") or "ray"
+    started = subprocess.run([ray, *ray_start_argv(args)[1:]], env=env, timeout=RAY_START_TIMEOUT_S,
+                             stdout=sys.stdout, stderr=subprocess.STDOUT)
+    if started.returncode != 0:
+        sink.emit("run_end", status="failed", error=f"ray start exited {started.returncode}", steps=0)
+        return started.returncode
+    sink.emit("trainer_ready", ray="head")
+    follower = StepFollower(verl_metrics, sink)
+    follower.start()
+    # Hydra's own output folder (the composed config, its log) beside the attempt's metrics, not in the cwd
+    hydra_dir = f"hydra.run.dir={verl_metrics.parent / ('hydra-' + attempt)}"
+    driver = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, hydra_dir], env=env)
+
+    def forward(signum, _frame):
+        driver.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    code = driver.wait()
+    follower.finish()
+    subprocess.run([ray, "stop", "--force"], env=env, timeout=60, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sink.emit("run_end", status="ok" if code == 0 else "failed", steps=follower.last_step,
+              error=None if code == 0 else f"verl's trainer exited {code}")
+    sink.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
