@@ -26,6 +26,7 @@ from .run_state import LaunchError, RunState, require_kit
 from .runtime.values import ip_literal, parse_address
 from .supervise import finish, supervise
 
+
 def publish_ips(dep: Deployment) -> dict[str, str]:
     """The server host's IP as the trainer's host resolves its address (a name is looked up there)."""
     res = dep.res
