@@ -1,5 +1,6 @@
-"""The images a run needs, on this machine before `up` ships them: the cpu image built or refreshed from its recipe
-(in-process, one progress line per step), a missing GPU image named with how to build it."""
+"""The images a run needs, on this machine before `up` ships them: the cpu profile's images (the cpu image, the
+verl-cpu image) built or refreshed from their recipes (in-process, one progress line per step), a missing GPU image
+named with how to build it."""
 
 from __future__ import annotations
 
@@ -28,9 +29,14 @@ def build_images(client, res: Resolved, log: Callable[[str], None]) -> float:
     from .image_build.recipes import RECIPES
 
     spent = 0.0
+    profile = res.profiles[res.spec.hosts[0].name]
+    by_tag = {r.tag: r for r in RECIPES.values() if r.tag}
     for tag in sorted(set(res.images.values())):
         labels = facts.image_labels(client, tag)
-        cpu = res.profiles[res.spec.hosts[0].name].name == "cpu"
+        cpu = profile.name == "cpu"
+        # the recipe of the profile's own tag for this image (a spec may name another tag for the same image)
+        key = next(k for k, v in res.images.items() if v == tag)
+        recipe = by_tag.get(profile.images.get(key, tag), RECIPES["cpu"])
         if labels is not None and not (cpu and res.spec.images.build):
             continue
         if not res.spec.images.build:
@@ -44,12 +50,13 @@ def build_images(client, res: Resolved, log: Callable[[str], None]) -> float:
         if labels is not None:  # keeps the UID/GID it was built for; preflight says when the run wants another
             uid, gid = int(labels.get(UID_LABEL, "1000")), int(labels.get(GID_LABEL, "1000"))
         else:
-            uid, gid = res.identities["trainer"].uid, res.identities["trainer"].gid
+            main = res.identities[res.engine_info.main_role]
+            uid, gid = main.uid, main.gid
             log(f"building {tag} for UID {uid}:{gid} (a first build installs ~3.5 GB of wheels: minutes)")
         start = time.monotonic()
-        retry = f"grpo-deploy images build cpu --tag {tag} --uid {uid} --gid {gid}"
+        retry = f"grpo-deploy images build {recipe.name} --tag {tag} --uid {uid} --gid {gid}"
         try:
-            result = image_build.build(client, RECIPES["cpu"], places.images_dir(), places.package_dir(),
+            result = image_build.build(client, recipe, places.images_dir(), places.package_dir(),
                                        places.build_dir(), tag=tag, uid=uid, gid=gid)
         except (StepFailed, BadValue) as exc:
             raise LaunchError(f"building {tag} failed: {exc}; retry with: {retry}") from None

