@@ -178,15 +178,18 @@ def _modes(event: dict[str, Any]) -> list[str]:
     return [mode] if mode else []
 
 
-def progress_line(step: dict[str, Any], max_steps: int | None) -> str:
+def progress_line(step: dict[str, Any], max_steps: int | None,
+                  fields: tuple[tuple[str, str, str], ...] = ()) -> str:
+    """One line per step: the step, reward and completion length, then the engine's own *fields* (label, step event
+    key, format: Engine.progress)."""
     def f(key: str, fmt: str) -> str:
         value = step.get(key)
         return format(value, fmt) if isinstance(value, (int, float)) else "-"
 
     total = f"/{max_steps}" if max_steps else ""
-    return (f"step {step.get('step')}{total}  reward {f('reward', '.3f')}  len {f('completions/mean_length', '.1f')}  "
-            f"staleness {f('sample/staleness_mean', '.2f')}  ratio {f('ratio', '.4f')}  "
-            f"queue {f('sample/rollout_queue_size', '.0f')}")
+    return "  ".join([f"step {step.get('step')}{total}", f"reward {f('reward', '.3f')}",
+                      f"len {f('completions/mean_length', '.1f')}", *(f"{label} {f(key, fmt)}"
+                                                                      for label, key, fmt in fields)])
 
 
 def summary_text(s: Summary) -> str:

@@ -51,7 +51,7 @@ def follow_steps(dep: Deployment, log: Callable[[str], None], since: float, what
         c, text, rest = patience.poll(read, pause_s=POLL_S)
         steps = [e for e in parse_events(text) if e["event"] == "step" and e["time"] >= since]
         for e in steps[seen:]:
-            log(status.progress_line(e, total))
+            log(status.progress_line(e, total, dep.res.engine_info.progress))
             last_step = int(e.get("step", last_step))
         seen = len(steps)
         try:

@@ -52,6 +52,8 @@ class Engine:
     """`init --hosts a,b,...`: the roles of the first host, then of every other host."""
     bringup: str = ""
     """The module of its bring-up on the hosts (grpo_deploy.bringup: hosts, start, follow, restart, after_failure)."""
+    progress: tuple[tuple[str, str, str], ...] = ()
+    """`up`'s progress line per step after reward and length: (label, step event key, format) of its own metrics."""
     saves_last_step: bool = False
     """The engine also saves at the last step, whatever the cadence."""
     settings_roles: dict[str, str] = field(default_factory=dict)

@@ -307,6 +307,8 @@ TRL_ASYNC = TrlAsync(
     roles=("server", "trainer"),
     main_role="trainer",
     bringup="grpo_deploy.bringup.trl_async",
+    progress=(("staleness", "sample/staleness_mean", ".2f"), ("ratio", "ratio", ".4f"),
+              ("queue", "sample/rollout_queue_size", ".0f")),
     role_images={"server": "server", "trainer": "trainer"},
     role_counts={"trainer": (1, 1), "server": (1, 1)},
     sections=COMMON_SECTIONS + ("trl", "vllm", "runtime"),

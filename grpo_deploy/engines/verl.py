@@ -226,6 +226,9 @@ VERL = Verl(
     single_host_roles=("head",),
     multi_host_roles=(("head",), ("worker",)),
     saves_last_step=True,
+    # seed 000's telemetry: KL to the reference, gradient norm, and where a step's time goes
+    progress=(("kl", "actor/kl_loss", ".4f"), ("grad", "actor/grad_norm", ".3f"), ("gen s", "timing_s/gen", ".1f"),
+              ("update s", "timing_s/update_actor", ".1f"), ("step s", "timing_s/step", ".1f")),
     unsupported={
         "diagnose": "diagnose reads TRL's async metrics; engine verl has none (use verl's own logs)",
         "shared-volume": "verl runs trainer and rollout in one process",

@@ -122,6 +122,8 @@ def ensure_ray_token(home: Path) -> Path:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
+        if path.is_symlink() or not path.is_file():
+            raise SystemExit(f"verl node: {path} is not a regular file (a link?): remove it") from None
         return path
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 from grpo_deploy import status
+from grpo_deploy.engines.trl_async import TRL_ASYNC
+from grpo_deploy.engines.verl import VERL
 from grpo_deploy.runtime.metrics import parse_events
 
 
@@ -54,8 +56,11 @@ def test_empty_is_not_started():
 
 
 def test_progress_line_and_text():
-    line = status.progress_line({"step": 3, "reward": 0.25}, 40)
-    assert line.startswith("step 3/40") and "reward 0.250" in line
+    line = status.progress_line({"step": 3, "reward": 0.25}, 40, TRL_ASYNC.progress)
+    assert line.startswith("step 3/40") and "reward 0.250" in line and "staleness -" in line
+    verl = status.progress_line({"step": 2, "reward": 0.5, "actor/grad_norm": 0.25, "timing_s/gen": 2.04}, 30,
+                                VERL.progress)
+    assert verl == "step 2/30  reward 0.500  len -  kl -  grad 0.250  gen s 2.0  update s -  step s -"
     assert "hand-off" in status.summary_text(status.summarize("r", _events()))
 
 
