@@ -55,12 +55,59 @@ def step_event(record: dict) -> dict | None:
     return event
 
 
+class Retention:
+    """The kit's checkpoint rules over every global_step_N on the share, whichever attempt wrote it (verl's own
+    max_actor_ckpt_to_keep only knows the saves of its own process: after a resume the older ones stayed). Before an
+    attempt: a save cut short is quarantined (never deleted) and the tracker's step must be complete; after each
+    new complete save (the tracker moved) and at the end: the newest *keep* complete ones stay (0: all)."""
+
+    def __init__(self, directory: Path, keep: int, sink: MetricsSink):
+        self.directory, self.keep, self.sink, self.seen = str(directory), keep, sink, None
+
+    def before_attempt(self) -> str | None:
+        """The step this attempt resumes from (None: from scratch); SystemExit with one line when it cannot."""
+        from . import checkpoints
+
+        try:
+            path, moved = checkpoints.verl_resume(self.directory)
+        except (checkpoints.ResumeError, checkpoints.TrackerUnreadable) as exc:
+            raise SystemExit(f"verl node: {exc}") from None
+        for item in moved:
+            self.sink.emit("checkpoint_quarantine", path=item.path, moved_to=item.moved_to, reason=item.reason)
+        self.seen = checkpoints.verl_tracker(self.directory)
+        self.prune(leave_partial=False)
+        return path
+
+    def after_step(self) -> None:
+        from . import checkpoints
+
+        tracker = checkpoints.verl_tracker(self.directory)
+        if tracker is not None and tracker != self.seen:
+            self.seen = tracker
+            self.prune(leave_partial=True)  # verl may be writing the next save: leave a partial one where it is
+
+    def prune(self, leave_partial: bool) -> None:
+        from . import checkpoints
+
+        if not self.keep or not os.path.isdir(self.directory):
+            return
+        try:
+            result = checkpoints.prune(self.directory, self.keep, "verl", leave_partial=leave_partial)
+        except (checkpoints.TrackerUnreadable, OSError) as exc:
+            print(f"verl node: retention skipped: {exc}", file=sys.stderr, flush=True)
+            return
+        if result.removed or result.quarantined:
+            self.sink.emit("checkpoint_prune", removed=[c.path for c in result.removed],
+                           quarantined=[q.path for q in result.quarantined], kept=[c.step for c in result.kept])
+
+
 class StepFollower(threading.Thread):
     """Tails verl's metrics file and emits one kit `step` event per verl step (a torn last line waits for its end)."""
 
-    def __init__(self, path: Path, sink: MetricsSink):
+    def __init__(self, path: Path, sink: MetricsSink, on_step=None):
         super().__init__(daemon=True)
         self.path, self.sink, self.steps, self.last_step = path, sink, 0, 0
+        self.on_step = on_step
         self._done = threading.Event()
 
     def run(self) -> None:
@@ -90,6 +137,8 @@ class StepFollower(threading.Thread):
         if event is not None:
             self.sink.emit("step", **event)
             self.steps, self.last_step = self.steps + 1, event["step"]
+            if self.on_step is not None:
+                self.on_step()
 
     def finish(self) -> None:
         self._done.set()
@@ -159,17 +208,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", default="brevity", help="the task (brevity is written here when missing)")
     parser.add_argument("--data-dir", type=Path, required=True, help="where train.parquet and test.parquet are")
     parser.add_argument("--num-prompts", type=int, default=0)
+    parser.add_argument("--checkpoint-dir", type=Path, required=True, help="verl's trainer.default_local_dir")
+    parser.add_argument("--keep", type=int, default=0, help="complete checkpoints kept (0: all)")
     args = parser.parse_args(argv)
     apply_umask()
-    overrides = read_overrides(args.overrides)
-    print(f"verl node: data {prepare_data(args.dataset, args.data_dir, args.num_prompts)}", flush=True)
     attempt = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     verl_metrics = args.run_dir / "verl-metrics" / f"attempt-{attempt}.jsonl"
     verl_metrics.parent.mkdir(parents=True, exist_ok=True)
     sink = MetricsSink(str(args.run_dir / "metrics.jsonl"))
-    sink.emit("run_start", engine="verl", **identity(), pid=os.getpid(), verl_metrics=str(verl_metrics))
-    # RAY_AUTH_MODE=token, said explicitly: the head makes a token in the run user's ~/.ray and the driver (and
-    # every Ray process it starts) presents it; left unset, Ray 2.60's driver did not and was refused.
+    retention = Retention(args.checkpoint_dir, args.keep, sink)
+    try:
+        overrides = read_overrides(args.overrides)
+        print(f"verl node: data {prepare_data(args.dataset, args.data_dir, args.num_prompts)}", flush=True)
+        resumed_from = retention.before_attempt()
+    except (SystemExit, OSError) as exc:  # one line in the log and a run_end for status: nothing was started
+        print(exc, file=sys.stderr, flush=True)
+        sink.emit("run_end", status="failed", error=str(exc)[:500], steps=0)
+        return 2
+    sink.emit("run_start", engine="verl", **identity(), pid=os.getpid(), verl_metrics=str(verl_metrics),
+              resumed_from=resumed_from)
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(verl_metrics), "RAY_ADDRESS": f"127.0.0.1:{args.ray_port}",
            "RAY_AUTH_MODE": "token"}
     ensure_ray_token(Path.home())
@@ -180,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         sink.emit("run_end", status="failed", error=f"ray start exited {started.returncode}", steps=0)
         return started.returncode
     sink.emit("trainer_ready", ray="head")
-    follower = StepFollower(verl_metrics, sink)
+    follower = StepFollower(verl_metrics, sink, retention.after_step)
     follower.start()
     # Hydra's own output folder (the composed config, its log) beside the attempt's metrics, not in the cwd
     hydra_dir = f"hydra.run.dir={verl_metrics.parent / ('hydra-' + attempt)}"
@@ -193,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, forward)
     code = driver.wait()
     follower.finish()
+    retention.prune(leave_partial=False)
     subprocess.run([ray, "stop", "--force"], env=env, timeout=60, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     sink.emit("run_end", status="ok" if code == 0 else "failed", steps=follower.last_step,
               error=None if code == 0 else f"verl's trainer exited {code}")

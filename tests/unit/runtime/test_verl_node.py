@@ -80,3 +80,34 @@ def test_data_is_written_for_brevity_kept_when_there_and_asked_for_otherwise(tmp
     assert verl_node.prepare_data("brevity", out, 16).endswith("kept")
     with pytest.raises(SystemExit, match="grpo-deploy data prepare"):
         verl_node.prepare_data("gsm8k", tmp_path / "gsm8k", 0)
+
+
+def test_retention_before_an_attempt_quarantines_the_cut_save_and_keeps_the_newest(tmp_path):
+    from .test_checkpoints_verl import first_process, states, verl_save
+
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir()
+    first_process(ckpt)  # 20 (pruned by verl), 40, 60 complete; 80 cut short by a full disk
+    sink_path = tmp_path / "metrics.jsonl"
+    with MetricsSink(str(sink_path)) as sink:
+        retention = verl_node.Retention(ckpt, 1, sink)
+        assert retention.before_attempt().endswith("global_step_60")
+        assert states(ckpt) == [(20, "pruned"), (60, "complete")]  # 40 removed behind 60; 80 moved aside
+        verl_save(ckpt, 70)  # the resumed attempt's save: the tracker moves, the next step prunes behind it
+        retention.after_step()
+        assert states(ckpt) == [(20, "pruned"), (70, "complete")]
+    events = {e["event"] for e in read_events(str(sink_path))}
+    assert {"checkpoint_quarantine", "checkpoint_prune"} <= events
+    assert (ckpt / "quarantine").is_dir()
+
+
+def test_an_unreadable_tracker_stops_the_attempt_in_one_line(tmp_path):
+    from .test_checkpoints_verl import verl_save
+
+    ckpt = tmp_path / "checkpoints"
+    ckpt.mkdir()
+    verl_save(ckpt, 5)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("")
+    with MetricsSink(str(tmp_path / "m.jsonl")) as sink, pytest.raises(SystemExit, match="missing or unreadable"):
+        verl_node.Retention(ckpt, 2, sink).before_attempt()
+    assert (ckpt / "global_step_5" / "actor").is_dir()  # nothing moved or removed
