@@ -3,7 +3,7 @@ PYTHON ?= python3
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test ci-fresh test-cuda-images test-arm64-images test-unit test-static test-integration images images-cuda images-static bench bench-split render-defaults clean
+.PHONY: help setup demo test test-verl ci-fresh test-cuda-images test-arm64-images test-unit test-static test-integration images images-cuda images-static bench bench-split render-defaults clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -15,7 +15,7 @@ demo: setup ## THE MAIN JOB: the CPU rehearsal (real vLLM server + real TRL asyn
 	grpo-deploy up --fresh
 
 test: setup ## run every test this machine can run (unit, static, integration with real containers; the CUDA image builds when their inputs changed)
-	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu" -rs --durations=30 $(PYTEST_ARGS)
+	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu and not verl_rehearsal" -rs --durations=30 $(PYTEST_ARGS)
 
 test-cuda-images: setup ## the air-gapped x86_64 CUDA server and trainer images built and checked (~8 min cold, the 3.8 GB wheel download included); run it when `make test` says their inputs changed: it records images/cuda/amd64-verified.txt (commit it)
 	GRPO_NO_SKIPS=1 GRPO_IMAGE_TESTS=always $(PYTHON) -m pytest -m amd64_build tests/integration/test_cuda_images.py -rs $(PYTEST_ARGS)
@@ -30,6 +30,9 @@ test-unit: ## unit tests only (no Docker)
 
 test-static: ## static validation: compose, Dockerfiles, Kubernetes overlays, Ansible, YAML
 	$(PYTHON) -m pytest tests/static -q
+
+test-verl: setup ## the real verl rehearsal through `up`: verl + Ray + vLLM CPU + LoRA, a head kill and the resume (~7 min)
+	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m verl_rehearsal tests/integration/test_verl_rehearsal.py -rs $(PYTEST_ARGS)
 
 test-integration: ## the real rehearsal in containers, the seed-004 preflight refusal
 	$(PYTHON) -m pytest tests/integration -q
