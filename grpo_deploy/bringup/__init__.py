@@ -15,7 +15,7 @@ from ..deployment import Deployment
 from ..hosts.project import RemoteProject
 from ..run_state import LaunchError
 from ..runtime.metrics import parse_events
-from ..supervise import EnginePatience, RoleDied
+from ..supervise import KILLED, EnginePatience, RoleDied
 
 POLL_S = 2.0
 STOPPED = ("exited", "dead")
@@ -28,6 +28,16 @@ def container(project: RemoteProject, role: str) -> dict:
     if c is None:
         raise LaunchError(f"the {role} container is gone on {project.host.name}")
     return c
+
+
+def main_exit(c: dict, last_step: int) -> int | None:
+    """The main role's exit code once its container stopped, None while it runs; RoleDied when it was killed
+    (SIGKILL: `docker kill`, the OOM killer, a reboot), which a restart recovers from."""
+    if c["state"] not in STOPPED:
+        return None
+    if int(c["exit_code"]) == KILLED:
+        raise RoleDied("trainer", KILLED, last_step)
+    return int(c["exit_code"])
 
 
 def steps_of(engine) -> ModuleType:

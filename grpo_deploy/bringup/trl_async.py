@@ -20,8 +20,8 @@ from ..resolve import Resolved
 from ..run_state import LaunchError
 from ..runtime.metrics import parse_events
 from ..runtime.values import parse_address
-from ..supervise import KILLED, EnginePatience, RoleDied, view_words
-from . import POLL_S, STOPPED, container, follow_steps
+from ..supervise import EnginePatience, RoleDied, view_words
+from . import POLL_S, STOPPED, container, follow_steps, main_exit
 
 NOTE_EVERY_S = 15.0  # a line while the server loads
 
@@ -166,11 +166,7 @@ def _judge(c: dict, server: dict | None, last_step: int) -> int | None:
     trainer_done = c["state"] in STOPPED and int(c["exit_code"] or 0) == 0
     if (server is None or server["state"] in STOPPED) and not trainer_done:
         raise RoleDied("server", int(server["exit_code"] or 1) if server else -1, last_step)
-    if c["state"] not in STOPPED:
-        return None
-    if int(c["exit_code"]) == KILLED:
-        raise RoleDied("trainer", KILLED, last_step)
-    return int(c["exit_code"])
+    return main_exit(c, last_step)
 
 
 def follow(dep: Deployment, log: Callable[[str], None], since: float) -> int:

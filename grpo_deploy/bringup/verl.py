@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..deployment import Deployment
-from ..supervise import KILLED, RoleDied
-from . import STOPPED, container, follow_steps
+from . import container, follow_steps, main_exit
 
 ROLE = "head"
 
@@ -43,15 +42,6 @@ def _snapshot(dep: Deployment) -> tuple[dict, str, None]:
     return c, project.read(c["id"], f"{dep.res.run_dir}/metrics.jsonl") or "", None
 
 
-def _judge(c: dict, _rest: None, last_step: int) -> int | None:
-    """The head's exit code once it stopped; RoleDied when it was killed (SIGKILL, out of memory)."""
-    if c["state"] not in STOPPED:
-        return None
-    if int(c["exit_code"]) == KILLED:
-        raise RoleDied("trainer", KILLED, last_step)
-    return int(c["exit_code"])
-
-
 def follow(dep: Deployment, log: Callable[[str], None], since: float) -> int:
     """Progress per verl step until the head exits (its exit code); RoleDied when it was killed."""
-    return follow_steps(dep, log, since, "verl", lambda: _snapshot(dep), _judge)
+    return follow_steps(dep, log, since, "verl", lambda: _snapshot(dep), lambda c, _rest, step: main_exit(c, step))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..architecture import Architecture
+from ..names import COMPOSE_BIND, COMPOSE_NFS
 
 Resolved = Any
 """grpo_deploy.resolve.Resolved, which the engines are given but never import (resolve imports the engines)."""
@@ -133,6 +134,13 @@ class Engine:
         for role in host.roles:
             given.setdefault(role, list(range(n)))
         return given
+
+    def compose_files(self, res: Resolved, host, first: str) -> list[str]:
+        """The compose files of *host*'s env file: the engine's own (*first*), then the shared volume's override
+        (an NFS mount, or a bind of the host's already-mounted share)."""
+        if res.spec.storage.nfs is not None:
+            return [first, COMPOSE_NFS]
+        return [first, COMPOSE_BIND] if host.shared_dir else [first]
 
     def config_files(self, res: Resolved, publish_ips: dict[str, str] | None = None) -> dict[str, str]:
         """config/ of the render: mounted read-only at /etc/grpo-deploy in every container of the run."""

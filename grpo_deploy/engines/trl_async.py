@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..architecture import Architecture
-from ..names import COMPOSE_BASE, COMPOSE_BIND, COMPOSE_NFS, project_name
+from ..names import COMPOSE_BASE, project_name
 from ..render_text import dump_yaml, template
 from ..runtime.config import RunConfig, SpeedSwitches, config_text
 from ..runtime.values import ip_literal, parse_address
@@ -109,11 +109,7 @@ class TrlAsync(Engine):
                    publish_ips: dict[str, str] | None = None) -> dict[str, str]:
         spec, files = res.spec, {}
         profile = res.profiles[host.name]
-        compose_files = [COMPOSE_BASE]
-        if spec.storage.nfs is not None:
-            compose_files.append(COMPOSE_NFS)
-        elif host.shared_dir:
-            compose_files.append(COMPOSE_BIND)
+        compose_files = self.compose_files(res, host, COMPOSE_BASE)
         gpu = profile.accelerator == "cuda"
         if gpu:
             compose_files.append(f"{config_dir.rsplit('/config', 1)[0]}/hosts/{host.name}.gpu.yaml")

@@ -8,7 +8,7 @@ import re
 from typing import Any
 
 from ..architecture import Architecture
-from ..names import COMPOSE_BIND, COMPOSE_NFS, COMPOSE_VERL, project_name
+from ..names import COMPOSE_VERL, project_name
 from ..render_text import RenderError, template
 from ..runtime.values import CONTROL, MAX_STEPS
 from .base import COMMON_SECTIONS, GB, Engine, Resolved
@@ -57,11 +57,7 @@ class Verl(Engine):
                    publish_ips: dict[str, str] | None = None) -> dict[str, str]:
         spec = res.spec
         profile = res.profiles[host.name]
-        compose_files = [COMPOSE_VERL]
-        if spec.storage.nfs is not None:
-            compose_files.append(COMPOSE_NFS)
-        elif host.shared_dir:
-            compose_files.append(COMPOSE_BIND)
+        compose_files = self.compose_files(res, host, COMPOSE_VERL)
         return {f"hosts/{host.name}.env": template(
             "verl.env.j2", host=host, run_name=spec.run.name, project=project_name(spec.run.name),
             profile=profile.name, images=res.images, compose_files=compose_files,
