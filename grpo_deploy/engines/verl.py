@@ -63,7 +63,8 @@ class Verl(Engine):
             profile=profile.name, images=res.images, compose_files=compose_files,
             services=[r for r in self.roles if r in host.roles], identities=res.identities, mount=spec.storage.mount,
             volume=spec.storage.volume, config_dir=config_dir, run_dir=res.run_dir, dataset=res.settings.data.dataset,
-            data_dir=data_dir(res), num_prompts=res.settings.data.num_prompts, checkpoint_dir=res.checkpoint_dir,
+            data_dir=data_dir(res), data_source=data_source(res), num_prompts=res.settings.data.num_prompts,
+            checkpoint_dir=res.checkpoint_dir,
             keep=res.keep or 0,
             ray_role="head" if "head" in host.roles else "worker", ray=ray_resources(res, profile),
             shm_size="2g" if profile.accelerator != "cuda" else "32g", nfs=spec.storage.nfs,
@@ -132,8 +133,19 @@ KIT_REWARD_FILE = "/opt/grpo-deploy/lib/grpo_deploy/runtime/verl_data.py"
 
 
 def data_dir(res: Resolved) -> str:
-    """The folder of the run's verl parquet files on the share."""
+    """The folder of the run's verl parquet files: the folder of dataset.path when it names a parquet file in verl's
+    schema (its test.parquet beside it), else <mount>/data/<dataset> on the share (the head writes train.parquet and
+    test.parquet there)."""
+    path = res.settings.data.path
+    if path and path.endswith(".parquet"):
+        return path.rsplit("/", 1)[0]
     return f"{res.spec.storage.mount}/data/{res.settings.data.dataset}"
+
+
+def data_source(res: Resolved) -> str:
+    """The JSONL file the head writes the parquet files from ("" when dataset.path is parquet or not given)."""
+    path = res.settings.data.path
+    return "" if not path or path.endswith(".parquet") else path
 
 
 def _dataset_size(res: Resolved) -> int:
@@ -151,7 +163,7 @@ def verl_overrides(res: Resolved) -> list[str]:
         "actor_rollout_ref.model.lora_alpha": s.lora.alpha,
         "actor_rollout_ref.model.target_modules": s.lora.target_modules,
         "data.max_prompt_length": s.model.max_prompt_length,
-        "data.train_files": s.data.path or f"{data_dir(res)}/train.parquet",
+        "data.train_files": s.data.path if s.data.path and not data_source(res) else f"{data_dir(res)}/train.parquet",
         "data.val_files": f"{data_dir(res)}/test.parquet",
         "trainer.default_local_dir": res.checkpoint_dir,
         "trainer.save_freq": s.checkpoints.save_every or -1,

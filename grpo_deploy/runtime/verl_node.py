@@ -179,20 +179,22 @@ def ensure_ray_token(home: Path) -> Path:
     return path
 
 
-def prepare_data(dataset: str, data_dir: Path, num_prompts: int) -> str:
-    """The run's parquet files: kept when train.parquet is there; written for the synthetic brevity task; for a
-    dataset from a file, `grpo-deploy data prepare` writes them (an error naming it otherwise)."""
+def prepare_data(dataset: str, data_dir: Path, num_prompts: int, source: str = "") -> str:
+    """The run's parquet files: kept when train.parquet is there; else written from *source* (the spec's JSONL,
+    e.g. GSM8K's train split) or, for the synthetic brevity task, generated; a bad row is refused with its number
+    (SystemExit, one line: nothing is written then)."""
     from . import verl_data
 
     if (data_dir / verl_data.FILES[0]).is_file():
         return f"{data_dir}: kept"
-    if dataset != "brevity":
-        raise SystemExit(f"verl node: {data_dir / verl_data.FILES[0]} is missing: write it with "
-                         f"grpo-deploy data prepare (dataset {dataset})")
-    argv = ["--dataset", dataset, "--out", str(data_dir)] + (["--num-prompts", str(num_prompts)] if num_prompts else [])
+    if dataset != "brevity" and not source:
+        raise SystemExit(f"verl node: {data_dir / verl_data.FILES[0]} is missing and no dataset.path names a JSONL "
+                         f"file to write it from: put the {dataset} rows on the share and set dataset.path")
+    argv = ["--dataset", dataset, "--out", str(data_dir)] + (["--path", source] if source else []) + \
+        (["--num-prompts", str(num_prompts)] if num_prompts else [])
     if verl_data.main(argv) != 0:
-        raise SystemExit(f"verl node: writing the {dataset} data to {data_dir} failed")
-    return f"{data_dir}: written"
+        raise SystemExit(f"verl node: writing the {dataset} data to {data_dir} failed (the line above says why)")
+    return f"{data_dir}: written" + (f" from {source}" if source else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dataset", default="brevity", help="the task (brevity is written here when missing)")
     parser.add_argument("--data-dir", type=Path, required=True, help="where train.parquet and test.parquet are")
     parser.add_argument("--num-prompts", type=int, default=0)
+    parser.add_argument("--data-source", default="", help="a JSONL file the parquet files are written from")
     parser.add_argument("--checkpoint-dir", type=Path, required=True, help="verl's trainer.default_local_dir")
     parser.add_argument("--keep", type=int, default=0, help="complete checkpoints kept (0: all)")
     args = parser.parse_args(argv)
@@ -219,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     retention = Retention(args.checkpoint_dir, args.keep, sink)
     try:
         overrides = read_overrides(args.overrides)
-        print(f"verl node: data {prepare_data(args.dataset, args.data_dir, args.num_prompts)}", flush=True)
+        data = prepare_data(args.dataset, args.data_dir, args.num_prompts, args.data_source)
+        print(f"verl node: data {data}", flush=True)
         resumed_from = retention.before_attempt()
     except (SystemExit, OSError) as exc:  # one line in the log and a run_end for status: nothing was started
         print(exc, file=sys.stderr, flush=True)

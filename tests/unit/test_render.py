@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -156,3 +157,15 @@ def test_server_env_carries_vllm_env_and_nothing_else_does():
     env_lines = files["config/server.env"].splitlines()
     assert "VLLM_LOGGING_LEVEL=DEBUG" in env_lines and "FLAG=1" in env_lines
     assert "VLLM_LOGGING_LEVEL" not in files["config/trainer.env"]
+
+
+def test_verl_data_files_follow_dataset_path():
+    """A JSONL dataset.path is the head's source for the parquet files on the share; a parquet one is verl's own."""
+    base = new_spec.spec_text("a100", "verl", [])
+    jsonl, parquet = "/shared/in/gsm8k.jsonl", "/shared/mine/train-v2.parquet"
+    for path, train, source in ((jsonl, "/shared/data/gsm8k/train.parquet", jsonl), (parquet, parquet, "")):
+        text = re.sub(r"(?m)^(dataset:.*\n  name: .*\n  path:) null", rf"\1 {path}", base)
+        files = render.render_files(resolve.resolve(spec.loads(text)))
+        assert f"data.train_files={train}" in files["config/verl-overrides.txt"].splitlines()
+        env = files[next(k for k in files if k.startswith("hosts/") and k.endswith(".env"))]
+        assert f"GRPO_DATA_SOURCE={source}\n" in env

@@ -78,7 +78,7 @@ def test_data_is_written_for_brevity_kept_when_there_and_asked_for_otherwise(tmp
     assert verl_node.prepare_data("brevity", out, 16).endswith("written")
     assert (out / "train.parquet").is_file() and (out / "test.parquet").is_file()
     assert verl_node.prepare_data("brevity", out, 16).endswith("kept")
-    with pytest.raises(SystemExit, match="grpo-deploy data prepare"):
+    with pytest.raises(SystemExit, match="set dataset.path"):
         verl_node.prepare_data("gsm8k", tmp_path / "gsm8k", 0)
 
 
@@ -111,3 +111,16 @@ def test_an_unreadable_tracker_stops_the_attempt_in_one_line(tmp_path):
     with MetricsSink(str(tmp_path / "m.jsonl")) as sink, pytest.raises(SystemExit, match="missing or unreadable"):
         verl_node.Retention(ckpt, 2, sink).before_attempt()
     assert (ckpt / "global_step_5" / "actor").is_dir()  # nothing moved or removed
+
+
+def test_data_is_written_from_the_spec_jsonl_and_a_bad_row_is_refused_with_its_number(tmp_path):
+    source = tmp_path / "gsm8k.jsonl"
+    rows = [{"question": f"What is {i} + 1?", "answer": f"It is {i + 1}.\n#### {i + 1}"} for i in range(10)]
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "gsm8k"
+    assert verl_node.prepare_data("gsm8k", out, 0, str(source)).endswith(f"written from {source}")
+    assert (out / "train.parquet").is_file()
+    source.write_text(json.dumps(rows[0]) + "\n" + json.dumps({"question": "x", "answer": "no gold"}) + "\n")
+    with pytest.raises(SystemExit, match="failed"):
+        verl_node.prepare_data("gsm8k", tmp_path / "again", 0, str(source))
+    assert not (tmp_path / "again" / "train.parquet").exists()  # nothing half-written
