@@ -167,6 +167,15 @@ class Engine:
         why = f"{self.name} checkpoint = LoRA {lora * 4 / GB:.3f} GB + Adam state {lora * 8 / GB:.3f} GB"
         return lora * 12, 0, [why]
 
+    def disk_watchdog(self, res: Resolved) -> dict[str, int] | None:
+        """The disk watchdog's settings before each save: this engine's checkpoint estimate (plan's) and the margin;
+        None when it is off or the run never saves."""
+        ck = res.settings.checkpoints
+        if not ck.disk_watchdog or not ck.save_every:
+            return None
+        estimate = self.checkpoint_bytes(res, Architecture.from_dict(res.architecture))[0] if res.architecture else 0
+        return {"checkpoint_bytes": int(estimate), "margin_bytes": int(ck.disk_margin_gb * 1e9)}
+
     def adapters_kept(self, res: Resolved) -> int:
         """Adapter versions beside the checkpoints while the run goes (a separate server reads them): plan counts
         their space."""

@@ -256,7 +256,7 @@ def trainer_config(res: Resolved, publish_ips: dict[str, str] | None = None) -> 
         "adapters": {"dir": res.checkpoint_dir, "keep": res.adapter_slots},
         "resume": s.checkpoints.resume,
         "unload_stale_adapters": True,
-        "disk_watchdog": _disk_watchdog(res),
+        "disk_watchdog": TRL_ASYNC.disk_watchdog(res),
         **({"speed": speed} if (speed := _speed(res)) else {}),
         "async_grpo": grpo,
     })
@@ -267,15 +267,6 @@ def _speed(res: Resolved) -> dict:
     default = SpeedSwitches()
     return {name: getattr(res.settings.runtime, name) for name in SpeedSwitches.model_fields
             if getattr(res.settings.runtime, name) != getattr(default, name)}
-
-
-def _disk_watchdog(res: Resolved) -> dict[str, int] | None:
-    """The trainer's disk watchdog: the plan's checkpoint estimate and the margin (None when off or never saving)."""
-    ck = res.settings.checkpoints
-    if not ck.disk_watchdog or not ck.save_every:
-        return None
-    estimate = TRL_ASYNC.checkpoint_bytes(res, Architecture.from_dict(res.architecture))[0] if res.architecture else 0
-    return {"checkpoint_bytes": int(estimate), "margin_bytes": int(ck.disk_margin_gb * 1e9)}
 
 
 def _report_to(kind: str) -> str:

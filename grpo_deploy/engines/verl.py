@@ -4,6 +4,7 @@ the Ray cluster's values for Kubernetes, the rollout's memory, the FSDP checkpoi
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -51,7 +52,8 @@ class Verl(Engine):
     def config_files(self, res: Resolved, publish_ips: dict[str, str] | None = None) -> dict[str, str]:
         return {"config/verl-overrides.txt": (
             f"# Hydra overrides for verl 0.9.1 (python -m verl.trainer.main_ppo), run {res.spec.run.name}.\n"
-            + "\n".join(verl_overrides(res)) + "\n")}
+            + "\n".join(verl_overrides(res)) + "\n"),
+            "config/verl-node.json": json.dumps(node_config(self, res), indent=2) + "\n"}
 
     def host_files(self, res: Resolved, host, config_dir: str,
                    publish_ips: dict[str, str] | None = None) -> dict[str, str]:
@@ -62,10 +64,7 @@ class Verl(Engine):
             "verl.env.j2", host=host, run_name=spec.run.name, project=project_name(spec.run.name),
             profile=profile.name, images=res.images, compose_files=compose_files,
             services=[r for r in self.roles if r in host.roles], identities=res.identities, mount=spec.storage.mount,
-            volume=spec.storage.volume, config_dir=config_dir, run_dir=res.run_dir, dataset=res.settings.data.dataset,
-            data_dir=data_dir(res), data_source=data_source(res), num_prompts=res.settings.data.num_prompts,
-            checkpoint_dir=res.checkpoint_dir,
-            keep=res.keep or 0,
+            volume=spec.storage.volume, config_dir=config_dir,
             ray_role="head" if "head" in host.roles else "worker", ray=ray_resources(res, profile),
             shm_size="2g" if profile.accelerator != "cuda" else "32g", nfs=spec.storage.nfs,
             shared_dir=host.shared_dir,
@@ -130,6 +129,15 @@ KIT_REWARDS = ("brevity", "boxed-math")
 carry data_source openai/gsm8k, which verl's own scorer knows)."""
 KIT_REWARD_FILE = "/opt/grpo-deploy/lib/grpo_deploy/runtime/verl_data.py"
 """The reward file inside the kit's images (the package lives in /opt/grpo-deploy/lib)."""
+
+
+def node_config(engine: Engine, res: Resolved) -> dict[str, Any]:
+    """config/verl-node.json: what the head does around verl (grpo_deploy.runtime.verl_node.VerlNodeConfig)."""
+    s = res.settings
+    return {"run_dir": res.run_dir, "dataset": s.data.dataset, "data_dir": data_dir(res),
+            "data_source": data_source(res), "num_prompts": s.data.num_prompts, "checkpoint_dir": res.checkpoint_dir,
+            "keep": res.keep or 0, "save_every": s.checkpoints.save_every or 0,
+            "total_steps": engine.total_steps(res), "watchdog": engine.disk_watchdog(res)}
 
 
 def data_dir(res: Resolved) -> str:

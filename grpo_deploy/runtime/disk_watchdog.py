@@ -33,9 +33,10 @@ def free_bytes(path: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def judge(output_dir: str, config: DiskWatchdogConfig, free: Callable[[str], int] = free_bytes) -> Verdict:
+def judge(output_dir: str, config: DiskWatchdogConfig, free: Callable[[str], int] = free_bytes,
+          layout: str = "trl") -> Verdict:
     """Whether the next save fits: free space against max(estimate, newest complete checkpoint's size) + margin."""
-    complete = [c for c in list_checkpoints(output_dir, "trl") if c.complete]
+    complete = [c for c in list_checkpoints(output_dir, layout) if c.complete]
     newest = complete[-1].size_bytes if complete else 0
     need = max(config.checkpoint_bytes, newest) + config.margin_bytes
     have = free(output_dir)

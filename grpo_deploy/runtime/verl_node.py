@@ -21,8 +21,12 @@ import threading
 import time
 from pathlib import Path
 
+from pydantic import Field, ValidationError
+
+from .config import DiskWatchdogConfig
 from .identity import apply_umask, identity
 from .metrics import MetricsSink
+from .strict import Strict
 
 STEP_KEYS = {
     "critic/score/mean": "reward",
@@ -36,6 +40,44 @@ TELEMETRY = ("actor/kl_loss", "actor/pg_loss", "actor/grad_norm", "actor/entropy
 """verl's metrics kept verbatim in each step event (the seed-000 telemetry: reward, KL, gradient norm, response
 length, time per phase); validation scores (val-core/..., val-aux/...) are kept whenever verl validates."""
 POLL_S = 1.0
+CONFIG_MAX_BYTES = 64 * 1024
+
+
+class VerlNodeConfig(Strict):
+    """config/verl-node.json: what the head does around verl for this run (rendered by the verl engine)."""
+
+    run_dir: str
+    """The run's folder on the share (metrics.jsonl, verl-metrics/)."""
+    dataset: str
+    """The task: brevity is generated here; others are written from data_source."""
+    data_dir: str
+    """Where train.parquet and test.parquet are (or are written)."""
+    data_source: str = ""
+    """A JSONL file the parquet files are written from ("" : none)."""
+    num_prompts: int = Field(0, ge=0)
+    checkpoint_dir: str
+    """verl's trainer.default_local_dir."""
+    keep: int = Field(0, ge=0)
+    """Complete checkpoints kept over every attempt (0: all)."""
+    save_every: int = Field(0, ge=0)
+    """verl's trainer.save_freq (0: never)."""
+    total_steps: int = Field(..., ge=1)
+    watchdog: DiskWatchdogConfig | None = None
+    """The disk watchdog before each save (None: off)."""
+
+
+def load_node_config(path: Path) -> VerlNodeConfig:
+    """The node config, read bounded and without following a link; SystemExit with one line when it is not valid."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(CONFIG_MAX_BYTES + 1)
+        if len(raw) > CONFIG_MAX_BYTES:
+            raise ValueError(f"larger than {CONFIG_MAX_BYTES} bytes")
+        return VerlNodeConfig.model_validate(json.loads(raw))
+    except (OSError, ValueError, ValidationError) as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise SystemExit(f"verl node: {path}: {detail} (render it again with grpo-deploy render / up)") from None
 RAY_START_TIMEOUT_S = 180
 
 
@@ -78,7 +120,7 @@ class Retention:
         self.prune(leave_partial=False)
         return path
 
-    def after_step(self) -> None:
+    def after_step(self, _step: int = 0) -> None:
         from . import checkpoints
 
         tracker = checkpoints.verl_tracker(self.directory)
@@ -99,6 +141,33 @@ class Retention:
         if result.removed or result.quarantined:
             self.sink.emit("checkpoint_prune", removed=[c.path for c in result.removed],
                            quarantined=[q.path for q in result.quarantined], kept=[c.step for c in result.kept])
+
+
+class SaveWatchdog:
+    """The disk watchdog for verl's saves, judged as each step's metrics arrive: when the next step saves (verl saves
+    inside the step, before its metrics) and the checkpoint plus the margin does not fit where checkpoints go, the
+    trainer is stopped before that step's save can start — the newest complete checkpoint kept, nothing half-written
+    (the seed's step-80 crash). *stop*(verdict) ends the driver."""
+
+    def __init__(self, config: VerlNodeConfig, sink: MetricsSink, stop, free=None):
+        self.config, self.sink, self.stop, self.free, self.tripped = config, sink, stop, free, None
+
+    def saves_at(self, step: int) -> bool:
+        every, total = self.config.save_every, self.config.total_steps
+        return bool(every) and (step % every == 0 or step == total)
+
+    def after_step(self, step: int) -> None:
+        from .disk_watchdog import free_bytes, judge
+
+        if self.config.watchdog is None or self.tripped is not None or not self.saves_at(step + 1):
+            return
+        verdict = judge(self.config.checkpoint_dir, self.config.watchdog, self.free or free_bytes, layout="verl")
+        if not verdict.fits:
+            self.tripped = verdict
+            self.sink.emit("disk_watchdog_stop", step=step, free_bytes=verdict.free_bytes,
+                           need_bytes=verdict.need_bytes, message=verdict.message)
+            print(verdict.message, file=sys.stderr, flush=True)
+            self.stop()
 
 
 class StepFollower(threading.Thread):
@@ -138,7 +207,7 @@ class StepFollower(threading.Thread):
             self.sink.emit("step", **event)
             self.steps, self.last_step = self.steps + 1, event["step"]
             if self.on_step is not None:
-                self.on_step()
+                self.on_step(event["step"])
 
     def finish(self) -> None:
         self._done.set()
@@ -197,32 +266,34 @@ def prepare_data(dataset: str, data_dir: Path, num_prompts: int, source: str = "
     return f"{data_dir}: written" + (f" from {source}" if source else "")
 
 
+DISK_FULL = 3
+"""The head's exit code when the disk watchdog stopped the run before a save."""
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m grpo_deploy.runtime.verl_node", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--role", choices=("head",), default="head", help="the Ray role of this node")
-    parser.add_argument("--overrides", type=Path, default=Path("/etc/grpo-deploy/verl-overrides.txt"))
-    parser.add_argument("--run-dir", type=Path, required=True, help="the run's folder on the share")
-    parser.add_argument("--num-cpus", type=int, required=True)
-    parser.add_argument("--num-gpus", type=int, required=True, help="GPUs of the node (logical ones on CPU)")
-    parser.add_argument("--object-store-bytes", type=int, default=0)
+    parser.add_argument("--config", type=Path, default=Path("/etc/grpo-deploy/verl-node.json"),
+                        help="what the head does around verl (rendered)")
+    parser.add_argument("--overrides", type=Path, default=Path("/etc/grpo-deploy/verl-overrides.txt"),
+                        help="verl's Hydra overrides (rendered), one per line")
+    parser.add_argument("--num-cpus", type=int, default=0, help="Ray CPUs of this node (0: Ray counts them)")
+    parser.add_argument("--num-gpus", type=int, default=0, help="Ray GPUs of this node (logical on CPU; 0: counted)")
+    parser.add_argument("--object-store-bytes", type=int, default=0, help="Ray's object store (0: Ray's default)")
     parser.add_argument("--ray-port", type=int, default=6379)
-    parser.add_argument("--dataset", default="brevity", help="the task (brevity is written here when missing)")
-    parser.add_argument("--data-dir", type=Path, required=True, help="where train.parquet and test.parquet are")
-    parser.add_argument("--num-prompts", type=int, default=0)
-    parser.add_argument("--data-source", default="", help="a JSONL file the parquet files are written from")
-    parser.add_argument("--checkpoint-dir", type=Path, required=True, help="verl's trainer.default_local_dir")
-    parser.add_argument("--keep", type=int, default=0, help="complete checkpoints kept (0: all)")
     args = parser.parse_args(argv)
     apply_umask()
+    config = load_node_config(args.config)
+    run_dir = Path(config.run_dir)
     attempt = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    verl_metrics = args.run_dir / "verl-metrics" / f"attempt-{attempt}.jsonl"
+    verl_metrics = run_dir / "verl-metrics" / f"attempt-{attempt}.jsonl"
     verl_metrics.parent.mkdir(parents=True, exist_ok=True)
-    sink = MetricsSink(str(args.run_dir / "metrics.jsonl"))
-    retention = Retention(args.checkpoint_dir, args.keep, sink)
+    sink = MetricsSink(str(run_dir / "metrics.jsonl"))
+    retention = Retention(Path(config.checkpoint_dir), config.keep, sink)
     try:
         overrides = read_overrides(args.overrides)
-        data = prepare_data(args.dataset, args.data_dir, args.num_prompts, args.data_source)
+        data = prepare_data(config.dataset, Path(config.data_dir), config.num_prompts, config.data_source)
         print(f"verl node: data {data}", flush=True)
         resumed_from = retention.before_attempt()
     except (SystemExit, OSError) as exc:  # one line in the log and a run_end for status: nothing was started
@@ -231,6 +302,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sink.emit("run_start", engine="verl", **identity(), pid=os.getpid(), verl_metrics=str(verl_metrics),
               resumed_from=resumed_from)
+    if config.watchdog is not None:
+        sink.emit("disk_watchdog_armed", checkpoint_bytes=config.watchdog.checkpoint_bytes,
+                  margin_bytes=config.watchdog.margin_bytes)
+    # RAY_AUTH_MODE=token, said explicitly: the head makes a token in the run user's ~/.ray and the driver (and
+    # every Ray process it starts) presents it; left unset, Ray 2.60's driver did not and was refused.
     env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(verl_metrics), "RAY_ADDRESS": f"127.0.0.1:{args.ray_port}",
            "RAY_AUTH_MODE": "token"}
     ensure_ray_token(Path.home())
@@ -241,11 +317,17 @@ def main(argv: list[str] | None = None) -> int:
         sink.emit("run_end", status="failed", error=f"ray start exited {started.returncode}", steps=0)
         return started.returncode
     sink.emit("trainer_ready", ray="head")
-    follower = StepFollower(verl_metrics, sink, retention.after_step)
-    follower.start()
     # Hydra's own output folder (the composed config, its log) beside the attempt's metrics, not in the cwd
     hydra_dir = f"hydra.run.dir={verl_metrics.parent / ('hydra-' + attempt)}"
     driver = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, hydra_dir], env=env)
+    watchdog = SaveWatchdog(config, sink, lambda: driver.send_signal(signal.SIGTERM))
+
+    def on_step(step: int) -> None:
+        retention.after_step(step)
+        watchdog.after_step(step)
+
+    follower = StepFollower(verl_metrics, sink, on_step)
+    follower.start()
 
     def forward(signum, _frame):
         driver.send_signal(signum)
@@ -256,8 +338,12 @@ def main(argv: list[str] | None = None) -> int:
     follower.finish()
     retention.prune(leave_partial=False)
     subprocess.run([ray, "stop", "--force"], env=env, timeout=60, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    sink.emit("run_end", status="ok" if code == 0 else "failed", steps=follower.last_step,
-              error=None if code == 0 else f"verl's trainer exited {code}")
+    if watchdog.tripped is not None:
+        sink.emit("run_end", status="disk-full", error=watchdog.tripped.message, steps=follower.last_step)
+        code = DISK_FULL
+    else:
+        sink.emit("run_end", status="ok" if code == 0 else "failed", steps=follower.last_step,
+                  error=None if code == 0 else f"verl's trainer exited {code}")
     sink.close()
     return code
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -167,5 +168,4 @@ def test_verl_data_files_follow_dataset_path():
         text = re.sub(r"(?m)^(dataset:.*\n  name: .*\n  path:) null", rf"\1 {path}", base)
         files = render.render_files(resolve.resolve(spec.loads(text)))
         assert f"data.train_files={train}" in files["config/verl-overrides.txt"].splitlines()
-        env = files[next(k for k in files if k.startswith("hosts/") and k.endswith(".env"))]
-        assert f"GRPO_DATA_SOURCE={source}\n" in env
+        assert json.loads(files["config/verl-node.json"])["data_source"] == source

@@ -124,3 +124,43 @@ def test_data_is_written_from_the_spec_jsonl_and_a_bad_row_is_refused_with_its_n
     with pytest.raises(SystemExit, match="failed"):
         verl_node.prepare_data("gsm8k", tmp_path / "again", 0, str(source))
     assert not (tmp_path / "again" / "train.parquet").exists()  # nothing half-written
+
+
+def _node_config(tmp_path, **changes) -> verl_node.VerlNodeConfig:
+    data = {"run_dir": str(tmp_path / "run"), "dataset": "brevity", "data_dir": str(tmp_path / "data"),
+            "checkpoint_dir": str(tmp_path / "ckpt"), "save_every": 5, "total_steps": 16,
+            "watchdog": {"checkpoint_bytes": 10**6, "margin_bytes": 0}, **changes}
+    return verl_node.VerlNodeConfig.model_validate(data)
+
+
+def test_the_node_config_is_read_bounded_typed_and_never_through_a_link(tmp_path):
+    good = tmp_path / "verl-node.json"
+    good.write_text(_node_config(tmp_path).model_dump_json())
+    assert verl_node.load_node_config(good).total_steps == 16
+    link = tmp_path / "link.json"
+    link.symlink_to(good)
+    data = json.loads(good.read_text())
+    for path, text, why in ((link, None, "symlink|Too many levels|ELOOP|loop"),
+                            (tmp_path / "big.json", " " * (verl_node.CONFIG_MAX_BYTES + 1), "larger than"),
+                            (tmp_path / "typed.json", json.dumps({**data, "keep": "2"}), "keep"),
+                            (tmp_path / "extra.json", json.dumps({**data, "x": 1}), "x")):
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(SystemExit, match=why):
+            verl_node.load_node_config(path)
+
+
+def test_the_watchdog_stops_verl_before_a_save_that_cannot_fit(tmp_path):
+    stopped, free = [], [10**9]
+    with MetricsSink(str(tmp_path / "m.jsonl")) as sink:
+        dog = verl_node.SaveWatchdog(_node_config(tmp_path), sink, lambda: stopped.append(True), lambda _: free[0])
+        assert [s for s in range(1, 17) if dog.saves_at(s)] == [5, 10, 15, 16]
+        dog.after_step(4)  # step 5 saves, and fits
+        assert not stopped
+        free[0] = 10**5
+        dog.after_step(6)  # step 7 does not save: nothing to judge
+        assert not stopped
+        dog.after_step(9)  # step 10 saves 1 MB into 100 KB: stopped before it
+        assert stopped == [True] and "stopped before saving" in dog.tripped.message
+    events = read_events(str(tmp_path / "m.jsonl"))
+    assert [e["step"] for e in events if e["event"] == "disk_watchdog_stop"] == [9]
