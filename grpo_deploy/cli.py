@@ -368,8 +368,8 @@ def cmd_diagnose(args) -> int:
 
     res = _load(args)
     res.engine_info.refuse("diagnose", CliError)
-    d = diagnose.diagnose(_run_events(res, args), diagnose.settings_hint(res))
-    print(json.dumps(d.to_dict(), indent=2) if args.json else diagnose.diagnosis_text(d))
+    d, labels = res.engine_info.diagnose(_run_events(res, args), res)
+    print(json.dumps(d.to_dict(), indent=2) if args.json else diagnose.diagnosis_text(d, labels))
     return 1 if d.side == "not enough data" else 0
 
 

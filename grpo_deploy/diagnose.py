@@ -427,19 +427,19 @@ def settings_hint(res) -> dict[str, Any]:
 
 
 # --- text -------------------------------------------------------------------------------------------------------
-def _figure(key: str, value: Any) -> str:
-    _, fmt, unit = LABELS[key]
+def _figure(key: str, value: Any, labels: Mapping[str, tuple[str, str, str]]) -> str:
+    _, fmt, unit = labels[key]
     if isinstance(value, bool):
         return "on" if value else "off"
     return f"{format(value, fmt)}{unit}" if fmt and _num(value) else str(value)
 
 
-def diagnosis_text(d: Diagnosis) -> str:
-    """What `grpo-deploy diagnose` prints."""
+def diagnosis_text(d: Diagnosis, labels: Mapping[str, tuple[str, str, str]] = LABELS) -> str:
+    """What `grpo-deploy diagnose` prints (*labels*: the engine's evidence keys, LABELS for TRL's)."""
     lines = [f"diagnosis: {d.side}", f"  {d.reason}", "", "evidence:"]
-    width = max(len(label) for label, _, _ in LABELS.values())
-    lines += [f"  {LABELS[k][0]:<{width}}  {_figure(k, v)}" for k, v in d.evidence.items()
-              if k in LABELS and v is not None]
+    width = max(len(label) for label, _, _ in labels.values())
+    lines += [f"  {labels[k][0]:<{width}}  {_figure(k, v, labels)}" for k, v in d.evidence.items()
+              if k in labels and v is not None]
     if d.next_knobs:
         lines += ["", "next knobs, in order:"]
         lines += [f"  {i}. {k.setting}: {k.value}\n     {k.why}" for i, k in enumerate(d.next_knobs, 1)]

@@ -181,6 +181,10 @@ class Engine:
         their space."""
         return 0
 
+    def diagnose(self, events, res: Resolved):
+        """(the run's bottleneck diagnosis from its *events*, the labels of its evidence): `grpo-deploy diagnose`."""
+        raise Unsupported(f"diagnose is not built for engine {self.name}")
+
     def total_steps(self, res: Resolved) -> int:
         """The optimizer steps of the run."""
         raise NotImplementedError(f"engine {self.name} does not say its total steps")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import diagnose
 from ..architecture import Architecture
 from ..names import COMPOSE_BASE, project_name
 from ..render_text import dump_yaml, template
@@ -139,6 +140,10 @@ class TrlAsync(Engine):
             }
         header = f"# GPU reservations for host {host.name} (profile {profile.name}), rendered by grpo-deploy.\n"
         return dump_yaml(header, {"services": services})
+
+    def diagnose(self, events, res: Resolved):
+        """Seed 004's rules over TRL's async metrics (grpo_deploy.diagnose)."""
+        return diagnose.diagnose(events, diagnose.settings_hint(res)), diagnose.LABELS
 
     def k8s_params(self, res: Resolved) -> dict[str, Any]:
         return {"served_model": res.settings.model.served_name, "server_port": res.settings.vllm.port}

@@ -8,6 +8,7 @@ import json
 import re
 from typing import Any
 
+from .. import diagnose_verl
 from ..architecture import Architecture
 from ..names import COMPOSE_VERL, project_name
 from ..render_text import RenderError, template
@@ -97,6 +98,10 @@ class Verl(Engine):
         why = [f"verl FSDP checkpoint = frozen base in {'bf16' if base_bytes == 2 else 'fp32 (model_dtype default)'} "
                f"{base / GB:.2f} GB + LoRA {adapter / GB:.3f} GB + Adam state {optim / GB:.3f} GB"]
         return total, 0, why
+
+    def diagnose(self, events, res: Resolved):
+        """Seed 000's knobs over verl's per-phase timings (grpo_deploy.diagnose_verl)."""
+        return diagnose_verl.diagnose(events, diagnose_verl.settings_hint(res)), diagnose_verl.LABELS
 
     def total_steps(self, res: Resolved) -> int:
         verl = res.settings.verl
@@ -247,7 +252,6 @@ VERL = Verl(
     progress=(("kl", "actor/kl_loss", ".4f"), ("grad", "actor/grad_norm", ".3f"), ("gen s", "timing_s/gen", ".1f"),
               ("update s", "timing_s/update_actor", ".1f"), ("step s", "timing_s/step", ".1f")),
     unsupported={
-        "diagnose": "diagnose reads TRL's async metrics; engine verl has none (use verl's own logs)",
         "shared-volume": "verl runs trainer and rollout in one process",
     },
 )
