@@ -23,6 +23,12 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 4) if values else None
 
 
+PHASE_PREFIX = "timing_s/"
+"""Step events' per-phase timings (verl's)."""
+NOT_PHASES = ("timing_s/step", "timing_s/save_checkpoint", "timing_s/testing")
+"""Timings that are not a phase of every step: the whole step, a save, a validation."""
+
+
 @dataclass
 class Summary:
     run: str
@@ -54,6 +60,11 @@ class Summary:
     error: str | None = None
     fault: str | None = None
     """The shared-volume fault that stopped the trainer (storage_fault event): the path, the identity, the fix."""
+    phase_medians_s: dict[str, float] = field(default_factory=dict)
+    """Median seconds per step of each phase the engine times (verl's timing_s/gen, old_log_prob, ref,
+    update_actor), after the first step (its warm-up)."""
+    kl_loss_last5: float | None = None
+    grad_norm_last5: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +113,11 @@ def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None 
             hours = (steps[-1]["time"] - origin) / 3600
             if hours > 0 and s.reward_last5 is not None:
                 s.reward_per_hour = round(sum(r for r in rewards if r is not None) / hours, 2)
+        phases = sorted({k for e in steps[1:] for k in e if k.startswith(PHASE_PREFIX) and k not in NOT_PHASES})
+        s.phase_medians_s = {k[len(PHASE_PREFIX):]: m for k in phases
+                             if (m := _median([e.get(k) for e in steps[1:]])) is not None}
+        s.kl_loss_last5 = _mean([e.get("actor/kl_loss") for e in steps][-5:])
+        s.grad_norm_last5 = _mean([e.get("actor/grad_norm") for e in steps][-5:])
         if max_steps and s.step_time_median_s and s.steps < max_steps:
             s.eta_s = round((max_steps - s.steps) * s.step_time_median_s, 1)
     s.adapter_loads_ok = sum(1 for e in loads if e.get("ok"))
@@ -201,10 +217,18 @@ def summary_text(s: Summary) -> str:
         + (" (stopped by a shared-volume fault, below)" if s.fault else f" (error: {s.error})" if s.error else ""),
         f"  reward              first 5 steps {n(s.reward_first5)} -> last 5 steps {n(s.reward_last5)}",
         f"  completion length   {n(s.completion_length_first5, '.1f')} -> {n(s.completion_length_last5, '.1f')} tokens",
-        f"  adapter syncs       {s.adapter_loads_ok} loaded, {s.adapter_loads_failed} failed, median hand-off "
-        f"{n(s.median_handoff_s, '.3f', ' s')} (save -> loaded)",
-        f"  staleness           mean {n(s.staleness_mean, '.2f')}; importance ratio "
-        f"{n(s.importance_ratio_min, '.4f')}..{n(s.importance_ratio_max, '.4f')}",
+    ]
+    if not s.phase_medians_s:  # a run that hands adapters over (TRL); a verl run times its phases instead
+        lines += [
+            f"  adapter syncs       {s.adapter_loads_ok} loaded, {s.adapter_loads_failed} failed, median hand-off "
+            f"{n(s.median_handoff_s, '.3f', ' s')} (save -> loaded)",
+            f"  staleness           mean {n(s.staleness_mean, '.2f')}; importance ratio "
+            f"{n(s.importance_ratio_min, '.4f')}..{n(s.importance_ratio_max, '.4f')}"]
+    else:
+        lines += [
+            "  phases (median)     " + " · ".join(f"{k} {v:.2f} s" for k, v in s.phase_medians_s.items()),
+            f"  KL / grad norm      last 5 steps {n(s.kl_loss_last5, '.4f')} / {n(s.grad_norm_last5, '.3f')}"]
+    lines += [
         f"  step time           median {n(s.step_time_median_s, '.2f', ' s')}; reward per wall-clock hour "
         f"{n(s.reward_per_hour, '.1f')}",
         f"  start-up            server ready {n(s.server_ready_s, '.1f', ' s')}; up -> first step "

@@ -149,3 +149,16 @@ def test_phases_leave_out_what_did_not_happen():
               {"event": "up_end", "time": 6.0, "status": "preflight-failed"}]
     assert status.phases(failed) == [("images", 5.0), ("total", 6.0)]
     assert status.phases_text([]) == "" and status.phases([{"event": "step", "time": 1.0}]) == []
+
+
+def test_a_verl_summary_shows_its_phases_not_adapter_syncs():
+    from pathlib import Path
+
+    from grpo_deploy.runtime.metrics import read_events
+
+    events = read_events(str(Path(__file__).parent / "metrics" / "verl-rehearsal-cpu.jsonl"))
+    s = status.summarize("verl-rehearsal", events, max_steps=16)
+    assert s.steps == 16 and s.reward_last5 > s.reward_first5
+    assert set(s.phase_medians_s) >= {"gen", "old_log_prob", "update_actor"} and "step" not in s.phase_medians_s
+    text = status.summary_text(s)
+    assert "phases (median)     gen " in text and "adapter syncs" not in text and "KL / grad norm" in text
