@@ -253,7 +253,8 @@ class PlotUnavailable(RuntimeError):
 
 
 def plot(events: list[dict[str, Any]], path: str, title: str = "") -> str:
-    """Reward, completion length and staleness per step, to a PNG."""
+    """Reward and completion length per step, then staleness (TRL) or the seconds of each phase and the gradient
+    norm and KL loss (verl: its events carry timing_s/*), to a PNG."""
     try:
         import matplotlib
     except ImportError:
@@ -264,10 +265,19 @@ def plot(events: list[dict[str, Any]], path: str, title: str = "") -> str:
 
     steps = sorted((e for e in events if e.get("event") == "step"), key=lambda e: e.get("step", 0))
     x = [e.get("step") for e in steps]
-    fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
-    for ax, key, label in zip(axes, ("reward", "completions/mean_length", "sample/staleness_mean"),
-                              ("reward", "completion length (tokens)", "staleness (updates)"), strict=True):
-        ax.plot(x, [e.get(key) for e in steps], marker=".")
+    phases = sorted({k for e in steps for k in e if k.startswith(PHASE_PREFIX) and k not in NOT_PHASES})
+    panels = [(("reward",), "reward"), (("completions/mean_length",), "completion length (tokens)")]
+    if phases:  # verl: where a step's time goes, and the update's size (seed 000's telemetry)
+        panels += [(tuple(phases), "seconds per step, by phase"), (("actor/grad_norm", "actor/kl_loss"),
+                                                                   "grad norm / KL loss")]
+    else:
+        panels.append((("sample/staleness_mean",), "staleness (updates)"))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.3 * len(panels) + 0.1), sharex=True)
+    for ax, (keys, label) in zip(axes, panels, strict=True):
+        for key in keys:
+            ax.plot(x, [e.get(key) for e in steps], marker=".", label=key.removeprefix(PHASE_PREFIX))
+        if len(keys) > 1:
+            ax.legend(fontsize="small")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("optimizer step")

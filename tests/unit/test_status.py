@@ -162,3 +162,16 @@ def test_a_verl_summary_shows_its_phases_not_adapter_syncs():
     assert set(s.phase_medians_s) >= {"gen", "old_log_prob", "update_actor"} and "step" not in s.phase_medians_s
     text = status.summary_text(s)
     assert "phases (median)     gen " in text and "adapter syncs" not in text and "KL / grad norm" in text
+
+
+def test_a_verl_plot_has_the_phase_and_update_panels(tmp_path):
+    from pathlib import Path
+
+    import matplotlib.image
+
+    from grpo_deploy.runtime.metrics import read_events
+
+    events = read_events(str(Path(__file__).parent / "metrics" / "verl-rehearsal-cpu.jsonl"))
+    verl_png = status.plot(events, str(tmp_path / "verl.png"))
+    trl_png = status.plot(_events(), str(tmp_path / "trl.png"))
+    assert matplotlib.image.imread(verl_png).shape[0] > matplotlib.image.imread(trl_png).shape[0]  # 4 panels, not 3
