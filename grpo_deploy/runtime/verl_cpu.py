@@ -4,7 +4,8 @@ logical GPUs satisfy verl's placement groups, no IPC so weights move through sha
 the one wrap verl needs on CPU (its process-group backend string `cpu:gloo,cpu:gloo` is refused by torch).
 
 Inert unless asked for: the platform is only chosen with VERL_PLATFORM=cpu (its auto-detection answer is no), and the
-wrap changes the backend only when that platform is the one in use. Imports nothing of verl until `register()`.
+wrap changes the backend only when that platform is the one in use; the vLLM name is added only where vLLM lacks it.
+Imports nothing of verl until `register()`.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ def vllm_lora_names() -> None:
 
 def register() -> None:
     """verl's `verl.plugins` entry point: register the platform and wrap the process-group call (before
-    verl.workers.engine_workers imports its name); with the platform in use, the vLLM name verl's LoRA loader needs."""
+    verl.workers.engine_workers imports its name), and give vLLM the name verl's LoRA loader calls where it lacks
+    it."""
     from verl.plugin.platform.platform_base import PlatformBase
     from verl.plugin.platform.platform_manager import PlatformRegistry
     from verl.utils import distributed
@@ -155,4 +157,4 @@ def register() -> None:
         # verl registers its FSDP engines under the devices cuda and npu only; the registry's lookup key may be
         # set by this variable, and the engine then runs on the device the platform gives (the CPU).
         os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")
-        vllm_lora_names()
+    vllm_lora_names()  # any platform: inert where vLLM still has the name verl calls (0.24, verl's own pin)
