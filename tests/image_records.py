@@ -7,6 +7,7 @@ rewrite the record. `python -m tests.image_records` says which are current; GRPO
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import subprocess
@@ -39,13 +40,25 @@ PAIRS = (ImageTests("amd64", "amd64_build", ("cuda-server-amd64", "cuda-trainer-
 BY_ARCH = {p.arch: p for p in PAIRS}
 
 
+def recipe_text(recipe) -> str:
+    """The recipe's fields that differ from their defaults, as text: a field added to the table later (at its
+    default) leaves every recorded image's key as it was."""
+    set_fields = []
+    for f in dataclasses.fields(recipe):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        value = getattr(recipe, f.name)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING or value != default:
+            set_fields.append(f"{f.name}={value!r}")
+    return f"{type(recipe).__name__}({', '.join(set_fields)})"
+
+
 def inputs_key(pair: ImageTests, images: Path | None = None) -> str:
     """sha256 over the pair's recipes (their fields, args and platform) and every file they read, with its mode."""
     images = images or places.images_dir()
     digest = hashlib.sha256()
     for name in pair.recipes:
         recipe = RECIPES[name]
-        digest.update(repr(recipe).encode())
+        digest.update(recipe_text(recipe).encode())
         files = {recipe.lock, BASE_SCRIPT, *recipe.deps_files, *(src for src, _, _ in recipe.code_files)}
         files |= {f for f in (recipe.deps_dockerfile, recipe.dockerfile, recipe.verify) if f}
         for rel in sorted(files):

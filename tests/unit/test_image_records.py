@@ -60,3 +60,14 @@ def test_deselected_while_the_record_matches_and_kept_once_it_does_not(monkeypat
     monkeypatch.delenv("GRPO_IMAGE_TESTS")
     pair.record.write_text(pair.record.read_text().replace("inputs ", "inputs 0"))
     assert image_records.deselect_unchanged(_Config(), list(items)) == [], "a stale record: the tests run"
+
+
+def test_a_field_at_its_default_does_not_enter_the_key():
+    import dataclasses
+
+    from grpo_deploy.image_build.recipes import RECIPES
+    from tests.image_records import recipe_text
+
+    recipe = RECIPES["cuda-server-amd64"]
+    assert "base_recipe" not in recipe_text(recipe) and "lock=" in recipe_text(recipe)
+    assert recipe_text(dataclasses.replace(recipe, base_recipe="cpu")) != recipe_text(recipe)
