@@ -1,9 +1,10 @@
 # grpo-deploy: `make help` lists the targets.
 PYTHON ?= python3
 PYTEST_ARGS ?=
+BENCH_REPEAT ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-verl ci-fresh test-cuda-images test-arm64-images test-unit test-static test-integration images images-cuda images-static bench bench-split render-defaults clean
+.PHONY: help setup demo test test-verl ci-fresh test-cuda-images test-arm64-images test-unit test-static test-integration images images-cuda images-static bench bench-shipping bench-split render-defaults clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -47,12 +48,15 @@ images-cuda: ## build and check the air-gapped x86_64 CUDA server and trainer im
 images-static: ## hadolint every Dockerfile (GPU images cannot be built here)
 	grpo-deploy images lint
 
-bench: ## start-up ratio and hand-off of the rehearsal (needs `make demo`); multi-host preflight and shipping figures
-	$(PYTHON) benchmarks/rehearsal_startup.py --repeat 3
-	$(PYTHON) benchmarks/multihost.py --skip-split
+bench: ## start-up ratio and hand-off of the rehearsal (needs `make demo`; BENCH_REPEAT bare server starts, CI: 1); preflight over 2 and 8 test hosts
+	$(PYTHON) benchmarks/rehearsal_startup.py --repeat $(BENCH_REPEAT)
+	$(PYTHON) benchmarks/multihost.py --part preflight
+
+bench-shipping: ## image shipping over SSH to a test host: without the image, again, after a code-only change (~7 min)
+	$(PYTHON) benchmarks/multihost.py --part shipping
 
 bench-split: ## split `up` -> first step over two test hosts against the local one (minutes)
-	$(PYTHON) benchmarks/multihost.py
+	$(PYTHON) benchmarks/multihost.py --part split
 
 ci-fresh: ## rehearse CI as a fresh machine runs it: a fresh clone of HEAD against an empty second Docker engine (own namespaces; this engine's images untouched); run before every stop (root, ~60 min)
 	bash scripts/fresh-engine-ci.sh

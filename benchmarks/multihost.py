@@ -6,7 +6,8 @@
 3. split `up` -> first optimizer step (trainer and server on two hosts) against the local `up` -> first step of the
    same image on this machine (target: ratio <= 1.2); images already on the hosts, so shipping is not in the figure.
 
-Run: python benchmarks/multihost.py [--skip-split]   (needs the cpu image: make images)
+Run: python benchmarks/multihost.py [--part preflight|shipping|split ...]   (needs the cpu image: make images)
+`make bench` (CI) runs the preflight part; `make bench-shipping` and `make bench-split` the other two (minutes each).
 """
 
 from __future__ import annotations
@@ -122,20 +123,27 @@ def split_vs_local(work: Path) -> dict:
             "ratio": round(split / local, 2) if split and local else None}
 
 
+PARTS = ("preflight", "shipping", "split")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--skip-split", action="store_true", help="leave out the two `up` runs (minutes)")
+    parser.add_argument("--part", action="append", choices=PARTS,
+                        help="run only this part (repeatable; default: all three, numbered as above)")
     args = parser.parse_args()
+    parts = args.part or list(PARTS)
     work = Path(tempfile.mkdtemp(prefix="grpo-bench-multihost-"))
     for sub in ("local", "split"):
         (work / sub).mkdir()
-    two, eight = preflight_seconds(2, work), preflight_seconds(8, work)
-    print(f"preflight: 2 hosts {two:.2f} s, 8 hosts {eight:.2f} s (median of 3), ratio {eight / two:.2f} "
-          f"(target <= 1.5)", flush=True)
-    for row in shipping(work):
-        print(f"shipping, {row['case']}: {row['mb']:,} MB in {row['seconds']} s "
-              f"({row['layers_sent']} layer(s) sent, {row['layers_skipped']} already there)", flush=True)
-    if not args.skip_split:
+    if "preflight" in parts:
+        two, eight = preflight_seconds(2, work), preflight_seconds(8, work)
+        print(f"preflight: 2 hosts {two:.2f} s, 8 hosts {eight:.2f} s (median of 3), ratio {eight / two:.2f} "
+              f"(target <= 1.5)", flush=True)
+    if "shipping" in parts:
+        for row in shipping(work):
+            print(f"shipping, {row['case']}: {row['mb']:,} MB in {row['seconds']} s "
+                  f"({row['layers_sent']} layer(s) sent, {row['layers_skipped']} already there)", flush=True)
+    if "split" in parts:
         r = split_vs_local(work)
         print(f"up -> first step: local {r['local_s']} s, split over two hosts {r['split_s']} s, ratio {r['ratio']} "
               "(target <= 1.2)")
