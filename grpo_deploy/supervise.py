@@ -121,6 +121,10 @@ def finish(state: RunState, code: int, events: list[dict], out, log: Callable[[s
         if faults:
             log(f"the trainer stopped on a shared-volume fault ({faults[-1].get('kind')}): "
                 f"{status.fault_text(events) or faults[-1].get('message')}")
+        ends = [e for e in events if e["event"] == "run_end"]
+        stops = [e for e in events if e["event"] == "disk_watchdog_stop"]
+        if stops and ends and ends[-1].get("status") == "disk-full":  # the watchdog's own line: what to free
+            log(stops[-1].get("message") or "the disk watchdog stopped the trainer before a save that would not fit")
         log(f"the trainer exited with code {code}: see {state.dir / 'logs.txt'}")
         return 1
     return 0

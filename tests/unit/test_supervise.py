@@ -154,3 +154,20 @@ def test_finish_names_a_shared_volume_fault_in_ups_output(tmp_path):
     assert finish(st, 1, events, out, lines.append, True, lambda: pytest.fail("--keep"), "the stack") == 1
     assert lines[-2] == f"the trainer stopped on a shared-volume fault (adapter-unreadable): {message}"
     assert f"stopped by          {message}" in out.getvalue() and "Traceback" not in out.getvalue()
+
+
+def test_finish_says_the_disk_watchdogs_own_line_when_it_stopped_the_run(tmp_path):
+    st = state(tmp_path)
+    message = ("disk watchdog: 0.01 GB free at /shared/runs/x/checkpoints, the next save needs 0.01 GB (...): "
+               "stopped before saving; the newest complete checkpoint (global_step_4) is kept. Free 0.00 GB ...")
+    events = [{"event": "run_start", "time": 1.0},
+              {"event": "disk_watchdog_stop", "time": 2.0, "step": 5, "message": message},
+              {"event": "run_end", "time": 3.0, "status": "disk-full", "error": message, "steps": 5}]
+    lines, out = [], io.StringIO()
+    assert finish(st, 3, events, out, lines.append, True, lambda: pytest.fail("--keep"), "the stack") == 1
+    assert lines[-2] == message and lines[-1].startswith("the trainer exited with code 3")
+    resumed = events[:2] + [{"event": "run_start", "time": 4.0}, {"event": "run_end", "time": 5.0, "status": "failed",
+                                                                   "error": "verl's trainer exited 1", "steps": 7}]
+    lines.clear()
+    finish(st, 1, resumed, out, lines.append, True, lambda: pytest.fail("--keep"), "the stack")
+    assert message not in lines  # an earlier attempt's stop is not this attempt's cause
