@@ -32,8 +32,8 @@ test-unit: ## unit tests only (no Docker)
 test-static: ## static validation: compose, Dockerfiles, Kubernetes overlays, Ansible, YAML
 	$(PYTHON) -m pytest tests/static -q
 
-test-verl: setup ## the real verl rehearsal through `up`: verl + Ray + vLLM CPU + LoRA, a head kill and the resume (~7 min)
-	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m verl_rehearsal tests/integration/test_verl_rehearsal.py -rs $(PYTEST_ARGS)
+test-verl: setup ## the real verl rehearsal through `up` (verl + Ray + vLLM CPU + LoRA) on seed 000's disk: plan and preflight refuse the seed's config; the watchdog stops a full disk, the resume, a head kill and its resume (~10 min)
+	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m verl_rehearsal tests/faults/test_verl_replay.py -rs $(PYTEST_ARGS)
 
 test-integration: ## the real rehearsal in containers, the seed-004 preflight refusal
 	$(PYTHON) -m pytest tests/integration -q

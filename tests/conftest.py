@@ -1,7 +1,7 @@
 """CI rules for the whole suite: with GRPO_NO_SKIPS=1 (set by `make test`) a skipped test fails the run; the arm64
 image build starts in the background when selected (tests/image_prebuild.py); each directory's time and each image
 build are recorded for .ci/run's phase table (tests/ci_phases.py). The session's fixtures for a real engine: one
-client from the kit's own factory, and the cpu image built at most once."""
+client from the kit's own factory, and the cpu and verl-cpu images each built at most once."""
 
 from __future__ import annotations
 
@@ -42,6 +42,23 @@ def cpu_image(docker_client):
         return tag
 
     return ci_phases.built_once("cpu", build, str(places.build_dir() / "logs" / "image-cpu*.log"))
+
+
+@pytest.fixture(scope="session")
+def verl_image(docker_client, cpu_image):
+    """The cpu profile's verl image (verl-cpu: verl, Ray and TransferQueue on the cpu image's dependency image), built
+    as `up` builds it, once a session, its build a row of its own in the phase table."""
+    from grpo_deploy import facts, new_spec, resolve, run_images, spec
+    from grpo_deploy.image_build import places
+
+    def build() -> str:
+        res = resolve.resolve(spec.loads(new_spec.spec_text("cpu", "verl", []), source="verl-image.yaml"))
+        run_images.build_images(docker_client, res, print)
+        tag = res.images["head"]
+        assert facts.image_labels(docker_client, tag) is not None, f"{tag} is not on the engine after its build"
+        return tag
+
+    return ci_phases.built_once("verl-cpu", build, str(places.build_dir() / "logs" / "image-verl*.log"))
 
 # In CI (`make test` sets GRPO_NO_SKIPS=1) a skipped test is a failure: what this machine can run, CI runs.
 # Tests that need hardware this machine lacks carry @pytest.mark.gpu and are deselected with -m "not gpu".

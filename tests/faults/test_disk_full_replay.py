@@ -13,132 +13,51 @@ newest complete checkpoint survives; `up` resumes from it and retention still ke
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
-import subprocess
-import sys
-import threading
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 
-from grpo_deploy import compose, deploy, plan, resolve, spec
+from grpo_deploy import compose, deploy, plan
 from grpo_deploy.deployment import Deployment
 from grpo_deploy.hosts.connect import SshOptions
 from grpo_deploy.runtime.checkpoints import list_checkpoints
 from grpo_deploy.runtime.metrics import parse_events
-from tests.specs import spec_data
 
-from .running import cli
+from .replay_disk import (
+    SEED_FAILING_SAVE,
+    UP_TIMEOUT_S,
+    fill_when,
+    free_bytes,
+    kb,
+    on_share,
+    plan_names_the_save_and_preflight_refuses,
+    resolved,
+    run_events,
+    seed_tmpfs,
+    up,
+)
 
 RUN = "replay"
 SAVE_EVERY, MAX_STEPS = 2, 8  # the seed saved every 20 of 105 steps and failed at the 4th save: here step 8
-SEED_FAILING_SAVE = 4
-UP_TIMEOUT_S = 600
-UID = GID = 1000
 # How a full disk reads in the trainer's error: OSError errno 28, or torch's zip writer failing mid-file.
 ENOSPC_WORDS = ("No space left on device", "Errno 28", "file write failed", "unexpected pos")
 
 
-def _spec(tmp_path: Path, share: Path, volume: str, guarded: bool) -> Path:
-    data = spec_data("cpu", "trl-async", (), **{
-        "run.name": RUN, "storage.volume": volume, "hosts.0.shared_dir": str(share),
-        "checkpoints.save_every": SAVE_EVERY, "checkpoints.keep": 2 if guarded else "all",
-        "checkpoints.disk_watchdog": guarded, "checkpoints.disk_margin_gb": 0.0,
-        "overrides": {"trl": {"max_steps": MAX_STEPS}}})
-    path = tmp_path / ("guarded.yaml" if guarded else "seed.yaml")
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def _resolved(path: Path):
-    return resolve.resolve(spec.load(str(path)))
-
-
-def _size_for_seed(res) -> int:
-    """Bytes that hold three checkpoints but not four by the plan's own estimate (plus its adapters): 3.5, rounded
-    up to whole pages, as the seed's disk held its checkpoints of steps 20, 40 and 60 but not 80."""
-    probe = plan.make_plan(res, free_bytes=1).disk
-    arch = plan.Architecture.from_dict(res.architecture)
-    sizes = [plan.checkpoint_bytes(res, arch, step)[0] for step in probe.save_steps]
-    fixed = probe.adapter_bytes * probe.adapters_kept + probe.margin_bytes
-    free = fixed + (sum(sizes[:SEED_FAILING_SAVE - 1]) + sum(sizes[:SEED_FAILING_SAVE])) // 2
-    return -(-free // 4096) * 4096
-
-
 @pytest.fixture()
 def seed_disk(tmp_path, docker_client):
-    """A tmpfs the size the seed scenario needs, mounted on this host and owned by the run's user; both specs (the
-    seed's configuration and the guarded one) on it, each with its own fresh Docker volume name. Everything the test
-    started is stopped, and the tmpfs unmounted, at the end."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    share = tmp_path / "share"
-    share.mkdir()
-    volume = f"grpo-replay-{secrets.token_hex(3)}"
-    seed_spec = _spec(tmp_path, share, volume, guarded=False)
-    size = _size_for_seed(_resolved(seed_spec))
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},uid={UID},gid={GID},mode=0755", "tmpfs", str(share)],
-                   check=True)
-    run = {"cwd": tmp_path, "share": share, "size": size, "volume": volume, "seed": seed_spec,
-           "guarded": _spec(tmp_path, share, volume, guarded=True)}
-    run["spec"] = run["seed"]
-    try:
+    with seed_tmpfs(tmp_path, "trl-async", RUN, SAVE_EVERY, {"trl": {"max_steps": MAX_STEPS}}) as run:
         yield run
-    finally:
-        for which in ("seed", "guarded"):
-            subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "down", "-f", str(run[which])], cwd=tmp_path,
-                           capture_output=True, timeout=300)
-        subprocess.run(["umount", str(share)], check=False)
-        for name in (volume, f"{volume}-cache"):  # made by compose for this test's spec only
-            subprocess.run(["docker", "volume", "rm", "-f", name], capture_output=True, check=False)
-
-
-def _on_share(run: dict, res, container_path: str) -> Path:
-    return run["share"] / os.path.relpath(container_path, res.spec.storage.mount)
-
-
-def _events(run: dict, res) -> list[dict]:
-    path = _on_share(run, res, f"{res.run_dir}/metrics.jsonl")
-    return parse_events(path.read_text()) if path.exists() else []
-
-
-def _free(path: Path) -> int:
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-def _up(run: dict, which: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "up", "-f", str(run[which]), *extra],
-                          cwd=run["cwd"], capture_output=True, text=True, timeout=UP_TIMEOUT_S)
-
-
-def _kb(n: float) -> str:
-    return f"{n / 1e3:,.0f} KB"
 
 
 def test_seed000_without_retention_plan_names_the_save_that_fails(seed_disk, cpu_image, docker_client, fault_row):
     run = seed_disk
-    res = _resolved(run["seed"])
+    res = resolved(run["seed"])
     fault_row.update(fault=f"seed 000 replayed: keep all, watchdog off, a save every {SAVE_EVERY} of {MAX_STEPS} steps "
-                           f"into a {_kb(run['size'])} tmpfs (holds 3 checkpoints, not 4)",
+                           f"into a {kb(run['size'])} tmpfs (holds 3 checkpoints, not 4)",
                      expected="plan names the failing save; preflight refuses to start; started anyway, the real run "
                               "fails with ENOSPC at that same save")
-    planned = cli(run, "plan", "--json")
-    assert planned.returncode == 1, planned.stdout + planned.stderr
-    disk = json.loads(planned.stdout)["disk"]
-    assert disk["filesystem"] == str(run["share"]) and abs(disk["free_bytes"] - run["size"]) <= 65536, disk
+    disk = plan_names_the_save_and_preflight_refuses(run, docker_client, SAVE_EVERY, RUN)
     predicted = disk["fails_at_step"]
-    assert (disk["fails_at_save"], predicted) == (SEED_FAILING_SAVE, SEED_FAILING_SAVE * SAVE_EVERY), disk
-
-    refused = _up(run, "seed", "--fresh")
-    assert refused.returncode == 1 and "preflight failed: nothing was started" in refused.stdout, refused.stdout[-3000:]
-    disk_row = next(line for line in refused.stdout.splitlines() if line.startswith("disk "))
-    assert "FAIL" in disk_row and f"(step {predicted})" in " ".join(refused.stdout.split()), refused.stdout[-3000:]
-    assert not compose.containers(docker_client, RUN), "preflight failed, yet containers exist"
 
     # The seed's user had no preflight: the same render and compose project, started past it.
     dep = Deployment(res, SshOptions())
@@ -160,15 +79,15 @@ def test_seed000_without_retention_plan_names_the_save_that_fails(seed_disk, cpu
     finally:
         project.down()
     wall = time.time() - started
-    events = _events(run, res)
+    events = run_events(run, res)
     # run_end is in metrics.jsonl, or (when the full disk refused that line too) in the trainer's log, via stderr
     spilled = [line[line.index("{"):] for line in logs.splitlines() if line.startswith("metrics: not written")]
     end = [e for e in events + parse_events("\n".join(spilled)) if e["event"] == "run_end"]
     assert exit_code == 1 and end and end[-1]["status"] == "error", (exit_code, end, logs[-3000:])
     said = (end[-1]["error"] or "") + logs
     assert any(m in said for m in ENOSPC_WORDS), (end[-1], logs[-3000:])
-    assert _free(run["share"]) < disk["checkpoint_bytes"], _free(run["share"])  # the disk really is full
-    found = list_checkpoints(str(_on_share(run, res, res.checkpoint_dir)), "trl")
+    assert free_bytes(run["share"]) < disk["checkpoint_bytes"], free_bytes(run["share"])  # the disk really is full
+    found = list_checkpoints(str(on_share(run, res, res.checkpoint_dir)), "trl")
     half = [c.step for c in found if c.state == "half-written"]
     complete = [c.step for c in found if c.complete]
     assert half == [predicted], [(c.step, c.state, c.size_bytes) for c in found]  # the real failure: same save
@@ -176,8 +95,8 @@ def test_seed000_without_retention_plan_names_the_save_that_fails(seed_disk, cpu
     real = max(c.size_bytes for c in found if c.complete)
     assert not any(e["event"].startswith("disk_watchdog") for e in events)  # off, as in the seed
     fault_row.update(observed=f"plan: {SEED_FAILING_SAVE}th save (step {predicted}) fails, "
-                              f"{_kb(disk['checkpoint_bytes'])} per checkpoint estimated (largest real "
-                              f"{_kb(real)}); preflight FAIL, nothing started; "
+                              f"{kb(disk['checkpoint_bytes'])} per checkpoint estimated (largest real "
+                              f"{kb(real)}); preflight FAIL, nothing started; "
                               f"started past it: ENOSPC at the save of step {half[0]} (exit {exit_code}, "
                               f"{wall:.0f} s), checkpoint-{half[0]} half-written, {complete} complete",
                      **{"steps lost": predicted - complete[-1],
@@ -187,36 +106,20 @@ def test_seed000_without_retention_plan_names_the_save_that_fails(seed_disk, cpu
 def test_seed000_with_retention_and_watchdog_nothing_half_written_resume_picks_newest(seed_disk, cpu_image,
                                                                                       docker_client, fault_row):
     run = seed_disk
-    res = _resolved(run["guarded"])
-    share, ckpt_dir = run["share"], _on_share(run, res, res.checkpoint_dir)
+    res = resolved(run["guarded"])
+    ckpt_dir = on_share(run, res, res.checkpoint_dir)
     estimate = plan.checkpoint_bytes(res, plan.Architecture.from_dict(res.architecture))[0]
-    fault_row.update(fault=f"seed 000 replayed with keep 2 + watchdog on the {_kb(run['size'])} tmpfs; other data "
+    fault_row.update(fault=f"seed 000 replayed with keep 2 + watchdog on the {kb(run['size'])} tmpfs; other data "
                            "fills the disk after the step-4 save",
                      expected="the run fits with retention; the watchdog stops it before the save that cannot fit; "
                               "nothing half-written, newest complete kept; `up` resumes from it, keep 2 after resume")
-    ballast = share / "ballast.bin"  # the test's own file, in the share's root (not in the kit's run directory)
-    filled: dict = {}
-
-    def fill_after_step_4() -> None:
-        deadline = time.time() + UP_TIMEOUT_S
-        while time.time() < deadline and not filled:
-            if (ckpt_dir / "checkpoint-4" / "trainer_state.json").exists():
-                free = _free(share)
-                size = max(free - int(0.6 * estimate), 0)  # room left for an adapter sync, not for a checkpoint
-                with open(ballast, "wb") as handle:
-                    handle.write(b"\0" * size)
-                filled.update(bytes=size, free_after=_free(share), time=time.time())
-                return
-            time.sleep(0.05)
-
-    filler = threading.Thread(target=fill_after_step_4, daemon=True)
-    filler.start()
+    filler, filled = fill_when(run, lambda: (ckpt_dir / "checkpoint-4" / "trainer_state.json").exists(), estimate)
     started = time.time()
-    first = _up(run, "guarded", "--fresh")
+    first = up(run, "guarded", "--fresh")
     filler.join(timeout=5)
-    assert filled, "checkpoint-4 never completed:\n" + first.stdout[-3000:]
+    assert "bytes" in filled, "checkpoint-4 never completed:\n" + first.stdout[-3000:]
     assert first.returncode == 1 and "the trainer exited with code 1" in first.stdout, first.stdout[-3000:]
-    events = _events(run, res)
+    events = run_events(run, res)
     armed = [e for e in events if e["event"] == "disk_watchdog_armed"]  # emitted only by this checkout's runtime
     assert armed and armed[0]["checkpoint_bytes"] == estimate, armed
     stops = [e for e in events if e["event"] == "disk_watchdog_stop"]
@@ -227,11 +130,11 @@ def test_seed000_with_retention_and_watchdog_nothing_half_written_resume_picks_n
     assert [(c.step, c.state) for c in after_stop] == [(2, "complete"), (4, "complete")], after_stop
     assert not (ckpt_dir / "quarantine").exists() and not (ckpt_dir / "checkpoint-6").exists()
 
-    ballast.unlink()
-    second = _up(run, "guarded")
+    filled["path"].unlink()
+    second = up(run, "guarded")
     wall = time.time() - started
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
-    events = _events(run, res)
+    events = run_events(run, res)
     starts = [e for e in events if e["event"] == "run_start"]
     assert len(starts) == 2 and starts[-1]["resumed_from"] == f"{res.checkpoint_dir}/checkpoint-4", starts
     assert not [e for e in events if e["event"] == "checkpoint_quarantine"]  # nothing half-written, ever
@@ -239,9 +142,9 @@ def test_seed000_with_retention_and_watchdog_nothing_half_written_resume_picks_n
     final = list_checkpoints(str(ckpt_dir), "trl")
     assert [(c.step, c.state) for c in final] == [(6, "complete"), (8, "complete")], final  # keep 2 after resume
     assert not (ckpt_dir / "quarantine").exists()
-    fault_row.update(observed=f"fits with keep 2 (peak 3 checkpoints); ballast {_kb(filled['bytes'])} left "
-                              f"{_kb(filled['free_after'])} free; watchdog stopped before the step-6 save (needs "
-                              f"{_kb(stops[0]['need_bytes'])}, {_kb(stops[0]['free_bytes'])} free); checkpoints 2, 4 "
+    fault_row.update(observed=f"fits with keep 2 (peak 3 checkpoints); ballast {kb(filled['bytes'])} left "
+                              f"{kb(filled['free_after'])} free; watchdog stopped before the step-6 save (needs "
+                              f"{kb(stops[0]['need_bytes'])}, {kb(stops[0]['free_bytes'])} free); checkpoints 2, 4 "
                               f"complete, none half-written; ballast removed, `up` resumed from checkpoint-4 to "
                               f"{MAX_STEPS}/{MAX_STEPS}; kept 6, 8 ({wall:.0f} s in all)",
                      **{"steps lost": stops[0]["step"] - 4, "data lost": "none"})
