@@ -48,6 +48,14 @@ def resolved(path: Path):
     return resolve.resolve(spec.load(str(path)))
 
 
+def guarded(run: dict) -> tuple:
+    """The guarded spec's resolution, where its checkpoints are on the share, and the plan's checkpoint estimate
+    (what the watchdog judges with)."""
+    res = resolved(run["guarded"])
+    estimate = plan.checkpoint_bytes(res, plan.Architecture.from_dict(res.architecture))[0]
+    return res, on_share(run, res, res.checkpoint_dir), estimate
+
+
 def seed_size(res) -> int:
     """Bytes that hold three checkpoints but not four by the plan's own estimate (plus its adapters): 3.5, rounded
     up to whole pages."""

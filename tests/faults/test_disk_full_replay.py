@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from grpo_deploy import compose, deploy, plan
+from grpo_deploy import compose, deploy
 from grpo_deploy.deployment import Deployment
 from grpo_deploy.hosts.connect import SshOptions
 from grpo_deploy.runtime.checkpoints import list_checkpoints
@@ -28,6 +28,7 @@ from .replay_disk import (
     UP_TIMEOUT_S,
     fill_when,
     free_bytes,
+    guarded,
     kb,
     on_share,
     plan_names_the_save_and_preflight_refuses,
@@ -106,9 +107,7 @@ def test_seed000_without_retention_plan_names_the_save_that_fails(seed_disk, cpu
 def test_seed000_with_retention_and_watchdog_nothing_half_written_resume_picks_newest(seed_disk, cpu_image,
                                                                                       docker_client, fault_row):
     run = seed_disk
-    res = resolved(run["guarded"])
-    ckpt_dir = on_share(run, res, res.checkpoint_dir)
-    estimate = plan.checkpoint_bytes(res, plan.Architecture.from_dict(res.architecture))[0]
+    res, ckpt_dir, estimate = guarded(run)
     fault_row.update(fault=f"seed 000 replayed with keep 2 + watchdog on the {kb(run['size'])} tmpfs; other data "
                            "fills the disk after the step-4 save",
                      expected="the run fits with retention; the watchdog stops it before the save that cannot fit; "

@@ -24,17 +24,16 @@ import time
 
 import pytest
 
-from grpo_deploy import plan
 from grpo_deploy.runtime.checkpoints import list_checkpoints
 
 from .replay_disk import (
     UP_TIMEOUT_S,
     complete_steps,
     fill_when,
+    guarded,
     kb,
     on_share,
     plan_names_the_save_and_preflight_refuses,
-    resolved,
     run_events,
     seed_tmpfs,
     up,
@@ -93,9 +92,7 @@ def test_verl_seed000_plan_names_the_save_that_fails_and_preflight_refuses(verl_
 def test_verl_survives_a_full_disk_and_a_head_kill_and_the_reward_rises(verl_disk, verl_image, docker_client,
                                                                         fault_row, another_fault_row):
     run = verl_disk
-    res = resolved(run["guarded"])
-    ckpt_dir = on_share(run, res, res.checkpoint_dir)
-    estimate = plan.checkpoint_bytes(res, plan.Architecture.from_dict(res.architecture))[0]
+    res, ckpt_dir, estimate = guarded(run)
     fault_row.update(fault=f"seed 000 on verl with keep 2 + watchdog on the {kb(run['size'])} tmpfs; other data fills "
                            "the disk after global_step_4",
                      expected="the watchdog stops verl before the save that cannot fit (head exit 3); nothing "
