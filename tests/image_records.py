@@ -35,7 +35,8 @@ class ImageTests:
         return ROOT / "images" / "cuda" / f"{self.arch}-verified.txt"
 
 
-PAIRS = (ImageTests("amd64", "amd64_build", ("cuda-server-amd64", "cuda-trainer-amd64"), "make test-cuda-images"),
+PAIRS = (ImageTests("amd64", "amd64_build", ("cuda-server-amd64", "cuda-trainer-amd64", "cuda-verl-amd64"),
+                    "make test-cuda-images"),
          ImageTests("arm64", "arm64_build", ("cuda-server-arm64", "cuda-trainer-arm64"), "make test-arm64-images"))
 BY_ARCH = {p.arch: p for p in PAIRS}
 

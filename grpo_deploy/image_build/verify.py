@@ -1,6 +1,6 @@
 """In-image checks: the recipe's verify script (bash for .sh, python3 for .py) run from the host's copy inside a
 throw-away container of the built image, as the image's own user, with what its labels promise (identity, model path,
-role, CUDA, vLLM and TRL versions) in its environment; output to a log, one line on the terminal."""
+role, CUDA, vLLM, TRL and verl versions) in its environment; output to a log, one line on the terminal."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from .progress import Step, StepFailed
 from .recipes import Recipe
 
 LABELS_TO_ENV = {"EXPECT_ROLE": "image-role", "EXPECT_CUDA": "cuda-version", "EXPECT_VLLM": "vllm-version",
-                 "EXPECT_TRL": "trl-version", "MODEL": "model-path"}
+                 "EXPECT_TRL": "trl-version", "EXPECT_VERL": "verl-version", "MODEL": "model-path"}
 
 
 def expectations(labels: dict[str, str], uid: int | None = None, gid: int | None = None) -> dict[str, str]:

@@ -1,6 +1,7 @@
-"""The air-gapped x86_64 CUDA server and trainer images (recipes cuda-server-amd64 and cuda-trainer-amd64), built
-here by `grpo-deploy images build` from the host wheelhouse and checked by `grpo-deploy images verify` inside the
-built images without a GPU; and the check shown to fail where it must (a wrong UID, the cpu image).
+"""The air-gapped x86_64 CUDA server and trainer images (recipes cuda-server-amd64 and cuda-trainer-amd64) and the
+verl image of the GPU profiles on their dependency image (cuda-verl-amd64), built here by `grpo-deploy images build`
+from the host wheelhouse and checked by `grpo-deploy images verify` inside the built images without a GPU; and the
+check shown to fail where it must (a wrong UID, the cpu image).
 
 A build is reused when the images' hash labels match; a cold one downloads about 4 GB of wheels and installs a 10 GB
 venv (images/cuda/README.md has the figures)."""
@@ -33,6 +34,7 @@ def roles(arch: str) -> dict:
 
 
 ROLES = roles("amd64")
+VERL = RECIPES["cuda-verl-amd64"]
 
 
 def run(argv: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
@@ -68,6 +70,17 @@ def built(arch: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def cuda_images() -> dict[str, str]:
     return built("amd64")
+
+
+@pytest.fixture(scope="module")
+def cuda_verl_image(cuda_images) -> str:
+    """The verl image of the GPU profiles, on the server and trainer's dependency image (built first)."""
+    def build_verl() -> str:
+        proc = run([*CLI, "build", VERL.name], timeout=3600)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return VERL.tag
+
+    return ci_phases.built_once(VERL.name, build_verl, str(places.build_dir() / "logs" / "image-*verl*.log"))
 
 
 @pytest.fixture(scope="module")
@@ -184,3 +197,31 @@ def test_the_check_without_expectations_is_one_usage_line(cuda_images):
     proc = run(["docker", "run", "--rm", cuda_images["server"], "python3", "/opt/grpo-deploy/bin/check-image.py"])
     assert proc.returncode == 2 and "not given and not in the environment" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.amd64_build
+def test_the_verl_image_check_passes_and_its_labels_say_what_preflight_reads(cuda_verl_image, cuda_images):
+    proc, out = verify(VERL.name)
+    assert proc.returncode == 0, proc.stdout + proc.stderr + out
+    pins = {p.key: p.version for p in locks.read(ROOT / "images" / VERL.lock)}
+    base = {p.key: p.version for p in locks.read(ROOT / "images" / ROLES["server"].lock)}
+    for line in ("ok   role: GRPO_ROLE='head'", "ok   user: runs as 1000:1000",
+                 "ok   torch-cuda: torch 2.13.0+cu130 built with CUDA 13.0, label says 13.0",
+                 f"ok   vllm: distribution vllm {base['vllm']}", f"ok   verl: distribution verl {pins['verl']}",
+                 "ok   no-trl: distribution trl None", "ok   import: transfer_queue", "ok   import: ray",
+                 "ok   verl-plugin: the kit's platform registered by verl's plugin scan, in use: False",
+                 "ok   ray-cli: /opt/venv/bin/ray", "ok   entry: python3 -m grpo_deploy.runtime.verl_node --help",
+                 "ok   verl-overrides:", "passed: 0 check(s)"):
+        assert line in out, (line, out)
+    assert "n/a  gpu:" in out
+    found = inspect(cuda_verl_image)
+    assert found["org.grpo-deploy.image-role"] == "verl" and found["org.grpo-deploy.build-path"] == "airgap"
+    assert found["org.grpo-deploy.verl-version"] == pins["verl"]
+    assert found["org.grpo-deploy.vllm-version"] == base["vllm"]
+    assert found["org.grpo-deploy.cuda-version"] == image_tags.GPU_IMAGES["verl"].cuda
+    config = inspect(cuda_verl_image, ".Config")
+    assert config["User"] == "1000:1000" and "GRPO_ROLE=head" in config["Env"]
+    deps = [t for t in run(["docker", "images", "--format", "{{.Repository}}:{{.Tag}}",
+                            f"{image_tags.NAMESPACE}/cuda{DEPS_REPO_SUFFIX}"]).stdout.split() if t.endswith("-amd64")]
+    deps_layers = inspect(deps[0], ".RootFS.Layers")
+    assert inspect(cuda_verl_image, ".RootFS.Layers")[:len(deps_layers)] == deps_layers  # the CUDA stack, shared

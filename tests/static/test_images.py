@@ -301,7 +301,7 @@ def test_bases_are_pinned_by_digest_or_listed():
 
 # images/cuda: one Dockerfile, ROLE build arg
 IMAGE_ROLES = {"vllm": {"server"}, "trainer": {"trainer"}, "verl": {"head", "worker"}, "cpu": {"server", "trainer"},
-               "cuda": {"server", "trainer"}, "verl-cpu": {"head", "worker"}}
+               "cuda": {"server", "trainer"}, "verl-cpu": {"head", "worker"}, "verl-cuda": {"head", "worker"}}
 
 
 def test_every_role_an_image_runs_is_a_role_health_knows():
