@@ -54,7 +54,7 @@ def verl_image(docker_client, cpu_image):
     def build() -> str:
         res = resolve.resolve(spec.loads(new_spec.spec_text("cpu", "verl", []), source="verl-image.yaml"))
         run_images.build_images(docker_client, res, print)
-        tag = res.images["head"]
+        tag = res.images["verl"]
         assert facts.image_labels(docker_client, tag) is not None, f"{tag} is not on the engine after its build"
         return tag
 
