@@ -15,8 +15,8 @@ setup: ## install what the kit needs on a fresh machine (Docker engine, Compose 
 demo: setup ## THE MAIN JOB: the CPU rehearsal (real vLLM server + real TRL async trainer) on this machine
 	grpo-deploy up --fresh
 
-test: setup ## run every test this machine can run (unit, static, integration with real containers; the CUDA image builds when their inputs changed)
-	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu and not verl_rehearsal" -rs --durations=30 $(PYTEST_ARGS)
+test: setup ## run every test this machine can run (unit, static, integration and faults with real containers, the verl rehearsal; the CUDA image builds when their inputs changed)
+	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu" -rs --durations=30 $(PYTEST_ARGS)
 
 test-cuda-images: setup ## the air-gapped x86_64 CUDA server and trainer images built and checked (~8 min cold, the 3.8 GB wheel download included); run it when `make test` says their inputs changed: it records images/cuda/amd64-verified.txt (commit it)
 	GRPO_NO_SKIPS=1 GRPO_IMAGE_TESTS=always $(PYTHON) -m pytest -m amd64_build tests/integration/test_cuda_images.py -rs $(PYTEST_ARGS)
@@ -32,7 +32,7 @@ test-unit: ## unit tests only (no Docker)
 test-static: ## static validation: compose, Dockerfiles, Kubernetes overlays, Ansible, YAML
 	$(PYTHON) -m pytest tests/static -q
 
-test-verl: setup ## the real verl rehearsal through `up` (verl + Ray + vLLM CPU + LoRA) on seed 000's disk: plan and preflight refuse the seed's config; the watchdog stops a full disk, the resume, a head kill and its resume (~10 min)
+test-verl: setup ## the real verl rehearsal through `up` (verl + Ray + vLLM CPU + LoRA) on seed 000's disk: plan and preflight refuse the seed's config; the watchdog stops a full disk, the resume, a head kill and its resume (~6 min; also in make test)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m verl_rehearsal tests/faults/test_verl_replay.py -rs $(PYTEST_ARGS)
 
 test-integration: ## the real rehearsal in containers, the seed-004 preflight refusal

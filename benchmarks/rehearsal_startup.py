@@ -58,10 +58,17 @@ def bare_server_start(res, timeout: float = 900.0) -> float:
         container.remove(force=True)
 
 
+def repeat_count(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 9:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number from 1 to 9 (e.g. make bench BENCH_REPEAT=3)")
+    return int(text)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--summary", default=".grpo-deploy/rehearsal/summary.json")
-    parser.add_argument("--repeat", type=int, default=1, help="bare server starts to time (median is used)")
+    parser.add_argument("--repeat", type=repeat_count, default=1,
+                        help="bare server starts to time, 1 to 9 (the median is used)")
     args = parser.parse_args()
     summary_path = Path(args.summary)
     if not summary_path.exists():

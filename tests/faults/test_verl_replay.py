@@ -14,7 +14,7 @@ hold three checkpoints, not four), in the order a user of the seed's A100 node w
 4. The run ends at STEPS with the reward risen over the whole run and the kit's retention holding 2 complete
    checkpoints over every attempt's saves.
 
-About 9 minutes on 2 cores (three verl start-ups of about 2.3 minutes each)."""
+About 5.5 minutes on 2 cores once the verl-cpu image exists (three verl start-ups)."""
 
 from __future__ import annotations
 
@@ -146,7 +146,9 @@ def test_verl_survives_a_full_disk_and_a_head_kill_and_the_reward_rises(verl_dis
     assert summary["state"] == "finished" and summary["steps"] == STEPS, summary
     assert summary["reward_last5"] > summary["reward_first5"] + 0.1, summary  # brevity: ~0.58 -> ~0.85 seen
     final = list_checkpoints(str(ckpt_dir), "verl")
-    assert [(c.step, c.state) for c in final] == [(STEPS - SAVE_EVERY, "complete"), (STEPS, "complete")], final
+    kept = [c.step for c in final if c.complete]  # verl's own pruning leaves the others' dataloader state: "pruned"
+    assert kept == [STEPS - SAVE_EVERY, STEPS], [(c.step, c.state) for c in final]
+    assert not [c for c in final if c.state == "half-written"], [(c.step, c.state) for c in final]
     assert len(list((on_share(run, res, res.run_dir) / "verl-metrics").glob("attempt-*.jsonl"))) == 3
     fault_row.update(observed=f"ballast {kb(filled['bytes'])} left {kb(filled['free_after'])} free; the watchdog "
                               f"stopped verl after step 5 (needs {kb(stops[0]['need_bytes'])}, "
@@ -156,5 +158,5 @@ def test_verl_survives_a_full_disk_and_a_head_kill_and_the_reward_rises(verl_dis
     another_fault_row.update(observed=f"killed after step {killer.killed_at}; restarted, resumed from "
                                       f"global_step_{resumed}; {STEPS}/{STEPS} steps, reward "
                                       f"{summary['reward_first5']} -> {summary['reward_last5']}; kept "
-                                      f"{[c.step for c in final]} ({wall:.0f} s for both `up`s)",
+                                      f"{kept} ({wall:.0f} s for both `up`s)",
                              **{"steps lost": killer.killed_at - resumed, "data lost": "none"})
