@@ -49,7 +49,7 @@ images-static: ## hadolint every Dockerfile (GPU images cannot be built here)
 	grpo-deploy images lint
 
 bench: ## start-up ratio and hand-off of the rehearsal (needs `make demo`; BENCH_REPEAT bare server starts, CI: 1); preflight over 2 and 8 test hosts
-	$(PYTHON) benchmarks/rehearsal_startup.py --repeat $(BENCH_REPEAT)
+	$(PYTHON) benchmarks/rehearsal_startup.py --repeat '$(BENCH_REPEAT)'
 	$(PYTHON) benchmarks/multihost.py --part preflight
 
 bench-shipping: ## image shipping over SSH to a test host: without the image, again, after a code-only change (~7 min)

@@ -26,39 +26,37 @@ def docker_client():
     return engine.client()
 
 
-@pytest.fixture(scope="session")
-def cpu_image(docker_client):
-    """The embedded default's cpu image, built or refreshed the way `up` does it (debootstrap base + host wheelhouse +
-    --no-index install; only the code layer is rebuilt when the kit's code changed) — once a session: a failed build
-    is reported in full once, then in one line by each test that needed it."""
-    from grpo_deploy import facts, new_spec, resolve, run_images
+def _image_of(docker_client, name: str, spec_text: str, log_glob: str) -> str:
+    """The image of the spec's first role, built or refreshed the way `up` does it, at most once a session: a failed
+    build is reported in full once, then in one line by each test that needed it; its time is a phase-table row."""
+    from grpo_deploy import facts, resolve, run_images, spec
     from grpo_deploy.image_build import places
 
     def build() -> str:
-        res = resolve.resolve(new_spec.embedded_default())
+        res = resolve.resolve(spec.loads(spec_text, source=f"{name}-image.yaml"))
         run_images.build_images(docker_client, res, print)
-        tag = res.images["server"]
+        tag = next(iter(res.images.values()))
         assert facts.image_labels(docker_client, tag) is not None, f"{tag} is not on the engine after its build"
         return tag
 
-    return ci_phases.built_once("cpu", build, str(places.build_dir() / "logs" / "image-cpu*.log"))
+    return ci_phases.built_once(name, build, str(places.build_dir() / "logs" / log_glob))
+
+
+@pytest.fixture(scope="session")
+def cpu_image(docker_client):
+    """The embedded default's cpu image (debootstrap base + host wheelhouse + --no-index install; only the code layer
+    is rebuilt when the kit's code changed)."""
+    from grpo_deploy import new_spec
+
+    return _image_of(docker_client, "cpu", new_spec.spec_text(), "image-cpu*.log")
 
 
 @pytest.fixture(scope="session")
 def verl_image(docker_client, cpu_image):
-    """The cpu profile's verl image (verl-cpu: verl, Ray and TransferQueue on the cpu image's dependency image), built
-    as `up` builds it, once a session, its build a row of its own in the phase table."""
-    from grpo_deploy import facts, new_spec, resolve, run_images, spec
-    from grpo_deploy.image_build import places
+    """The cpu profile's verl image (verl-cpu: verl, Ray and TransferQueue on the cpu image's dependency image)."""
+    from grpo_deploy import new_spec
 
-    def build() -> str:
-        res = resolve.resolve(spec.loads(new_spec.spec_text("cpu", "verl", []), source="verl-image.yaml"))
-        run_images.build_images(docker_client, res, print)
-        tag = res.images["verl"]
-        assert facts.image_labels(docker_client, tag) is not None, f"{tag} is not on the engine after its build"
-        return tag
-
-    return ci_phases.built_once("verl-cpu", build, str(places.build_dir() / "logs" / "image-verl*.log"))
+    return _image_of(docker_client, "verl-cpu", new_spec.spec_text("cpu", "verl", []), "image-verl*.log")
 
 # In CI (`make test` sets GRPO_NO_SKIPS=1) a skipped test is a failure: what this machine can run, CI runs.
 # Tests that need hardware this machine lacks carry @pytest.mark.gpu and are deselected with -m "not gpu".
