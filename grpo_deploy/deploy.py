@@ -23,28 +23,7 @@ from .render import render_files
 from .resolve import Resolved
 from .run_images import build_images
 from .run_state import LaunchError, RunState, require_kit
-from .runtime.values import ip_literal, parse_address
 from .supervise import finish, supervise
-
-
-def publish_ips(dep: Deployment) -> dict[str, str]:
-    """The server host's IP as the trainer's host resolves its address (a name is looked up there)."""
-    res = dep.res
-    server, trainer = res.host_for("server"), res.host_for("trainer")
-    if server is None or trainer is None or server.name == trainer.name or server.publish:
-        return {}
-    host = parse_address(server.address).host if server.address != "local" else None
-    if host is None:
-        return {}
-    literal = ip_literal(host)
-    if literal:
-        return {server.name: literal}
-    r = dep.hosts[trainer.name].run(["getent", "ahostsv4", host])
-    ip = r.out.split()[0] if r.ok and r.out.split() else None
-    if ip is None:
-        raise HostError(trainer.name, f"cannot resolve the server's address {host!r} there",
-                        "use an IP address in hosts[].address, or add the name to that host's /etc/hosts")
-    return {server.name: ip}
 
 
 def refuse_foreign_run(dep: Deployment) -> None:
@@ -185,15 +164,14 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         state.emit("images_ready", build_s=round(build_images(client, res, log), 2))
         shipped = _ship_all(dep, log)
         state.emit("shipped", items=[s.__dict__ for s in shipped])
-        ips = publish_ips(dep)
+        bringup = steps_of(res.engine_info)
+        ips = bringup.addresses(dep, ctx)
         put_render(dep, ips)
-        log(f"render and compose files on {', '.join(dep.hosts)}; the server publishes on "
-            f"{ips or 'loopback (same host)'}")
+        log(f"render and compose files on {', '.join(dep.hosts)}; {bringup.addresses_words(ips)}")
         ctx.forget_facts()  # the images are there now
         if _failed(checks.run_checks(ctx, only=checks.after_shipping()), out, log, state):
             return checks.EXIT_FAILED
         state.emit("preflight_done")
-        bringup = steps_of(res.engine_info)
         if fresh:
             main = dep.role_host(res.engine_info.main_role)
             source, _ = oneoff.share_source(res, res.host_for(res.engine_info.main_role))

@@ -24,7 +24,9 @@ COMPOSE_BASE = "compose.yaml"
 COMPOSE_NFS = "compose.nfs.yaml"
 COMPOSE_BIND = "compose.bind.yaml"
 COMPOSE_VERL = "compose.verl.yaml"
-COMPOSE_FILES = (COMPOSE_BASE, COMPOSE_NFS, COMPOSE_BIND, COMPOSE_VERL)
+COMPOSE_VERL_CLUSTER = "compose.verl-cluster.yaml"
+COMPOSE_INFINIBAND = "compose.infiniband.yaml"
+COMPOSE_FILES = (COMPOSE_BASE, COMPOSE_NFS, COMPOSE_BIND, COMPOSE_VERL, COMPOSE_VERL_CLUSTER, COMPOSE_INFINIBAND)
 
 STATE_DIR = ".grpo-deploy"
 """The deployer's state folder: in the working directory for local runs, in the login user's HOME on remote hosts."""

@@ -45,7 +45,8 @@ def host_files(res: Resolved, config_dir: str, publish_ips: dict[str, str] | Non
 def render_files(res: Resolved, config_dir: str = "/etc/grpo-deploy-render/config",
                  publish_ips: dict[str, str] | None = None) -> dict[str, str]:
     """Every artifact of the run. *config_dir* is where the config/ folder will be on each host (for compose);
-    *publish_ips* the server host's IP as the deployer resolved it (`up`)."""
+    *publish_ips* the addresses the deployer resolved on the hosts (`up`; the engine says which: the server's
+    published IP, each Ray node's address)."""
     files = res.engine_info.config_files(res, publish_ips)
     files.update(host_files(res, config_dir, publish_ips))
     k8s = render_k8s.k8s_files(res)

@@ -25,6 +25,7 @@ from .runtime.values import (
     HostAddress,
     HostOnly,
     ImageRef,
+    InterfaceName,
     IpAddress,
     Label,
     ModelRef,
@@ -125,6 +126,12 @@ class HostSpec(_Strict):
     """Container mount point of the shared volume on this host (must equal storage.mount)."""
     shared_dir: OwnPath | None = None
     """Host directory where the share is already mounted (bind-mounted at storage.mount)."""
+    interface: InterfaceName | None = None
+    """verl across hosts: the network interface of this host's Ray node, NCCL and Gloo (e.g. eth0, ib0); null = the
+    one holding the address the other hosts reach this host by."""
+    infiniband: bool = False
+    """verl across hosts: pass /dev/infiniband into the container (NCCL over RDMA); preflight compares with the
+    host."""
     publish: IpAddress | None = None
     """IP on this host the vLLM port is published on; null = the address the trainer reaches it by (never all
     interfaces unless 0.0.0.0 is written here: vLLM's LoRA and dev endpoints have no authentication)."""

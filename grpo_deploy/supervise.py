@@ -90,14 +90,14 @@ def supervise(state: RunState, log: Callable[[str], None], since: float, restart
         try:
             return follow(since)
         except RoleDied as died:
-            what = "the vLLM server" if died.role == "server" else "the trainer"
+            what = {"server": "the vLLM server", "worker": "a Ray worker"}.get(died.role, "the trainer")
             if used >= restarts:
                 raise LaunchError(f"{what} exited with {exit_words(died.exit_code)} at step {died.step}; "
                                   f"{restarts} restart(s) allowed (--restarts) are used up; its last lines: "
                                   f"grpo-deploy logs --role {died.role}") from None
             used += 1
             state.emit("role_died", role=died.role, exit_code=died.exit_code, step=died.step, restart=used)
-            again = "the server and the trainer" if died.role == "server" else "the trainer"
+            again = {"server": "the server and the trainer", "worker": "the Ray cluster"}.get(died.role, "the trainer")
             log(f"{what} exited with {exit_words(died.exit_code)} at step {died.step}: restarting {again}; the "
                 f"trainer resumes from its newest complete checkpoint (restart {used} of {restarts})")
             since = time.time()  # steps from here on are the resumed trainer's (those before were printed)

@@ -13,13 +13,14 @@ from collections.abc import Callable
 
 from .. import run_view
 from ..deployment import Deployment
+from ..hosts import facts as host_facts
 from ..hosts import oneoff
 from ..hosts.connect import HostError
 from ..names import READY_TIMEOUT_S
 from ..resolve import Resolved
 from ..run_state import LaunchError
 from ..runtime.metrics import parse_events
-from ..runtime.values import parse_address
+from ..runtime.values import ip_literal, parse_address
 from ..supervise import EnginePatience, RoleDied, view_words
 from . import POLL_S, STOPPED, container, follow_steps, main_exit
 
@@ -29,6 +30,30 @@ NOTE_EVERY_S = 15.0  # a line while the server loads
 def hosts(dep: Deployment) -> list[str]:
     """The hosts this bring-up starts containers on."""
     return list(dict.fromkeys((dep.role_host("server"), dep.role_host("trainer"))))
+
+
+def addresses(dep: Deployment, ctx=None) -> dict[str, str]:
+    """The server host's IP as the trainer's host resolves its address (a name is looked up there): where the
+    server publishes its port ({} on one host: loopback)."""
+    res = dep.res
+    server, trainer = res.host_for("server"), res.host_for("trainer")
+    if server is None or trainer is None or server.name == trainer.name or server.publish:
+        return {}
+    host = parse_address(server.address).host if server.address != "local" else None
+    if host is None:
+        return {}
+    literal = ip_literal(host)
+    if literal:
+        return {server.name: literal}
+    ip = host_facts.resolve_ipv4(dep.hosts[trainer.name], host)
+    if ip is None:
+        raise HostError(trainer.name, f"cannot resolve the server's address {host!r} there",
+                        "use an IP address in hosts[].address, or add the name to that host's /etc/hosts")
+    return {server.name: ip}
+
+
+def addresses_words(ips: dict[str, str]) -> str:
+    return f"the server publishes on {ips or 'loopback (same host)'}"
 
 
 def start(dep: Deployment, log: Callable[[str], None], ips: dict[str, str], since: float) -> None:

@@ -2,10 +2,10 @@
 
 Layout: `session` (connectors, facts read once, the local engine's client, the plan), `registry` (verdicts, `@check`
 with what each check needs, the runner, table and JSON), and the checks by what they look at: `spec`, `host`,
-`storage`, `images`. Importing this package registers every check, in registry.ORDER.
+`storage`, `images`, `ray` (a Ray cluster across hosts). Importing this package registers every check, in registry.ORDER.
 """
 
-from . import host, images, spec, storage  # noqa: F401  (registers the checks)
+from . import host, images, ray, spec, storage  # noqa: F401  (registers the checks)
 from .images import TRL_VLLM_GATE, image_on
 from .registry import (
     CHECKS,

@@ -98,10 +98,17 @@ def _gather(ctx: Context, host, conn: Host) -> dict[str, Any]:
         out["driver"] = host_facts.nvidia_driver(conn)
     if host.shared_dir:
         out["shared_dir"] = host_facts.owner(conn, host.shared_dir)
-    if "server" in host.roles:
-        out["listening"] = host_facts.listening(conn, res.settings.vllm.port)
+    cluster = [h.name for h in res.engine_info.cluster_nodes(res)]
+    if "server" in host.roles or host.name in cluster:
         ps = conn.run(["docker", "ps", "--format", "{{.Names}}", "--filter", f"label={RUN_LABEL}={res.spec.run.name}"])
         out["running"] = ps.out.split()
+    if "server" in host.roles:
+        out["listening"] = host_facts.listening(conn, res.settings.vllm.port)
+    if host.name in cluster:  # a Ray node of several hosts: its addresses, Ray's ports, InfiniBand
+        out["interfaces"] = host_facts.ipv4_addresses(conn)
+        out["listening_ports"] = host_facts.listening_ports(conn)
+        out["infiniband"] = host_facts.exists(conn, "/dev/infiniband")
+        out["reached_at"] = host_facts.ssh_server_ip(conn)
     out["images"] = {key: host_facts.image(conn, res.images[key]) for key in image_roles(res, host)}
     if host.name == storage_host(res).name:
         out["free"] = host_facts.free_space(conn, storage_path(res, host, conn))

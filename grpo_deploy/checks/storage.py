@@ -93,18 +93,20 @@ def _in_container(ctx: Context, host, image: str, ident, argv: list[str]):
 def check_shared_volume(ctx: Context) -> list[Result]:
     """Writes a real safetensors probe the way the trainer saves adapters, then reads it as the server would."""
     res = ctx.res
-    why_not = res.engine_info.why_not("shared-volume")
-    if why_not is not None:
-        return [Result("shared-volume", "-", SKIP, why_not)]
-    return [shared_volume_probe(ctx, res.engine_info.main_role, res.engine_info.reader_role)]
+    readers = res.hosts_with(res.engine_info.reader_role)
+    if not readers:
+        return [Result("shared-volume", "-", SKIP, f"no {res.engine_info.reader_role} host reads what the "
+                       f"{res.engine_info.main_role} writes on the share")]
+    return [shared_volume_probe(ctx, res.engine_info.main_role, res.engine_info.reader_role, reader)
+            for reader in readers]
 
 
-def shared_volume_probe(ctx: Context, writer: str, reader: str) -> Result:
+def shared_volume_probe(ctx: Context, writer: str, reader: str, r_host=None) -> Result:
     """The probe between two roles' hosts, in their images, as their identities (the testinfra check
     `shared_dir_cross_host_write_read` gives this same verdict through its own connectors): *writer* saves a real
     safetensors file on the share the way adapters and checkpoints are saved; *reader* reads it on its host."""
     res = ctx.res
-    w_host, r_host = res.host_for(writer), res.host_for(reader)
+    w_host, r_host = res.host_for(writer), r_host or res.host_for(reader)
     where = w_host.name if w_host.name == r_host.name else f"{w_host.name}->{r_host.name}"
     for host, role in ((w_host, writer), (r_host, reader)):
         image = res.image_for(role)

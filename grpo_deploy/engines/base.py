@@ -151,6 +151,11 @@ class Engine:
         """hosts/<host>.* of the render: the compose environment (services, images, users, volume) of *host*."""
         return {}
 
+    def cluster_nodes(self, res: Resolved) -> list:
+        """The spec hosts that form one cluster across hosts (their order: the head first), [] when the engine runs
+        no such cluster for this spec (preflight checks their addresses, ports and reach of each other)."""
+        return []
+
     def k8s_params(self, res: Resolved) -> dict[str, Any]:
         """The engine's own values in k8s/params.env (besides the run's, which every engine has)."""
         return {}

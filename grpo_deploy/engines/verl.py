@@ -10,7 +10,9 @@ from typing import Any
 
 from .. import diagnose_verl
 from ..architecture import Architecture
-from ..names import COMPOSE_VERL, project_name
+from ..names import COMPOSE_INFINIBAND, COMPOSE_VERL, COMPOSE_VERL_CLUSTER, project_name
+from ..runtime.ray_node import GCS_PORT
+from ..runtime.values import parse_address
 from ..render_text import RenderError, template
 from ..runtime.values import CONTROL, MAX_STEPS
 from .base import COMMON_SECTIONS, GB, Engine, Resolved
@@ -58,9 +60,14 @@ class Verl(Engine):
 
     def host_files(self, res: Resolved, host, config_dir: str,
                    publish_ips: dict[str, str] | None = None) -> dict[str, str]:
+        """*publish_ips*: each node's address as the deployer resolved it on the hosts (empty for `render`: the
+        head is then named by its address and each node's address left to Ray)."""
         spec = res.spec
         profile = res.profiles[host.name]
-        compose_files = self.compose_files(res, host, COMPOSE_VERL)
+        cluster = is_cluster(res)
+        compose_files = self.compose_files(res, host, COMPOSE_VERL) + \
+            ([COMPOSE_VERL_CLUSTER] if cluster else []) + ([COMPOSE_INFINIBAND] if cluster and host.infiniband else [])
+        addresses = publish_ips or {}
         return {f"hosts/{host.name}.env": template(
             "verl.env.j2", host=host, run_name=spec.run.name, project=project_name(spec.run.name),
             profile=profile.name, images=res.images, compose_files=compose_files,
@@ -68,8 +75,12 @@ class Verl(Engine):
             volume=spec.storage.volume, config_dir=config_dir,
             ray_role="head" if "head" in host.roles else "worker", ray=ray_resources(res, profile),
             shm_size="2g" if profile.accelerator != "cuda" else "32g", nfs=spec.storage.nfs,
-            shared_dir=host.shared_dir,
+            shared_dir=host.shared_dir, cluster=cluster, node_ip=addresses.get(host.name, "") if cluster else "",
+            ifname=host.interface or "", head=head_address(res, addresses) if cluster else "",
         )}
+
+    def cluster_nodes(self, res: Resolved) -> list:
+        return cluster_hosts(res) if is_cluster(res) else []
 
     def k8s_params(self, res: Resolved) -> dict[str, Any]:
         """The pods of a Ray cluster: one head and ray_workers workers, each of gpus_per_node."""
@@ -136,13 +147,37 @@ KIT_REWARD_FILE = "/opt/grpo-deploy/lib/grpo_deploy/runtime/verl_data.py"
 """The reward file inside the kit's images (the package lives in /opt/grpo-deploy/lib)."""
 
 
+RAY_JOIN_TIMEOUT_S = 300
+"""How long the head waits for every worker to join before it refuses to start verl (workers start once the head
+answers, so this covers their container start and `ray start`)."""
+
+
 def node_config(engine: Engine, res: Resolved) -> dict[str, Any]:
     """config/verl-node.json: what the head does around verl (grpo_deploy.runtime.verl_node.VerlNodeConfig)."""
     s = res.settings
     return {"run_dir": res.run_dir, "dataset": s.data.dataset, "data_dir": data_dir(res),
             "data_source": data_source(res), "num_prompts": s.data.num_prompts, "checkpoint_dir": res.checkpoint_dir,
             "keep": res.keep or 0, "save_every": s.checkpoints.save_every or 0,
-            "total_steps": engine.total_steps(res), "watchdog": engine.disk_watchdog(res)}
+            "total_steps": engine.total_steps(res), "watchdog": engine.disk_watchdog(res),
+            "nnodes": s.verl.nnodes, "gpus_per_node": s.verl.n_gpus_per_node, "join_timeout_s": RAY_JOIN_TIMEOUT_S}
+
+
+def cluster_hosts(res: Resolved) -> list:
+    """The run's Ray nodes, the head first."""
+    return res.hosts_with("head") + res.hosts_with("worker")
+
+
+def is_cluster(res: Resolved) -> bool:
+    """Whether the run is a Ray cluster of several hosts (host networking, fixed ports, the cluster check)."""
+    return len(cluster_hosts(res)) > 1
+
+
+def head_address(res: Resolved, addresses: dict[str, str]) -> str:
+    """The head's GCS as the workers join it: its address as the deployer resolved it, else the host part of its
+    spec address (Ray resolves a name itself)."""
+    head = res.hosts_with("head")[0]
+    ip = addresses.get(head.name) or (parse_address(head.address).host if head.address != "local" else "")
+    return f"{ip}:{GCS_PORT}" if ip else ""
 
 
 def data_dir(res: Resolved) -> str:
@@ -251,7 +286,5 @@ VERL = Verl(
     # seed 000's telemetry: KL to the reference, gradient norm, and where a step's time goes
     progress=(("kl", "actor/kl_loss", ".4f"), ("grad", "actor/grad_norm", ".3f"), ("gen s", "timing_s/gen", ".1f"),
               ("update s", "timing_s/update_actor", ".1f"), ("step s", "timing_s/step", ".1f")),
-    unsupported={
-        "shared-volume": "verl runs trainer and rollout in one process",
-    },
+    unreadable_share="A worker could not load the checkpoint its head saved: a resume would fail or start over",
 )

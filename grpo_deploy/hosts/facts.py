@@ -137,6 +137,52 @@ def listening(host: Host, port: int) -> bool | None:
     return bool(r.out.strip())
 
 
+def ipv4_addresses(host: Host) -> dict[str, list[str]] | None:
+    """{interface: [its IPv4 addresses]} (`ip -o -4 addr show`), None when it cannot be read."""
+    r = host.run(["ip", "-o", "-4", "addr", "show"])
+    if not r.ok:
+        return None
+    out: dict[str, list[str]] = {}
+    for line in r.out.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == "inet":
+            out.setdefault(parts[1].split("@")[0], []).append(parts[3].split("/")[0])
+    return out
+
+
+def listening_ports(host: Host) -> set[int] | None:
+    """TCP ports something listens on (`ss -H -ltn`), None when it cannot be told."""
+    r = host.run(["ss", "-H", "-ltn"])
+    if not r.ok:
+        return None
+    ports = set()
+    for line in r.out.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[3].rpartition(":")[2].isdigit():
+            ports.add(int(parts[3].rpartition(":")[2]))
+    return ports
+
+
+def exists(host: Host, path: str) -> bool:
+    return host.run(["test", "-e", path]).ok
+
+
+def ssh_server_ip(host: Host) -> str | None:
+    """The host's own address of the SSH connection this machine holds to it (its SSH_CONNECTION), None on this
+    machine or when unknown."""
+    if host.is_local:
+        return None
+    r = host.run(["sh", "-c", 'echo "$SSH_CONNECTION"'])
+    parts = r.out.split() if r.ok else []
+    return parts[2] if len(parts) == 4 else None
+
+
+def resolve_ipv4(host: Host, name: str) -> str | None:
+    """The first IPv4 address *name* resolves to on the host (`getent ahostsv4`), None when it does not."""
+    r = host.run(["getent", "ahostsv4", name])
+    return r.out.split()[0] if r.ok and r.out.split() else None
+
+
 def image(host: Host, tag: str) -> dict[str, Any] | None:
     """{id, labels, layers (diff ids, base first), arch} of an image on the host's engine, or None."""
     r = host.run(["docker", "image", "inspect", "--format",

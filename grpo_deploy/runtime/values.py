@@ -30,6 +30,7 @@ LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?$")
 PATH_CHARS = re.compile(r"^[A-Za-z0-9._+@=/-]+$")
 ENV_NAME_RE = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+INTERFACE_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}")  # Linux IFNAMSIZ: 15 characters
 VOLUME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?$")
 SSH_USER_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$")
@@ -268,6 +269,8 @@ VolumeName = Annotated[str, AfterValidator(_matching(
 ImageRef = Annotated[str, AfterValidator(_matching(
     IMAGE_RE, "an image reference", "[registry/]name[:tag][@sha256:digest], lowercase name"))]
 HostAddress = Annotated[str, AfterValidator(_address)]
+InterfaceName = Annotated[str, AfterValidator(_matching(
+    INTERFACE_RE, "a network interface name", "up to 15 letters, digits, '_', '.', '-', not starting with '-' or '.'"))]
 HostOnly = Annotated[str, AfterValidator(_host_only)]
 IpAddress = Annotated[str, AfterValidator(_ip)]
 EnvName = Annotated[str, AfterValidator(_env_name)]

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -23,6 +22,7 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError
 
+from . import ray_cluster, ray_node
 from .config import DiskWatchdogConfig
 from .identity import apply_umask, identity
 from .metrics import MetricsSink
@@ -64,6 +64,12 @@ class VerlNodeConfig(Strict):
     total_steps: int = Field(..., ge=1)
     watchdog: DiskWatchdogConfig | None = None
     """The disk watchdog before each save (None: off)."""
+    nnodes: int = Field(1, ge=1)
+    """Ray nodes the spec asks for (the head and every worker host)."""
+    gpus_per_node: int = Field(1, ge=1)
+    """verl's trainer.n_gpus_per_node."""
+    join_timeout_s: float = Field(300, gt=0, le=3600)
+    """How long the head waits for every worker to join before it refuses to start verl."""
 
 
 def load_node_config(path: Path) -> VerlNodeConfig:
@@ -220,34 +226,6 @@ def read_overrides(path: Path) -> list[str]:
     return [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
-def ray_start_argv(args: argparse.Namespace) -> list[str]:
-    """`ray start --head` with the node's resources (0: Ray counts them itself): logical GPUs on a CPU host satisfy
-    verl's placement groups."""
-    argv = ["ray", "start", "--head", "--port", str(args.ray_port), "--disable-usage-stats",
-            "--include-dashboard=false"]
-    for flag, value in (("--num-cpus", args.num_cpus), ("--num-gpus", args.num_gpus),
-                        ("--object-store-memory", args.object_store_bytes)):
-        if value:
-            argv += [flag, str(value)]
-    return argv
-
-
-def ensure_ray_token(home: Path) -> Path:
-    """Ray's cluster token (~/.ray/auth_token, 0600, made once per home): with RAY_AUTH_MODE=token `ray start` uses
-    it but never makes one. Its value is never printed."""
-    path = home / ".ray" / "auth_token"
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    except FileExistsError:
-        if path.is_symlink() or not path.is_file():
-            raise SystemExit(f"verl node: {path} is not a regular file (a link?): remove it") from None
-        return path
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
-    return path
-
-
 def prepare_data(dataset: str, data_dir: Path, num_prompts: int, source: str = "") -> str:
     """The run's parquet files: kept when train.parquet is there; else written from *source* (the spec's JSONL,
     e.g. GSM8K's train split) or, for the synthetic brevity task, generated; a bad row is refused with its number
@@ -268,12 +246,14 @@ def prepare_data(dataset: str, data_dir: Path, num_prompts: int, source: str = "
 
 DISK_FULL = 3
 """The head's exit code when the disk watchdog stopped the run before a save."""
+CLUSTER_SHORT = 4
+"""The head's exit code when the Ray cluster is not what the spec asks for (verl never started)."""
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python3 -m grpo_deploy.runtime.verl_node", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--role", choices=("head",), default="head", help="the Ray role of this node")
+    parser.add_argument("--role", choices=("head", "worker"), default="head", help="the Ray role of this node")
     parser.add_argument("--config", type=Path, default=Path("/etc/grpo-deploy/verl-node.json"),
                         help="what the head does around verl (rendered)")
     parser.add_argument("--overrides", type=Path, default=Path("/etc/grpo-deploy/verl-overrides.txt"),
@@ -281,10 +261,61 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-cpus", type=int, default=0, help="Ray CPUs of this node (0: Ray counts them)")
     parser.add_argument("--num-gpus", type=int, default=0, help="Ray GPUs of this node (logical on CPU; 0: counted)")
     parser.add_argument("--object-store-bytes", type=int, default=0, help="Ray's object store (0: Ray's default)")
-    parser.add_argument("--ray-port", type=int, default=6379)
-    args = parser.parse_args(argv)
+    parser.add_argument("--head-address", default="", help="the head's GCS, ip:port (a worker joins it)")
+    parser.add_argument("--node-ip", default="", help="this node's address (empty: one host, Ray's choice)")
+    parser.add_argument("--ifname", default="", help="NCCL/Gloo interface (empty: the one holding --node-ip)")
+    parser.add_argument("--cluster", default="0", choices=("0", "1"),
+                        help="1: one node of several hosts (fixed Ray ports, the cluster check)")
+    return parser.parse_args(argv)
+
+
+def node_args(args: argparse.Namespace) -> ray_node.NodeArgs:
+    return ray_node.NodeArgs(args.role, args.head_address, args.node_ip, args.ifname, args.num_cpus, args.num_gpus,
+                             args.object_store_bytes, args.cluster == "1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     apply_umask()
     config = load_node_config(args.config)
+    node = node_args(args)
+    token = Path(config.run_dir) / ray_node.TOKEN_NAME
+    return worker(node, token) if node.role == "worker" else head(config, node, token, args.overrides)
+
+
+def worker(node: ray_node.NodeArgs, token: Path) -> int:
+    """A worker: Ray joins the head and stays in the foreground until its raylet ends (the head gone, or stopped)."""
+    try:
+        env = {**os.environ, **ray_node.socket_env(node), **ray_node.ray_env(ray_node.ensure_token(token, False),
+                                                                                node.head)}
+    except SystemExit as exc:
+        print(exc, file=sys.stderr, flush=True)
+        return 2
+    print(f"verl node: joining the Ray head at {node.head} as {node.node_ip or 'this host'} "
+          f"({env.get('GLOO_SOCKET_IFNAME', 'loopback')})", flush=True)
+    ray = shutil.which("ray") or "ray"
+    argv = ray_node.start_argv(node)
+    os.execvpe(ray, [ray, *argv[1:]], env)  # the container's process is Ray's: docker stop reaches it
+    return 0  # not reached
+
+
+def check_cluster(config: VerlNodeConfig, node: ray_node.NodeArgs, sink: MetricsSink) -> ray_cluster.Verdict:
+    """Wait for every worker to join, then the counts against the spec (events for `up`'s progress lines)."""
+    want = ray_cluster.ClusterWant(config.nnodes, config.gpus_per_node)
+    read, close = ray_cluster.ray_reader(f"127.0.0.1:{ray_node.GCS_PORT}" if not node.node_ip
+                                         else f"{node.node_ip}:{ray_node.GCS_PORT}")
+    try:
+        verdict = ray_cluster.wait_for(
+            read, want, config.join_timeout_s,
+            on_change=lambda nodes: sink.emit("ray_nodes", nodes=len(nodes), want=config.nnodes,
+                                              node_ips=[n.ip for n in nodes]))
+    finally:
+        close()
+    sink.emit("ray_cluster", ok=verdict.ok, message=verdict.message, **verdict.counts())
+    return verdict
+
+
+def head(config: VerlNodeConfig, node: ray_node.NodeArgs, token: Path, overrides_path: Path) -> int:
     run_dir = Path(config.run_dir)
     attempt = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     verl_metrics = run_dir / "verl-metrics" / f"attempt-{attempt}.jsonl"
@@ -292,10 +323,13 @@ def main(argv: list[str] | None = None) -> int:
     sink = MetricsSink(str(run_dir / "metrics.jsonl"))
     retention = Retention(Path(config.checkpoint_dir), config.keep, sink)
     try:
-        overrides = read_overrides(args.overrides)
+        overrides = read_overrides(overrides_path)
         data = prepare_data(config.dataset, Path(config.data_dir), config.num_prompts, config.data_source)
         print(f"verl node: data {data}", flush=True)
         resumed_from = retention.before_attempt()
+        address = f"{node.node_ip or '127.0.0.1'}:{ray_node.GCS_PORT}"
+        env = {**os.environ, **ray_node.socket_env(node), "VERL_FILE_LOGGER_PATH": str(verl_metrics),
+               **ray_node.ray_env(ray_node.ensure_token(token, True), address)}
     except (SystemExit, OSError) as exc:  # one line in the log and a run_end for status: nothing was started
         print(exc, file=sys.stderr, flush=True)
         sink.emit("run_end", status="failed", error=str(exc)[:500], steps=0)
@@ -305,18 +339,33 @@ def main(argv: list[str] | None = None) -> int:
     if config.watchdog is not None:
         sink.emit("disk_watchdog_armed", checkpoint_bytes=config.watchdog.checkpoint_bytes,
                   margin_bytes=config.watchdog.margin_bytes)
-    # RAY_AUTH_MODE=token, said explicitly: the head makes a token in the run user's ~/.ray and the driver (and
-    # every Ray process it starts) presents it; left unset, Ray 2.60's driver did not and was refused.
-    env = {**os.environ, "VERL_FILE_LOGGER_PATH": str(verl_metrics), "RAY_ADDRESS": f"127.0.0.1:{args.ray_port}",
-           "RAY_AUTH_MODE": "token"}
-    ensure_ray_token(Path.home())
     ray = shutil.which("ray") or "ray"
-    started = subprocess.run([ray, *ray_start_argv(args)[1:]], env=env, timeout=RAY_START_TIMEOUT_S,
+    started = subprocess.run([ray, *ray_node.start_argv(node)[1:]], env=env, timeout=RAY_START_TIMEOUT_S,
                              stdout=sys.stdout, stderr=subprocess.STDOUT)
     if started.returncode != 0:
         sink.emit("run_end", status="failed", error=f"ray start exited {started.returncode}", steps=0)
         return started.returncode
-    sink.emit("trainer_ready", ray="head")
+    sink.emit("trainer_ready", ray="head", address=address)
+    if node.cluster:
+        os.environ.update({k: env[k] for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH")})
+        verdict = check_cluster(config, node, sink)
+        print(f"verl node: {verdict.message}", file=sys.stderr if not verdict.ok else sys.stdout, flush=True)
+        if not verdict.ok:
+            stop_ray(ray, env)
+            sink.emit("run_end", status="cluster-short", error=verdict.message, steps=0)
+            sink.close()
+            return CLUSTER_SHORT
+    return drive(config, sink, retention, env, ray, overrides, verl_metrics, attempt)
+
+
+def stop_ray(ray: str, env: dict) -> None:
+    subprocess.run([ray, "stop", "--force"], env=env, timeout=60, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def drive(config: VerlNodeConfig, sink: MetricsSink, retention: Retention, env: dict, ray: str,
+          overrides: list[str], verl_metrics: Path, attempt: str) -> int:
+    """verl's trainer as a driver joining the running cluster (never a local Ray of its own: RAY_ADDRESS), followed
+    to its end; the kit's retention and disk watchdog on each step."""
     # Hydra's own output folder (the composed config, its log) beside the attempt's metrics, not in the cwd
     hydra_dir = f"hydra.run.dir={verl_metrics.parent / ('hydra-' + attempt)}"
     driver = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, hydra_dir], env=env)
@@ -337,7 +386,6 @@ def main(argv: list[str] | None = None) -> int:
     code = driver.wait()
     follower.finish()
     retention.prune(leave_partial=False)
-    subprocess.run([ray, "stop", "--force"], env=env, timeout=60, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if watchdog.tripped is not None:
         sink.emit("run_end", status="disk-full", error=watchdog.tripped.message, steps=follower.last_step)
         code = DISK_FULL
@@ -345,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         sink.emit("run_end", status="ok" if code == 0 else "failed", steps=follower.last_step,
                   error=None if code == 0 else f"verl's trainer exited {code}")
     sink.close()
+    stop_ray(ray, env)  # after run_end: the workers leave with the head's Ray, which `up` must not take for a fault
     return code
 
 

@@ -1,5 +1,4 @@
-"""grpo_deploy.runtime.verl_node: verl's per-step metrics as the kit's step events, the Ray head's arguments, Ray's
-cluster token, the overrides file and the data step (verl itself runs in the integration suite's rehearsal)."""
+"""grpo_deploy.runtime.verl_node: verl's per-step metrics as the kit's step events, the overrides file and the data step (verl itself runs in the integration suite's rehearsal)."""
 
 from __future__ import annotations
 
@@ -42,29 +41,6 @@ def test_the_follower_emits_each_step_once_and_waits_for_a_torn_line(tmp_path, m
     steps = [e for e in read_events(str(sink_path)) if e["event"] == "step"]
     assert [e["step"] for e in steps] == [1, 2]  # the torn line was read once whole, not as garbage
     assert follower.steps == 2 and all(e["reward"] == 0.5 for e in steps)
-
-
-def test_ray_head_arguments_leave_zero_to_ray():
-    args = argparse.Namespace(ray_port=6379, num_cpus=8, num_gpus=1, object_store_bytes=0)
-    argv = verl_node.ray_start_argv(args)
-    assert argv[:3] == ["ray", "start", "--head"] and "--num-cpus" in argv and "--num-gpus" in argv
-    assert "--object-store-memory" not in argv
-    args.num_cpus = args.num_gpus = 0
-    assert "--num-cpus" not in verl_node.ray_start_argv(args) and "--num-gpus" not in verl_node.ray_start_argv(args)
-
-
-def test_the_ray_token_is_made_once_private_and_never_through_a_link(tmp_path):
-    path = verl_node.ensure_ray_token(tmp_path)
-    token = path.read_text()
-    assert len(token) == 64 and stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert verl_node.ensure_ray_token(tmp_path).read_text() == token  # kept, not replaced
-    other = tmp_path / "elsewhere"
-    other.mkdir()
-    (other / ".ray").mkdir()
-    os.symlink(tmp_path / "target", other / ".ray" / "auth_token")
-    with pytest.raises(SystemExit, match="not a regular file"):
-        verl_node.ensure_ray_token(other)
-    assert not (tmp_path / "target").exists()
 
 
 def test_overrides_skip_comments_and_blank_lines(tmp_path):

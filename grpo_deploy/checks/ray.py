@@ -1,0 +1,220 @@
+"""Checks of a Ray cluster across hosts (verl on several nodes), before anything starts: each node's address and the
+interface NCCL and Gloo will use, Ray's fixed ports free, /dev/infiniband passed through where the host has it, GPUs
+enough for n_gpus_per_node (`cluster`); then, once the image is on every host, each node reaching the head's GCS and
+every other node on Ray's ports over the real network (`cluster-reach`). Also the node addresses `up` renders."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..hosts.connect import HostError, on_all
+from ..names import MANAGED
+from ..runtime import ray_node
+from ..runtime.values import ip_literal, parse_address
+from .images import image_on
+from .registry import FAIL, OK, SKIP, WARN, Result, check
+from .session import Context
+
+LISTEN_S = 45
+"""How long each node's probe listener stays up (the connections are tried within it)."""
+
+
+@dataclass(frozen=True)
+class NodeAddress:
+    ip: str
+    interface: str
+
+
+def _index(ctx: Context, host) -> int:
+    return next(i for i, h in enumerate(ctx.res.spec.hosts) if h.name == host.name)
+
+
+def node_address(ctx: Context, host) -> NodeAddress | Result:
+    """The address a node's Ray advertises and the interface holding it: hosts[].interface's IPv4 address, else the
+    host's IP address in the spec, else the address this machine reached it at over SSH. A Result (FAIL) when none
+    can be told or it is not the host's own."""
+    found = ctx.facts_of(host)
+    i = _index(ctx, host)
+    if isinstance(found, HostError):
+        return Result("cluster", host.name, FAIL, f"cannot read the host: {found.what}", found.fix)
+    addresses = found.get("interfaces")
+    if addresses is None:
+        return Result("cluster", host.name, FAIL, "cannot list its network interfaces (`ip -o -4 addr show`)",
+                      "install iproute2 there")
+    names = ", ".join(sorted(addresses)) or "none"
+    if host.interface:
+        ips = addresses.get(host.interface)
+        if ips is None:
+            return Result("cluster", host.name, FAIL, f"no network interface {host.interface!r} there (it has {names})",
+                          f"set hosts[{i}].interface to the interface of the network the hosts share")
+        if not ips:
+            return Result("cluster", host.name, FAIL, f"interface {host.interface} has no IPv4 address",
+                          f"bring it up with an address, or set hosts[{i}].interface to another ({names})")
+        return NodeAddress(ips[0], host.interface)
+    literal = ip_literal(parse_address(host.address).host) if host.address != "local" else None
+    ip = literal or found.get("reached_at")
+    if ip is None:
+        return Result("cluster", host.name, FAIL, "its address as the other nodes reach it is unknown (this machine, "
+                      "or an SSH session without SSH_CONNECTION)",
+                      f"set hosts[{i}].interface to the interface of the network the hosts share ({names})")
+    interface = ray_node.interface_of(ip, addresses)
+    if interface is None or ip.startswith("127."):
+        return Result("cluster", host.name, FAIL, f"{ip} (how it is reached from here) is not an address of one of "
+                      f"its interfaces ({names}): NAT or a proxy in between",
+                      f"set hosts[{i}].interface to the interface of the network the hosts share")
+    return NodeAddress(ip, interface)
+
+
+def node_addresses(ctx: Context) -> dict[str, NodeAddress]:
+    """{host name: NodeAddress} of every node whose address could be told (the `cluster` check reports the others)."""
+    out = {}
+    for host in ctx.res.engine_info.cluster_nodes(ctx.res):
+        address = node_address(ctx, host)
+        if isinstance(address, NodeAddress):
+            out[host.name] = address
+    return out
+
+
+def node_ports(is_head: bool) -> list[int]:
+    """The fixed Ray ports a node listens on."""
+    return ([ray_node.GCS_PORT] if is_head else []) + list(ray_node.NODE_PORTS.values())
+
+
+@check("cluster", "Each node of a Ray cluster across hosts: its address and NCCL/Gloo interface, Ray's ports free, "
+                  "/dev/infiniband passed through where the host has it, GPUs for n_gpus_per_node")
+def check_cluster(ctx: Context) -> list[Result]:
+    nodes = ctx.res.engine_info.cluster_nodes(ctx.res)
+    if not nodes:
+        return [Result("cluster", "-", SKIP, "no Ray cluster across hosts in this spec")]
+    out = []
+    for n, host in enumerate(nodes):
+        address = node_address(ctx, host)
+        if isinstance(address, Result):
+            out.append(address)
+            continue
+        found = ctx.facts_of(host)
+        out.append(_ports(ctx, host, found, is_head=n == 0)
+                   or _infiniband(ctx, host, found) or _gpus(ctx, host, found)
+                   or Result("cluster", host.name, OK, f"{'head' if n == 0 else 'worker'} at {address.ip} on "
+                             f"{address.interface} (NCCL/Gloo), Ray's ports free",
+                             data={"ip": address.ip, "interface": address.interface}))
+    return out
+
+
+def _ports(ctx: Context, host, found: dict, is_head: bool) -> Result | None:
+    if found.get("running"):
+        return Result("cluster", host.name, FAIL, f"run {ctx.res.spec.run.name} already has running containers there "
+                      f"({', '.join(found['running'])})", "grpo-deploy down, or grpo-deploy status")
+    listening = found.get("listening_ports")
+    if listening is None:
+        return Result("cluster", host.name, WARN, "cannot tell whether Ray's ports are free (`ss -ltn` did not "
+                      "answer)", "install iproute2 there")
+    low, high = ray_node.WORKER_PORTS
+    taken = sorted(p for p in listening if p in node_ports(is_head) or low <= p <= high)
+    if taken:
+        return Result("cluster", host.name, FAIL, f"Ray's port(s) {', '.join(map(str, taken))} are taken there "
+                      f"(Ray needs {', '.join(map(str, node_ports(is_head)))} and {low}-{high})",
+                      "stop what listens there (`ss -ltnp`), e.g. a Ray or Redis left running")
+    return None
+
+
+def _infiniband(ctx: Context, host, found: dict) -> Result | None:
+    i = _index(ctx, host)
+    if found.get("infiniband") and not host.infiniband:
+        return Result("cluster", host.name, FAIL, "the host has /dev/infiniband but the container would not see it: "
+                      "NCCL would fall back to TCP sockets without a word", f"set hosts[{i}].infiniband: true")
+    if host.infiniband and not found.get("infiniband"):
+        return Result("cluster", host.name, FAIL, "hosts[].infiniband is set but the host has no /dev/infiniband",
+                      f"install the InfiniBand driver there, or remove hosts[{i}].infiniband")
+    return None
+
+
+def _gpus(ctx: Context, host, found: dict) -> Result | None:
+    if ctx.res.profiles[host.name].accelerator != "cuda" or found.get("gpus") is None:
+        return None
+    want, have = ctx.res.settings.verl.n_gpus_per_node, len(found["gpus"])
+    if have < want:
+        return Result("cluster", host.name, FAIL, f"{have} GPU(s) there; trainer.n_gpus_per_node is {want}",
+                      "lower overrides.verl.trainer.n_gpus_per_node to the smallest host's GPU count")
+    return None
+
+
+@check("cluster-reach", "Each node of a Ray cluster reaches the head's GCS and every other node on Ray's ports "
+                        "(probe listeners on the real addresses)", needs_images=True)
+def check_cluster_reach(ctx: Context) -> list[Result]:
+    res = ctx.res
+    nodes = res.engine_info.cluster_nodes(res)
+    if not nodes:
+        return [Result("cluster-reach", "-", SKIP, "no Ray cluster across hosts in this spec")]
+    addresses = node_addresses(ctx)
+    if len(addresses) < len(nodes):
+        return [Result("cluster-reach", "-", SKIP, "some node's address is unknown (the cluster check says why)")]
+    image = res.image_for(res.engine_info.main_role)
+    for host in nodes:
+        present = image_on(ctx, host, image)
+        if present is not True:
+            return [Result("cluster-reach", host.name, SKIP, present or f"image {image} is not on {host.name} yet: "
+                           "`up` ships it and probes then")]
+    return _probe(ctx, nodes, addresses, image)
+
+
+def _probe(ctx: Context, nodes: list, addresses: dict[str, NodeAddress], image: str) -> list[Result]:
+    user = ctx.res.identities[ctx.res.engine_info.main_role].user
+    name = f"grpo-netprobe-{ctx.res.spec.run.name}"
+    head = nodes[0].name
+
+    def base(host) -> list[str]:
+        return ["docker", "run", "--rm", "--network", "host", "--user", user, "--label", MANAGED]
+
+    def start_listener(conn) -> Result | None:
+        ports = ",".join(map(str, node_ports(conn.name == head)))
+        r = conn.run(base(conn)[:2] + ["-d", "--name", name] + base(conn)[2:] +
+                     [image, "python3", "-m", "grpo_deploy.runtime.netprobe", "listen", "--ip",
+                      addresses[conn.name].ip, "--ports", ports, "--seconds", str(LISTEN_S)], timeout=120)
+        return None if r.ok else Result("cluster-reach", conn.name, FAIL, f"cannot start the probe listener: "
+                                        f"{r.line()}", "see the image and the Docker engine there")
+
+    def targets_for(host_name: str) -> list[str]:
+        return [f"{addresses[n.name].ip}:{port}" for n in nodes if n.name != host_name
+                for port in ray_node.PEER_PORTS if port != ray_node.GCS_PORT or n.name == head]
+
+    def connect(conn) -> dict | Result:
+        r = conn.run(base(conn) + [image, "python3", "-m", "grpo_deploy.runtime.netprobe", "connect", "--targets",
+                                   ",".join(targets_for(conn.name))], timeout=120)
+        try:
+            return json.loads(r.out.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return Result("cluster-reach", conn.name, FAIL, f"the probe did not answer: {r.line()}",
+                          "see the image and the Docker engine there")
+
+    conns = [ctx.connector(h) for h in nodes]
+    try:
+        started = on_all(conns, start_listener)
+        out = [r for r in started.values() if isinstance(r, (Result, HostError))]
+        if out:
+            return [r if isinstance(r, Result) else Result("cluster-reach", r.host, FAIL, r.what, r.fix) for r in out]
+        reached = on_all(conns, connect)
+    finally:
+        on_all(conns, lambda conn: conn.run(["docker", "rm", "-f", name], timeout=60))
+    return [_verdict(n, reached[n.name], addresses, nodes) for n in nodes]
+
+
+def _verdict(host, reached, addresses: dict[str, NodeAddress], nodes: list) -> Result:
+    if isinstance(reached, HostError):
+        return Result("cluster-reach", host.name, FAIL, reached.what, reached.fix)
+    if isinstance(reached, Result):
+        return reached
+    by_ip = {a.ip: n for n, a in addresses.items()}
+    failed = {t: why for t, why in reached.items() if why != "ok"}
+    if not failed:
+        return Result("cluster-reach", host.name, OK, f"reaches {', '.join(sorted(reached))}")
+    target, why = next(iter(failed.items()))
+    ip, _, port = target.rpartition(":")
+    what = "the Ray head's GCS" if int(port) == ray_node.GCS_PORT else "Ray's node ports"
+    return Result("cluster-reach", host.name, FAIL,
+                  f"cannot reach {what} on {by_ip.get(ip, ip)} at {target}: {why}"
+                  + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""),
+                  f"let TCP {', '.join(map(str, ray_node.PEER_PORTS))} and {ray_node.WORKER_PORTS[0]}-"
+                  f"{ray_node.WORKER_PORTS[1]} through between the hosts (firewall), or set hosts[].interface to "
+                  "the network they share")
