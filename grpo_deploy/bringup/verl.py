@@ -21,6 +21,7 @@ from . import POLL_S, STOPPED, container, follow_steps, main_exit
 ROLE = "head"
 WORKER = "worker"
 HEAD_UP_TIMEOUT_S = 300.0  # the head's container start, its data, `ray start --head`
+COUNT_GRACE_S = 20.0  # a worker lost: how long to wait for the head's count of the nodes before saying so
 CLUSTER_TIMEOUT_S = 420.0  # beyond the head's own join timeout (300 s): its verdict always comes first
 
 
@@ -64,7 +65,7 @@ def form_cluster(dep: Deployment, log: Callable[[str], None], ips: dict[str, str
     ready = wait_event(dep, since, "trainer_ready", HEAD_UP_TIMEOUT_S, "the Ray head to answer", watch_workers=False)
     head_s = ready["time"] - since
     log(f"Ray head up in {head_s:.1f} s; starting the workers on {', '.join(workers)}")
-    for name, result in on_all([dep.hosts[w] for w in workers], lambda conn: dep.project(conn.name).up(WORKER)).items():
+    for result in on_all([dep.hosts[w] for w in workers], lambda conn: dep.project(conn.name).up(WORKER)).values():
         if isinstance(result, HostError):
             raise result
     verdict = wait_event(dep, since, "ray_cluster", CLUSTER_TIMEOUT_S, "every worker to join", watch_workers=True)
@@ -83,6 +84,7 @@ def wait_event(dep: Deployment, since: float, name: str, timeout_s: float, what:
     exited first, or none came within *timeout_s*."""
     deadline = time.time() + timeout_s
     patience = EnginePatience(f"waiting for {what}")
+    lost: tuple[str, str, float] | None = None
     while True:
         head, text = patience.poll(lambda: _read_head(dep), pause_s=POLL_S)
         found = [e for e in parse_events(text or "") if e["event"] == name and e["time"] >= since]
@@ -94,17 +96,24 @@ def wait_event(dep: Deployment, since: float, name: str, timeout_s: float, what:
             raise LaunchError(f"the Ray head exited on {dep.role_host(ROLE)} ({exit_words(int(head['exit_code']))}) "
                               f"while waiting for {what}: {said or dep.role_project(ROLE).tail(head['id'], 3)}")
         if watch_workers:
-            for host, c in _worker_containers(dep).items():
-                if c is None or c["state"] in STOPPED:
-                    state = "is gone" if c is None else f"exited ({exit_words(int(c['exit_code']))})"
-                    joined = [e for e in parse_events(text or "") if e["event"] == "ray_nodes" and e["time"] >= since]
-                    count = f"; Ray saw {joined[-1]['nodes']} of {joined[-1]['want']} nodes" if joined else ""
-                    raise LaunchError(f"the Ray worker on {host} {state} before the cluster formed{count}: its last "
-                                      f"lines: grpo-deploy logs --host {host}")
+            lost = lost or _lost_worker(dep)
+            joined = [e for e in parse_events(text or "") if e["event"] == "ray_nodes" and e["time"] >= since]
+            if lost and (joined or time.time() > lost[2] + COUNT_GRACE_S):  # the head's count, when it has one
+                count = f"; Ray saw {joined[-1]['nodes']} of {joined[-1]['want']} nodes" if joined else ""
+                raise LaunchError(f"the Ray worker on {lost[0]} {lost[1]} before the cluster formed{count}: its "
+                                  f"last lines: grpo-deploy logs --host {lost[0]}")
         if time.time() > deadline:
             raise LaunchError(f"no answer from the Ray head on {dep.role_host(ROLE)} within {timeout_s:.0f} s while "
                               f"waiting for {what}: grpo-deploy logs --role head")
         time.sleep(POLL_S)
+
+
+def _lost_worker(dep: Deployment) -> tuple[str, str, float] | None:
+    """(host, what happened, when seen) of a worker container that exited or is gone, None while all run."""
+    for host, c in _worker_containers(dep).items():
+        if c is None or c["state"] in STOPPED:
+            return host, "is gone" if c is None else f"exited ({exit_words(int(c['exit_code']))})", time.time()
+    return None
 
 
 def _read_head(dep: Deployment) -> tuple[dict, str]:

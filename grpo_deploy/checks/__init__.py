@@ -2,7 +2,8 @@
 
 Layout: `session` (connectors, facts read once, the local engine's client, the plan), `registry` (verdicts, `@check`
 with what each check needs, the runner, table and JSON), and the checks by what they look at: `spec`, `host`,
-`storage`, `images`, `ray` (a Ray cluster across hosts). Importing this package registers every check, in registry.ORDER.
+`storage`, `images`, `ray` (a Ray cluster across hosts).
+Importing this package registers every check, in registry.ORDER.
 """
 
 from . import host, images, ray, spec, storage  # noqa: F401  (registers the checks)

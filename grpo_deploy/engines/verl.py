@@ -11,10 +11,9 @@ from typing import Any
 from .. import diagnose_verl
 from ..architecture import Architecture
 from ..names import COMPOSE_INFINIBAND, COMPOSE_VERL, COMPOSE_VERL_CLUSTER, project_name
-from ..runtime.ray_node import GCS_PORT
-from ..runtime.values import parse_address
 from ..render_text import RenderError, template
-from ..runtime.values import CONTROL, MAX_STEPS
+from ..runtime.ray_node import GCS_PORT
+from ..runtime.values import CONTROL, MAX_STEPS, parse_address
 from .base import COMMON_SECTIONS, GB, Engine, Resolved
 
 DATASET_SIZES = {"gsm8k": 7473, "boxed-math": 1460}

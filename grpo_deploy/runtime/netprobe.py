@@ -48,7 +48,7 @@ def try_connect(target: str, deadline: float, timeout: float = CONNECT_TIMEOUT_S
         try:
             with socket.create_connection((host, int(port)), timeout=timeout):
                 return "ok"
-        except socket.timeout:
+        except TimeoutError:
             why = f"no answer within {timeout:g} s (a firewall dropping the port?)"
         except ConnectionRefusedError:
             why = "connection refused (nothing listens there, or a firewall rejects it)"

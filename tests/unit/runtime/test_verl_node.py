@@ -1,11 +1,9 @@
-"""grpo_deploy.runtime.verl_node: verl's per-step metrics as the kit's step events, the overrides file and the data step (verl itself runs in the integration suite's rehearsal)."""
+"""grpo_deploy.runtime.verl_node: verl's per-step metrics as the kit's step events, the overrides file and the data
+step (verl itself runs in the fault suite's rehearsals; Ray's start in test_ray_node.py)."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import stat
 import time
 
 import pytest
