@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 BENCH_REPEAT ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-verl ci-fresh test-cuda-images test-arm64-images test-unit test-static test-integration images images-cuda images-static bench bench-shipping bench-split render-defaults clean
+.PHONY: help setup demo test test-verl ci-fresh test-cuda-images test-arm64-images test-unit test-static test-integration images images-cuda images-static bench bench-shipping bench-split bench-cluster render-defaults clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -57,6 +57,9 @@ bench-shipping: ## image shipping over SSH to a test host: without the image, ag
 
 bench-split: ## split `up` -> first step over two test hosts against the local one (minutes)
 	$(PYTHON) benchmarks/multihost.py --part split
+
+bench-cluster: ## verl's Ray cluster up (head to every worker joined) over 2 and 4 test hosts (ships the verl-cpu image to 4 hosts: ~15 min cold)
+	$(PYTHON) benchmarks/multihost.py --part cluster
 
 ci-fresh: ## rehearse CI as a fresh machine runs it: a fresh clone of HEAD against an empty second Docker engine (own namespaces; this engine's images untouched); run before every stop (root, ~60 min)
 	bash scripts/fresh-engine-ci.sh

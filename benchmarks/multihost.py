@@ -4,16 +4,23 @@
 2. bytes and seconds shipped: a host without the image, the same image again (target: nothing sent), and after a
    code-only change (a new thin layer on the same dependency image; target: under 100 MB);
 3. split `up` -> first optimizer step (trainer and server on two hosts) against the local `up` -> first step of the
-   same image on this machine (target: ratio <= 1.2); images already on the hosts, so shipping is not in the figure.
+   same image on this machine (target: ratio <= 1.2); images already on the hosts, so shipping is not in the figure;
+4. verl's Ray cluster up on 2 and on 4 hosts (the cpu verl rehearsal: head on the first, a worker on each other):
+   the head's start to every worker joined and counted, and the head's Ray answering to that (target 4/2 <= 1.3);
+   the verl image already on the hosts, and `up` stopped (Ctrl-C: rolled back) once the cluster formed.
 
-Run: python benchmarks/multihost.py [--part preflight|shipping|split ...]   (needs the cpu image: make images)
-`make bench` (CI) runs the preflight part; `make bench-shipping` and `make bench-split` the other two (minutes each).
+Run: python benchmarks/multihost.py [--part preflight|shipping|split|cluster ...]   (needs the cpu image: make images;
+the cluster part the verl-cpu image)
+`make bench` (CI) runs the preflight part; `make bench-shipping`, `make bench-split` and `make bench-cluster` the
+others (minutes each).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -31,6 +38,7 @@ from grpo_deploy.hosts.ship import ship  # noqa: E402
 from tests.testhosts import SHARED_DIR, test_hosts  # noqa: E402
 
 IMAGE = "grpo-deploy/cpu:0.1.0"
+VERL_IMAGE = "grpo-deploy/verl-cpu:0.1.0"
 
 
 def cli(*args: str, cwd: Path, timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -123,13 +131,50 @@ def split_vs_local(work: Path) -> dict:
             "ratio": round(split / local, 2) if split and local else None}
 
 
-PARTS = ("preflight", "shipping", "split")
+FORMED = re.compile(r"Ray head up in ([0-9.]+) s|Ray cluster formed in ([0-9.]+) s")
+
+
+def cluster_up_seconds(n: int, work: Path) -> dict:
+    """One `up` of the cpu verl rehearsal over *n* test hosts, stopped (SIGINT) once the cluster formed."""
+    with test_hosts(n, work / f"hosts-{n}") as hosts:
+        names = [h.name for h in hosts]
+        data = yaml.safe_load(new_spec.spec_text("cpu", "verl", names))
+        data["run"]["name"] = f"bench-cluster-{n}"
+        data["storage"]["nfs"] = None
+        for host in data["hosts"]:
+            host["shared_dir"] = SHARED_DIR
+        spec = work / f"cluster-{n}.yaml"
+        spec.write_text(yaml.safe_dump(data, sort_keys=False))
+        ssh = ["-f", str(spec), "--ssh-config", str(hosts.ssh_config)]
+        for h in hosts:  # the image present before the timed run: shipping is measured above
+            print(f"  {h.name}: {ship(VERL_IMAGE, SshHost(h.name, h.name, SshOptions(str(hosts.ssh_config)))).status}",
+                  flush=True)
+        proc = subprocess.Popen([sys.executable, "-m", "grpo_deploy.cli", "up", "--fresh", *ssh], cwd=work,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        head = formed = None
+        deadline = time.time() + 900
+        for line in proc.stdout:
+            m = FORMED.search(line)
+            if m and m.group(1):
+                head = float(m.group(1))
+            elif m:
+                formed = float(m.group(2))
+                proc.send_signal(signal.SIGINT)  # rolls back what it started
+            if time.time() > deadline:
+                proc.kill()
+        proc.wait(timeout=300)
+        cli("down", *ssh, cwd=work, timeout=300)
+    return {"hosts": n, "head_s": head, "formed_s": formed,
+            "joined_s": round(formed - head, 1) if formed is not None and head is not None else None}
+
+
+PARTS = ("preflight", "shipping", "split", "cluster")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", action="append", choices=PARTS,
-                        help="run only this part (repeatable; default: all three, numbered as above)")
+                        help="run only this part (repeatable; default: all four, numbered as above)")
     args = parser.parse_args()
     parts = args.part or list(PARTS)
     work = Path(tempfile.mkdtemp(prefix="grpo-bench-multihost-"))
@@ -147,6 +192,14 @@ def main() -> int:
         r = split_vs_local(work)
         print(f"up -> first step: local {r['local_s']} s, split over two hosts {r['split_s']} s, ratio {r['ratio']} "
               "(target <= 1.2)")
+    if "cluster" in parts:
+        two, four = cluster_up_seconds(2, work), cluster_up_seconds(4, work)
+        for r in (two, four):
+            print(f"verl Ray cluster, {r['hosts']} hosts: head's start -> every worker joined and counted "
+                  f"{r['formed_s']} s (the head's Ray answering after {r['head_s']} s; workers joined in "
+                  f"{r['joined_s']} s after it)", flush=True)
+        if two["formed_s"] and four["formed_s"]:
+            print(f"verl Ray cluster: 4 hosts / 2 hosts = {four['formed_s'] / two['formed_s']:.2f} (target <= 1.3)")
     return 0
 
 

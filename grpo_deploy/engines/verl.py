@@ -82,9 +82,11 @@ class Verl(Engine):
         return cluster_hosts(res) if is_cluster(res) else []
 
     def k8s_params(self, res: Resolved) -> dict[str, Any]:
-        """The pods of a Ray cluster: one head and ray_workers workers, each of gpus_per_node."""
+        """The pods of a Ray cluster: one head and ray_workers workers, each of gpus_per_node; NCCL's and Gloo's
+        interface (the head host's hosts[].interface, else eth0: a pod's interface on every CNI)."""
         verl = res.settings.verl
-        return {"gpus_per_node": verl.n_gpus_per_node, "ray_workers": verl.nnodes - 1}
+        return {"gpus_per_node": verl.n_gpus_per_node, "ray_workers": verl.nnodes - 1,
+                "socket_ifname": res.hosts_with("head")[0].interface or "eth0"}
 
     def memory(self, res: Resolved, arch: Architecture, host, role: str, cap: float) -> dict[str, Any] | None:
         verl = res.settings.verl

@@ -76,8 +76,8 @@ def local_addresses() -> dict[str, list[str]]:
 def socket_env(node: NodeArgs, addresses: dict[str, list[str]] | None = None) -> dict[str, str]:
     """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for a node of a cluster: the interface named, else the one holding
     the node's address ({} on one host: loopback does). SystemExit with one line when neither can be found."""
-    if not node.cluster:
-        return {}
+    if not node.cluster or not (node.ifname or node.node_ip):
+        return {}  # one host (loopback), or a hand-run render that names neither: Ray's and NCCL's own choice
     addresses = local_addresses() if addresses is None else addresses
     name = node.ifname or interface_of(node.node_ip, addresses)
     if not name or name not in addresses:

@@ -239,6 +239,10 @@ def verl_overrides(build_name: str) -> dict[str, str]:
     return render_folder.parse_env(expected_generated(build_name)["verl-overrides.txt"])
 
 
+def params_env(build_name: str) -> dict[str, str]:
+    return render_folder.parse_env(expected_generated(build_name)["params.env"])
+
+
 def server_pod(build_name: str) -> dict:
     (tpl,) = [tpl for where, tpl in pod_templates(build(build_name))
               if tpl["metadata"]["labels"].get("grpo-deploy/role") == "server"]
@@ -1005,6 +1009,9 @@ def test_rayjob_runs_the_launcher_on_a_cluster_of_nnodes(overlay):
         assert quantity(params["num-cpus"]) >= 3 * per_node + (20 if group is cluster["headGroupSpec"] else 0)
         assert not any(LAUNCH in a or "main_ppo" in a for a in c.get("command", []) + c.get("args", [])), \
             "a Job command in a Ray pod would run before `ray start`"
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        assert env["NCCL_SOCKET_IFNAME"] == env["GLOO_SOCKET_IFNAME"] == params_env(overlay)["socket_ifname"], \
+            "NCCL and Gloo use the interface the render names, in every Ray pod, before `ray start`"
     lock = (ROOT / "images/verl/requirements-amd64.lock").read_text()
     assert f"ray=={cluster['rayVersion']} " in lock, f"rayVersion {cluster['rayVersion']} != the verl image's ray"
 
