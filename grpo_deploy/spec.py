@@ -127,11 +127,11 @@ class HostSpec(_Strict):
     shared_dir: OwnPath | None = None
     """Host directory where the share is already mounted (bind-mounted at storage.mount)."""
     interface: InterfaceName | None = None
-    """verl across hosts: the network interface of this host's Ray node, NCCL and Gloo (e.g. eth0, ib0); null = the
-    one holding the address the other hosts reach this host by."""
+    """verl across hosts: this node's interface for Ray, NCCL and Gloo (e.g. ib0); null = the one SSH reaches.
+    Its IPv4 address is the node's address; preflight checks it exists and reaches every other node."""
     infiniband: bool = False
-    """verl across hosts: pass /dev/infiniband into the container (NCCL over RDMA); preflight compares with the
-    host."""
+    """verl across hosts: pass /dev/infiniband into the container (NCCL over RDMA, not TCP).
+    Preflight refuses a host that has /dev/infiniband without it, or this set on a host without one."""
     publish: IpAddress | None = None
     """IP on this host the vLLM port is published on; null = the address the trainer reaches it by (never all
     interfaces unless 0.0.0.0 is written here: vLLM's LoRA and dev endpoints have no authentication)."""

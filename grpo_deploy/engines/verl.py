@@ -48,6 +48,12 @@ class Verl(Engine):
         if tbs < mini:
             problem(_override("actor_rollout_ref.actor.ppo_mini_batch_size"),
                     f"ppo_mini_batch_size {mini} > data.train_batch_size {tbs}")
+        for i, host in enumerate(res.spec.hosts):
+            for role, gpus in (host.gpus or {}).items():
+                if len(gpus) < verl.n_gpus_per_node:
+                    problem(("hosts", i, "gpus", role), f"{len(gpus)} GPU(s) listed for {role} but "
+                            f"trainer.n_gpus_per_node is {verl.n_gpus_per_node}: Ray would count fewer GPUs than verl "
+                            "asks for (list that many, or lower overrides.verl.trainer.n_gpus_per_node)")
         if res.settings.lora.r > 512:
             problem(("overrides", "lora", "r"), "verl's vLLM rollout accepts LoRA ranks up to 512")
 

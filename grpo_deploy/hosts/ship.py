@@ -76,7 +76,8 @@ def ship(tag: str, target: Host, progress: Callable[[str], None] | None = None,
             rate = total / max(time.time() - start, 1e-3) / 1e6
             progress(f"shipping {tag} to {target.name}: {total / 1e6:,.0f} MB ({rate:,.0f} MB/s)")
 
-    result = target.stream(["docker", "load", "-q"], _filtered_save(tag, skip, report))
+    archive = _archive(mine["id"]) if prefix and _archive(mine["id"]).is_file() else None
+    result = target.stream(["docker", "load", "-q"], _filtered_save(tag, skip, report, archive))
     if not result.ok and skip:
         # A host whose engine wants every layer in the archive after all: send the whole image once.
         skip = set()
@@ -108,20 +109,44 @@ def _layer_cache(image_id: str) -> Path:
     return cache / f"{image_id.replace(':', '-')}.json"
 
 
+def _archive(image_id: str) -> Path:
+    """The image's `docker save` archive kept beside its layer map: each host lacking some layers is sent them from
+    it by seeking past the rest, instead of another full `docker save` read through per host."""
+    return _layer_cache(image_id).with_suffix(".tar")
+
+
+ARCHIVES_KEPT = 2
+"""Saved archives kept (the newest; each is the whole image, a few GB)."""
+
+
 def layer_map_cached(image_id: str) -> bool:
-    return _layer_cache(image_id).is_file()
+    return _layer_cache(image_id).is_file() and _archive(image_id).is_file()
+
+
+class _Tee:
+    """A read-only stream that writes what is read from it into *sink* too."""
+
+    def __init__(self, source, sink):
+        self.source, self.sink = source, sink
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.source.read(n)
+        self.sink.write(data)
+        return data
 
 
 def layer_members(tag: str, image_id: str) -> dict[str, str]:
     """{`<dir>/layer.tar` member of `docker save tag`: its diff id}. docker save orders members by name, not by
     layer, so the mapping comes from one read of the archive hashing each layer (a layer's diff id is the sha256
-    of its uncompressed tar), kept in ~/.cache/grpo-deploy/layers/ by image id."""
-    path = _layer_cache(image_id)
-    if path.is_file():
+    of its uncompressed tar), kept in ~/.cache/grpo-deploy/layers/ by image id with the archive itself."""
+    path, archive = _layer_cache(image_id), _archive(image_id)
+    if path.is_file() and archive.is_file():
         return json.loads(path.read_text())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_suffix(".tar.tmp")
     save = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     members: dict[str, str] = {}
-    with tarfile.open(fileobj=save.stdout, mode="r|") as src:
+    with open(partial, "wb") as kept, tarfile.open(fileobj=_Tee(save.stdout, kept), mode="r|") as src:
         for member in src:
             if member.name.endswith("/layer.tar") and member.isfile():
                 digest = hashlib.sha256()
@@ -129,25 +154,35 @@ def layer_members(tag: str, image_id: str) -> dict[str, str]:
                 while chunk := handle.read(CHUNK):
                     digest.update(chunk)
                 members[member.name] = f"sha256:{digest.hexdigest()}"
+        while _Tee(save.stdout, kept).read(CHUNK):  # the archive's end blocks, as docker load reads them
+            pass
     if save.wait() != 0:
+        partial.unlink(missing_ok=True)
         raise HostError("local", f"docker save {tag} failed", "check the local engine")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    partial.replace(archive)
+    for old in sorted(path.parent.glob("*.tar"), key=lambda p: p.stat().st_mtime, reverse=True)[ARCHIVES_KEPT:]:
+        old.unlink(missing_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(members))
     tmp.replace(path)
     return members
 
 
-def _filtered_save(tag: str, skip: set[str] | None, progress: Callable[[int], None]) -> Iterator[bytes]:
-    """`docker save tag` as a byte stream without the layer archives named in *skip* (None: without any) -- docker
-    load does not read a layer the engine already has with the same layers below it."""
+def _filtered_save(tag: str, skip: set[str] | None, progress: Callable[[int], None],
+                   archive: Path | None = None) -> Iterator[bytes]:
+    """`docker save tag` (or its kept *archive*, where layers not sent are seeked past, not read) as a byte stream
+    without the layer archives named in *skip* (None: without any) -- docker load does not read a layer the engine
+    already has with the same layers below it."""
     read_fd, write_fd = os.pipe()
-    save = subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    save = None if archive is not None else \
+        subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     errors: list[BaseException] = []
 
     def filter_tar() -> None:
         try:
-            with os.fdopen(write_fd, "wb") as out, tarfile.open(fileobj=save.stdout, mode="r|") as src, \
+            src_tar = tarfile.open(archive, mode="r:") if save is None else \
+                tarfile.open(fileobj=save.stdout, mode="r|")
+            with os.fdopen(write_fd, "wb") as out, src_tar as src, \
                     tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as dst:
                 for member in src:
                     if member.name.endswith("/layer.tar") and (skip is None or member.name in skip):
@@ -172,8 +207,9 @@ def _filtered_save(tag: str, skip: set[str] | None, progress: Callable[[int], No
                 last = time.time()
             yield chunk
     worker.join()
-    save.wait()
+    failed = save is not None and save.wait() != 0
     progress(total)
-    if errors or save.returncode != 0:
-        detail = save.stderr.read().decode(errors="replace").strip() or repr(errors[:1])
+    if errors or failed:
+        detail = (save.stderr.read().decode(errors="replace").strip() if save is not None else "") or \
+            repr(errors[:1])
         raise HostError("local", f"docker save {tag} failed: {detail[:300]}", "check the local engine")

@@ -368,7 +368,12 @@ def drive(config: VerlNodeConfig, sink: MetricsSink, retention: Retention, env: 
     to its end; the kit's retention and disk watchdog on each step."""
     # Hydra's own output folder (the composed config, its log) beside the attempt's metrics, not in the cwd
     hydra_dir = f"hydra.run.dir={verl_metrics.parent / ('hydra-' + attempt)}"
-    driver = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, hydra_dir], env=env)
+    # verl's TaskRunner (whose file logger writes the metrics) is a Ray actor that may land on any node: the path
+    # reaches it through the job's runtime env, not this process's environment (seen: TaskRunner on the worker host,
+    # its metrics in the worker container's cwd, no step for `up`)
+    logger_path = f"++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={verl_metrics}"
+    driver = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, hydra_dir, logger_path],
+                              env=env)
     watchdog = SaveWatchdog(config, sink, lambda: driver.send_signal(signal.SIGTERM))
 
     def on_step(step: int) -> None:

@@ -33,6 +33,16 @@ STEPS, SAVE_EVERY = 20, 4
 KILL_WORKER_AT, KILL_HEAD_AT = 6, 14  # two steps past global_step_4, two past global_step_12
 
 
+# `ps -eo args` in an image without procps: every process's command line, as Ray's setproctitle left it
+PS = """import os
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        print(open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\\0", b" ").decode(errors="replace").strip())
+    except OSError:
+        pass
+"""
+
+
 def cluster_spec(path: Path, run: str = RUN, **changes) -> Path:
     """The cpu verl rehearsal as a Ray cluster: head on spark1, worker on spark2, the test hosts' share."""
     return split_spec(path, run, **{"engine": "verl", "hosts.0.roles": ["head"], "hosts.1.roles": ["worker"],
@@ -79,7 +89,7 @@ def cluster_run(hosts, tmp_path_factory):
             if "worker" not in kills and step >= KILL_WORKER_AT:
                 worker = role_container(hosts["spark2"], RUN, "worker")
                 # what runs in the worker's container: verl's actors on this node (Ray names their processes)
-                kills["worker_processes"] = hosts["spark2"].exec(["docker", "exec", worker, "ps", "-eo", "args"])
+                kills["worker_processes"] = hosts["spark2"].exec(["docker", "exec", worker, "python3", "-c", PS])
                 hosts["spark2"].exec(["docker", "kill", worker])  # SIGKILL, on the worker's host
                 kills["worker"] = {"step": step, "time": time.time()}
             elif "worker" in kills and "head" not in kills and step >= KILL_HEAD_AT and \

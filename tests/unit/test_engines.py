@@ -129,3 +129,17 @@ def test_diagnose_on_verl_is_the_verl_engine_s_own(tmp_path, capsys, monkeypatch
 def test_all_roles_are_the_engines_roles_each_once():
     assert engines.ALL_ROLES == ("server", "trainer", "head", "worker")
     assert engines.DEFAULT_ENGINE in engines.ENGINES
+
+
+def test_verl_refuses_a_host_listing_fewer_gpus_than_n_gpus_per_node():
+    import pytest
+
+    from grpo_deploy import resolve, spec
+    from tests.specs import spec_yaml
+
+    text = spec_yaml("a100", "verl", ("n1", "n2"), **{"hosts.1.gpus": {"worker": [0, 1]}})
+    with pytest.raises(spec.SpecError, match=r"hosts\[1\]\.gpus\.worker: 2 GPU\(s\) listed for worker but "
+                                             r"trainer\.n_gpus_per_node is 4"):
+        resolve.resolve(spec.loads(text, source="s.yaml"))
+    resolve.resolve(spec.loads(spec_yaml("a100", "verl", ("n1", "n2"), **{"hosts.1.gpus": {"worker": [0, 1, 2, 3]}}),
+                               source="s.yaml"))
