@@ -116,7 +116,18 @@ class Engine:
             if section not in self.sections:
                 out.append((("overrides", section), f"engine {self.name} never reads the {section} settings (it "
                                                     f"reads: {', '.join(self.sections)}): remove overrides.{section}"))
+        if not self.spans_hosts(spec):
+            for i, host in enumerate(spec.hosts):
+                for key in ("interface", "infiniband"):
+                    if getattr(host, key):
+                        out.append((("hosts", i, key), f"only a cluster across hosts uses it and this spec makes none "
+                                                       f"(engine {self.name}, {len(spec.hosts)} host(s)): remove "
+                                                       f"hosts[{i}].{key}"))
         return out
+
+    def spans_hosts(self, spec) -> bool:
+        """Whether *spec* makes one cluster of several hosts (whose nodes need addresses, interfaces and ports)."""
+        return False
 
     # ------------------------------------------------------------------ what it does (defaults; an engine overrides)
 
@@ -152,8 +163,8 @@ class Engine:
         return {}
 
     def cluster_nodes(self, res: Resolved) -> list:
-        """The spec hosts that form one cluster across hosts (their order: the head first), [] when the engine runs
-        no such cluster for this spec (preflight checks their addresses, ports and reach of each other)."""
+        """The spec hosts that form one cluster across hosts (their order: the head first), [] when *spans_hosts* is
+        false (preflight checks their addresses, ports and reach of each other)."""
         return []
 
     def k8s_params(self, res: Resolved) -> dict[str, Any]:

@@ -87,6 +87,9 @@ class Verl(Engine):
     def cluster_nodes(self, res: Resolved) -> list:
         return cluster_hosts(res) if is_cluster(res) else []
 
+    def spans_hosts(self, spec) -> bool:
+        return sum(1 for h in spec.hosts if {"head", "worker"} & set(h.roles)) > 1
+
     def k8s_params(self, res: Resolved) -> dict[str, Any]:
         """The pods of a Ray cluster: one head and ray_workers workers, each of gpus_per_node; NCCL's and Gloo's
         interface (the head host's hosts[].interface, else eth0: a pod's interface on every CNI)."""
@@ -176,7 +179,7 @@ def cluster_hosts(res: Resolved) -> list:
 
 def is_cluster(res: Resolved) -> bool:
     """Whether the run is a Ray cluster of several hosts (host networking, fixed ports, the cluster check)."""
-    return len(cluster_hosts(res)) > 1
+    return res.engine_info.spans_hosts(res.spec)
 
 
 def head_address(res: Resolved, addresses: dict[str, str]) -> str:

@@ -3,6 +3,7 @@ support yet, said in the engine's words; and a third engine, registered only her
 preflight's spec-level checks with no edit elsewhere in the kit."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -10,6 +11,7 @@ from grpo_deploy import checks, engines, new_spec, plan, profiles, render, resol
 from grpo_deploy.cli import main
 from grpo_deploy.engines import ENGINES, TRL_ASYNC, VERL
 from grpo_deploy.engines.base import Engine, Unsupported
+from tests.specs import spec_yaml
 
 
 def test_each_role_runs_one_of_its_engines_images():
@@ -132,10 +134,6 @@ def test_all_roles_are_the_engines_roles_each_once():
 
 
 def test_verl_refuses_a_host_listing_fewer_gpus_than_n_gpus_per_node():
-    import pytest
-
-    from grpo_deploy import resolve, spec
-    from tests.specs import spec_yaml
 
     text = spec_yaml("a100", "verl", ("n1", "n2"), **{"hosts.1.gpus": {"worker": [0, 1]}})
     with pytest.raises(spec.SpecError, match=r"hosts\[1\]\.gpus\.worker: 2 GPU\(s\) listed for worker but "
@@ -143,3 +141,15 @@ def test_verl_refuses_a_host_listing_fewer_gpus_than_n_gpus_per_node():
         resolve.resolve(spec.loads(text, source="s.yaml"))
     resolve.resolve(spec.loads(spec_yaml("a100", "verl", ("n1", "n2"), **{"hosts.1.gpus": {"worker": [0, 1, 2, 3]}}),
                                source="s.yaml"))
+
+
+def test_a_cluster_key_where_no_cluster_spans_hosts_is_refused_not_ignored():
+
+    cases = [(("gb10", "trl-async", ("s1", "s2")), "hosts.1.interface", "eth0", "hosts[1].interface"),
+             (("cpu", "verl", ()), "hosts.0.infiniband", True, "hosts[0].infiniband")]
+    for args, key, value, named in cases:
+        with pytest.raises(spec.SpecError, match=rf"{re.escape(named)}: only a cluster across hosts uses it and this "
+                                                 rf"spec makes none .*remove {re.escape(named)}"):
+            spec.loads(spec_yaml(*args, **{key: value}), source="s.yaml")
+    two = spec_yaml("a100", "verl", ("n1", "n2"), **{"hosts.1.interface": "ib0", "hosts.1.infiniband": True})
+    assert resolve.resolve(spec.loads(two, source="s.yaml")).spec.hosts[1].interface == "ib0"
