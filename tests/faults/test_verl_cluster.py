@@ -132,7 +132,8 @@ def test_worker_and_head_kills_are_resumed_from_the_newest_complete_checkpoint(c
                                                                                another_fault_row):
     events, kills = cluster_run["events"], cluster_run["kills"]
     starts = [e for e in events if e["event"] == "run_start"]
-    resumed = [int(re.search(r"global_step_(\d+)", e.get("resumed_from") or "x_0").group(1)) for e in starts]
+    resumed = [int(re.search(r"global_step_(\d+)", e.get("resumed_from") or "global_step_0").group(1))
+               for e in starts]
     assert len(starts) == 3, [e.get("resumed_from") for e in starts]
     rows = []
     for (what, kill), start, resumed_from in zip(
