@@ -10,9 +10,10 @@ def test_checks_run_in_the_stated_order():
 
 
 def test_up_picks_its_phases_from_what_each_check_needs():
-    assert {c.name for c in checks.CHECKS if c.needs_images} == {"shared-volume"}
+    assert {c.name for c in checks.CHECKS if c.needs_images} == {"shared-volume", "cluster-reach"}
     assert checks.before_shipping() == [c.name for c in checks.CHECKS if not c.needs_images]
-    assert checks.after_shipping() == ["images", "shared-volume"]  # images re-read once they are on the hosts
+    # images re-read once they are on the hosts; the probes between hosts run in the images
+    assert checks.after_shipping() == ["images", "shared-volume", "cluster-reach"]
 
 
 def test_a_check_decorator_on_anything_but_its_check_is_refused_at_import():
