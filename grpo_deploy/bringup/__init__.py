@@ -1,9 +1,9 @@
 """Each engine's bring-up on its hosts, one module per engine under the same function names — hosts (where it starts
 containers), addresses and addresses_words (what the deployer resolves on the hosts for the render: the server's
 published IP, each Ray node's address; and its words for the progress line), start (its roles in order, up to
-ready), follow (progress per step until the main role exits: its exit code, or RoleDied for supervision), restart (a role that died), after_failure (what a failed run leaves to look at) —
-and what they share. The deployer (grpo_deploy.deploy) runs everything before and after; the engine names its module
-(Engine.bringup)."""
+ready), follow (progress per step until the main role exits: its exit code, or RoleDied for supervision), restart (a
+role that died), after_failure (what a failed run leaves to look at) — and what they share. The deployer
+(grpo_deploy.deploy) runs everything before and after; the engine names its module (Engine.bringup)."""
 
 from __future__ import annotations
 
