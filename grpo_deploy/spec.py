@@ -17,6 +17,7 @@ from .engines import ALL_ROLES, ENGINES
 from .runtime.config import did_you_mean
 from .runtime.data import DATASETS
 from .runtime.strict import Strict
+from .runtime.shown import shown, shown_key
 from .runtime.values import (
     MAX_DISK_GB,
     AbsPath,
@@ -51,7 +52,7 @@ SECRET_ENV_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY")
 
 def _umask(value: str) -> str:
     if not re.fullmatch(r"0?[0-7]{3}", value):
-        raise ValueError(f"{value!r} is not a umask: write an octal string such as '0022' (quoted: YAML reads an "
+        raise ValueError(f"{shown(value)} is not a umask: write an octal string such as '0022' (quoted: YAML reads an "
                          "unquoted 0022 as the number 18)")
     return value.zfill(4)
 
@@ -263,7 +264,7 @@ def key_str(path: tuple[Any, ...]) -> str:
     """`a.b[0].c`; a key that is not printable text (a newline, NUL ...) quoted, so a problem stays one line."""
     out = ""
     for part in path:
-        text = part if isinstance(part, str) and part.isprintable() else repr(part)
+        text = shown_key(part)
         out += f"[{part}]" if isinstance(part, int) else (f".{text}" if out else text)
     return out or "<top>"
 
@@ -354,6 +355,12 @@ def parse(doc: Located, environ: dict[str, str] | None = None) -> LoadedSpec:
     """Validate a located YAML document into a spec; raise SpecError listing every problem."""
     if not isinstance(doc.data, dict):
         raise SpecError([Problem(doc.where(()), "<top>", "the spec must be a YAML mapping")])
+    if doc.data and not any(key in DeploymentSpec.model_fields for key in doc.data):
+        # Not a spec at all (a wrong -f, a link to another file): say so without quoting any of it.
+        raise SpecError([Problem(doc.where(()), "<top>", "this is not a deployment spec (none of its "
+                                 f"{len(doc.data)} top-level key(s) is one a spec has: "
+                                 f"{', '.join(DeploymentSpec.model_fields)}); check -f, or write one with "
+                                 "`grpo-deploy init`")])
     secrets = _secret_problems(doc, secret_values(environ))
     if secrets:
         raise SpecError(secrets)
@@ -416,7 +423,7 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
         if host.mount is not None and host.mount != spec.storage.mount:
             add(
                 ("hosts", i, "mount"),
-                f"the shared volume is mounted at {host.mount!r} here but at {spec.storage.mount!r} "
+                f"the shared volume is mounted at {shown(host.mount)} here but at {shown(spec.storage.mount)} "
                 f"(storage.mount) elsewhere: the adapter path the trainer sends must resolve to the same "
                 f"absolute path in every container. Remove hosts[{i}].mount or make them equal",
             )
@@ -441,7 +448,7 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
     if ckpt.dir is not None and not (ckpt.dir == spec.storage.mount or ckpt.dir.startswith(spec.storage.mount + "/")):
         add(
             ("checkpoints", "dir"),
-            f"{ckpt.dir!r} is not under the shared volume {spec.storage.mount!r}: a resume on another host "
+            f"{shown(ckpt.dir)} is not under the shared volume {shown(spec.storage.mount)}: a resume on another host "
             "(or after a container restart) would not find it",
         )
     if spec.storage.nfs is None and len({h.address for h in spec.hosts}) > 1:

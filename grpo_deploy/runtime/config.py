@@ -15,11 +15,13 @@ from . import rewards as rewards_module
 from .adapters import LORA_SUBDIR
 from .data import DatasetSpec
 from .strict import Strict
+from .shown import shown, shown_key
 from .values import (
     MAX_STEPS,
     AbsPath,
     Count,
     Finite,
+    LogSteps,
     ModelRef,
     ModuleName,
     Name,
@@ -50,7 +52,7 @@ class ConfigError(ValueError):
 
 def _reward(name: str) -> str:
     if name not in rewards_module.REWARDS:
-        raise ValueError(f"{name!r} is not a registered reward; use one of {', '.join(sorted(rewards_module.REWARDS))}")
+        raise ValueError(f"{shown(name)} is not a registered reward; use one of {', '.join(sorted(rewards_module.REWARDS))}")
     return name
 
 
@@ -129,6 +131,8 @@ class AsyncGrpoArgs(Strict):
     """Seconds to wait for the server at start (TRL's own default, 240 s, is shorter than a large model's load)."""
     max_steps: int = Field(-1, ge=-1, le=MAX_STEPS)
     """Optimizer steps; -1 = epoch-driven."""
+    logging_steps: LogSteps | None = None
+    """Steps between logs: an integer from 1, or a ratio of the run below 1 (TRL logs every ceil(max_steps * ratio))."""
     max_staleness: NonNegative = 4
     """Rollouts more than this many adapter syncs old are dropped."""
     max_completion_length: Count = 2048
@@ -174,13 +178,13 @@ class AsyncGrpoArgs(Strict):
     def _known_extras(self) -> AsyncGrpoArgs:
         for key, value in (self.model_extra or {}).items():
             if key not in trl_fields():
-                raise ValueError(f"{key}: not an AsyncGRPOConfig field of trl {TRL_VERSION}"
+                raise ValueError(f"{shown_key(key)}: not an AsyncGRPOConfig field of trl {TRL_VERSION}"
                                  + did_you_mean(key, trl_fields()))
             try:
                 _PASS_THROUGH.validate_python(value)
             except ValidationError:
                 raise ValueError(f"{key}: expected a number, a boolean, a string or a list of those, "
-                                 f"got {value!r}") from None
+                                 f"got {shown(value)}") from None
         return self
 
 
@@ -353,4 +357,4 @@ def response_template(name: str | None) -> dict | None:
         return None
     if name == "chatml":
         return CHATML_RESPONSE_TEMPLATE
-    raise ValueError(f"unknown response template {name!r}")
+    raise ValueError(f"unknown response template {shown(name)}")
