@@ -17,8 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .settings import SECTIONS as SETTINGS_SECTIONS
 from .runtime.shown import shown
+from .settings import SECTIONS as SETTINGS_SECTIONS
 from .yamlpos import YamlSyntaxError, load_file, shown_path
 
 SECTIONS = tuple(SETTINGS_SECTIONS)

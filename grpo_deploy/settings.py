@@ -21,8 +21,8 @@ from .runtime.config import (
     did_you_mean,
 )
 from .runtime.data import DATASETS
-from .runtime.strict import Strict
 from .runtime.shown import shown, shown_key
+from .runtime.strict import Strict
 from .runtime.values import (
     MAX_DISK_GB,
     MAX_STEPS,
@@ -78,7 +78,8 @@ def _vllm_arg(value: str) -> str:
     owned = flag if flag in VLLM_OWNED_FLAGS else next(
         (f for f in VLLM_OWNED_FLAGS if len(flag) > 3 and flag.startswith("--") and f.startswith(flag)), None)
     if flag in VLLM_GONE_FLAGS:
-        raise ValueError(f"{shown(value.strip())} is read as {flag}, which is gone: {VLLM_GONE_FLAGS[flag]}; remove the "
+        raise ValueError(f"{shown(value.strip())} is read as {flag}, which is gone: {VLLM_GONE_FLAGS[flag]}; "
+                         "remove the "
                          "argument")
     if owned:
         why = VLLM_OWNED_FLAGS[owned]
@@ -281,7 +282,8 @@ class VerlSettings(Strict):
             try:
                 TypeAdapter(HydraKey).validate_python(key)
             except ValidationError:
-                raise ValueError(f"{shown_key(key)}: not a Hydra key (dotted identifiers, optionally prefixed by + or ++)") \
+                raise ValueError(f"{shown_key(key)}: not a Hydra key (dotted identifiers, optionally prefixed by "
+                                 "+ or ++)") \
                     from None
             if not key.lstrip("+").startswith(tuple(p for p in VERL_PREFIXES if p != "+")):
                 raise ValueError(f"{shown_key(key)}: not a verl config key (expected one under "
@@ -289,7 +291,8 @@ class VerlSettings(Strict):
             try:
                 adapter.validate_python(value)
             except ValidationError:
-                raise ValueError(f"{shown_key(key)}: expected a number, a boolean, a string or a list of those, got {shown(value)}") \
+                raise ValueError(f"{shown_key(key)}: expected a number, a boolean, a string or a list of those, "
+                                 f"got {shown(value)}") \
                     from None
         return self
 

@@ -16,10 +16,11 @@ from .architecture import ArchitectureSpec
 from .engines import ALL_ROLES, ENGINES
 from .runtime.config import did_you_mean
 from .runtime.data import DATASETS
-from .runtime.strict import Strict
 from .runtime.shown import shown, shown_key
+from .runtime.strict import Strict
 from .runtime.values import (
     MAX_DISK_GB,
+    SECRET_WORDS,
     AbsPath,
     Count,
     Finite,
@@ -47,7 +48,8 @@ from .yamlpos import Located, YamlSyntaxError, load_file, load_text, shown_path
 Role = Literal[ALL_ROLES]
 # Environment variables whose values are credentials: a spec holding one of their values is refused.
 SECRET_ENV_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_PASSWORD")
-SECRET_ENV_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY")
+SECRET_ENV_WORDS = SECRET_WORDS  # the kit's one list of credential words (runtime.values)
+SECRET_MIN_LEN = 6  # a planted value this short is still caught; shorter ones match too much ordinary text
 
 
 def _umask(value: str) -> str:
@@ -320,7 +322,7 @@ def secret_values(environ: dict[str, str] | None = None) -> dict[str, str]:
     """{value: variable name} of the caller's credentials (known names, and names that say TOKEN, SECRET ...)."""
     environ = os.environ if environ is None else environ
     return {value: name for name, value in environ.items()
-            if len(value) >= 8 and (name in SECRET_ENV_NAMES or any(w in name.upper() for w in SECRET_ENV_WORDS))}
+            if len(value) >= SECRET_MIN_LEN and (name in SECRET_ENV_NAMES or any(w in name.upper() for w in SECRET_ENV_WORDS))}
 
 
 def _secret_problems(doc: Located, secrets: dict[str, str]) -> list[Problem]:
@@ -432,6 +434,19 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
                 add(("hosts", i, "gpus", role), f"GPUs given for role {role!r} which this host does not run")
     if local_hosts > 1:
         add(("hosts",), "more than one host has address 'local'")
+    addresses: dict[str, int] = {}
+    for i, host in enumerate(spec.hosts):
+        if host.address != "local" and host.address.lower() in addresses \
+                and spec.hosts[addresses[host.address.lower()]].name != host.name:  # (a duplicate name says enough)
+            add(("hosts", i, "address"), f"the same SSH address as hosts[{addresses[host.address.lower()]}]: two "
+                "hosts of a spec are two machines (the server would publish on loopback while the trainer is told "
+                "the remote name); put both roles on one host entry instead")
+        addresses.setdefault(host.address.lower(), i)
+    if spec.storage.nfs is not None:
+        for i, host in enumerate(spec.hosts):
+            if host.shared_dir is not None:
+                add(("hosts", i, "shared_dir"), "storage.nfs is set too, and NFS would win silently: keep one "
+                    "(storage.nfs for a share the kit mounts, hosts[].shared_dir for one already mounted)")
 
     for path, message in engine.foreign_keys(spec):
         add(path, message)

@@ -18,8 +18,8 @@ import yaml
 from yaml.constructor import ConstructorError
 from yaml.error import Mark
 
+from .runtime.readback import ReadRefused, line_at, read_bytes, shown_path
 from .runtime.shown import shown, shown_key
-from .runtime.readback import ReadRefused, decode, line_at, read_bytes, shown_path
 
 Path_ = tuple[Any, ...]
 
@@ -117,22 +117,24 @@ class _SpecLoader(yaml.SafeLoader):
         return node
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
-        if isinstance(node, yaml.ScalarNode) and node.tag in (_INT_TAG, _FLOAT_TAG):
-            _plain_number(node)
         # An explicit tag on a value that does not fit it (`!!int zz`, `!!timestamp x`) makes SafeConstructor
         # raise ValueError/AttributeError; turn those into a marked error on that node.
         try:
             return super().construct_object(node, deep)
         except yaml.YAMLError:
             raise
-        except (ValueError, TypeError, AttributeError, OverflowError, KeyError, IndexError) as exc:
+        except (ValueError, TypeError, AttributeError, OverflowError, KeyError, IndexError):
             # Neither the value nor the exception's text (which quotes it) is shown past a scrubbed prefix.
             raise ConstructorError(None, None, f"cannot read {shown(node.value)} as {_short_tag(node.tag)}",
                                    node.start_mark) from None
 
 
-def _plain_number(node: yaml.ScalarNode) -> None:
-    """Refuse a YAML 1.1 number that is not plain decimal (octal, base 60, hex, binary, with '_')."""
+def _plain_number(node: yaml.ScalarNode, path: Path_) -> None:
+    """Refuse a YAML 1.1 number read from untagged text that is not plain decimal (octal, base 60, hex, binary,
+    with '_'), naming its key."""
+    if node.style is not None or node.tag not in (_INT_TAG, _FLOAT_TAG) or \
+            _SpecLoader.resolve(_RESOLVER, yaml.ScalarNode, node.value, (True, False)) != node.tag:
+        return
     text = node.value
     plain = _PLAIN_INT if node.tag == _INT_TAG else _PLAIN_FLOAT
     if plain.fullmatch(text):
@@ -148,8 +150,9 @@ def _plain_number(node: yaml.ScalarNode) -> None:
         kind = "an octal number (YAML 1.1 reads 01000 as 512)"
     else:
         kind = "a number that is not plain decimal"
-    raise _Refused(node.start_mark.line + 1, f"{shown(text)} is {kind}: write the plain decimal number, or quote "
-                                             "it if it is text (a umask: '0022')")
+    key = ".".join(f"[{p}]" if isinstance(p, int) else shown_key(p) for p in path).replace(".[", "[")
+    raise _Refused(node.start_mark.line + 1, f"{key or '<top>'}: {shown(text)} is {kind}: write the plain decimal "
+                                             "number, or quote it if it is text (a umask: '0022')")
 
 
 def _short_tag(tag: str) -> str:
@@ -174,8 +177,13 @@ def _too_big(source: str, size: int) -> YamlSyntaxError:
     return YamlSyntaxError(f"{source}: the spec is {size} bytes; the limit is 1 MiB")
 
 
+_RESOLVER = yaml.resolver.Resolver()
+
+
 def _walk(node: yaml.Node, path: Path_, lines: dict[Path_, int]) -> None:
-    if isinstance(node, yaml.MappingNode):
+    if isinstance(node, yaml.ScalarNode):
+        _plain_number(node, path)
+    elif isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             key = key_node.value
             lines[path + (key,)] = key_node.start_mark.line + 1
@@ -211,7 +219,10 @@ def load_text(text: str, source: str = "<string>") -> Located:
         loader.dispose()
     lines: dict[Path_, int] = {(): 1}
     if node is not None:
-        _walk(node, (), lines)
+        try:
+            _walk(node, (), lines)
+        except _Refused as exc:
+            raise YamlSyntaxError(f"{source}:{exc.line}: {exc.message}") from None
     return Located(data=data, source=source, lines=lines)
 
 
@@ -225,6 +236,12 @@ def load_file(path: str | Path) -> Located:
         if exc.kind == "missing":
             raise YamlSyntaxError(f"{source}: no such file; check the path "
                                   "(or write a spec with `grpo-deploy init`)") from None
+        if exc.kind == "too-big":
+            raise YamlSyntaxError(f"{source}: the spec is {exc.size or 'more than ' + str(MAX_BYTES)} bytes; "
+                                  "the limit is 1 MiB") from None
+        if exc.kind == "not-regular" and Path(path).is_dir():
+            raise YamlSyntaxError(f"{source}: is a directory, not a spec file; "
+                                  "pass the path of the spec's YAML file") from None
         raise YamlSyntaxError(str(exc)) from None
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise YamlSyntaxError(f"{source}: the file is UTF-16 encoded; save the spec as UTF-8")
@@ -233,7 +250,8 @@ def load_file(path: str | Path) -> Located:
         raise YamlSyntaxError(f"{source}:{line_at(raw, nul)}: holds a NUL byte, so it is a binary file, "
                               "not YAML text; pass the spec's YAML file")
     try:
-        text = decode(raw, source, "a spec")
-    except ReadRefused as exc:
-        raise YamlSyntaxError(f"{exc}; save the spec as UTF-8") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise YamlSyntaxError(f"{source}:{line_at(raw, exc.start)}: not UTF-8 text (byte 0x{raw[exc.start]:02x} "
+                              f"at offset {exc.start}); save the spec as UTF-8") from None
     return load_text(text.removeprefix("\ufeff"), source=source)

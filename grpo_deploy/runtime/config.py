@@ -14,8 +14,8 @@ from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationE
 from . import rewards as rewards_module
 from .adapters import LORA_SUBDIR
 from .data import DatasetSpec
-from .strict import Strict
 from .shown import shown, shown_key
+from .strict import Strict
 from .values import (
     MAX_STEPS,
     AbsPath,
@@ -52,7 +52,8 @@ class ConfigError(ValueError):
 
 def _reward(name: str) -> str:
     if name not in rewards_module.REWARDS:
-        raise ValueError(f"{shown(name)} is not a registered reward; use one of {', '.join(sorted(rewards_module.REWARDS))}")
+        raise ValueError(f"{shown(name)} is not a registered reward; use one of "
+                         f"{', '.join(sorted(rewards_module.REWARDS))}")
     return name
 
 

@@ -20,9 +20,10 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
 class ReadRefused(ValueError):
     """The file cannot be read back safely. kind: missing | link | not-regular | too-big | not-utf8 | unreadable."""
 
-    def __init__(self, kind: str, message: str):
+    def __init__(self, kind: str, message: str, size: int | None = None):
         super().__init__(message)
         self.kind = kind
+        self.size = size  # too-big: the size when the file said it
 
 
 def shown_path(path: str | os.PathLike) -> str:
@@ -53,7 +54,8 @@ def read_bytes(path: str | os.PathLike, limit: int, what: str = "the file", *, h
             raise ReadRefused("link", f"{shown}: is a symbolic link; the kit reads {what} only as a regular file, "
                                       "never through a link: pass the file it points to") from None
         if exc.errno in (errno.EACCES, errno.EPERM):
-            raise ReadRefused("unreadable", f"{shown}: permission denied; make it readable by this user "
+            raise ReadRefused("unreadable", f"{shown}: permission denied reading the file; make it readable by this "
+                                            "user "
                                             "(e.g. chmod u+r) or run as a user who can read it") from None
         raise ReadRefused("unreadable", f"{shown}: cannot read it ({exc.strerror or exc}); check the path and that "
                                         "it is a regular file") from None
@@ -85,7 +87,7 @@ def read_bytes(path: str | os.PathLike, limit: int, what: str = "the file", *, h
 def _too_big(shown: str, what: str, size: int | None, limit: int) -> ReadRefused:
     is_ = f"is {size} bytes" if size is not None else f"holds more than {limit} bytes"
     return ReadRefused("too-big", f"{shown}: {is_}; {what} is at most {_human(limit)}: this is not {what} "
-                                  "(or it was damaged): check the path")
+                                  "(or it was damaged): check the path", size)
 
 
 def _human(n: int) -> str:

@@ -16,8 +16,8 @@ _CREDENTIAL_PREFIXES = ("hf_", "api_org_", "ghp_", "gho_", "ghu_", "ghs_", "ghr_
 # A run of token characters long enough to be a key, with letters and digits mixed (a path or a word is not).
 _TOKEN_RUN = re.compile(r"[A-Za-z0-9_+/=-]{20,}")
 # Hash shapes: crypt(3) ($id$salt$hash), bcrypt, htpasswd's apr1, a bare hex digest of 32+ characters.
-_HASH = re.compile(r"\$(?:1|2[abxy]?|5|6|y|apr1|argon2(?:id|i|d)?|scrypt|pbkdf2[^$]*)\$|^[0-9a-fA-F]{32,}$")
-_KEY = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+_HASH = re.compile(r"\$(?:1|2[abxy]?|5|6|y|apr1|argon2(?:id|i|d)?|scrypt|pbkdf2[^$]*)\$"
+                   r"|^(?=.*[a-fA-F])(?=.*[0-9])[0-9a-fA-F]{32,}$")
 
 
 def looks_secret(text: str) -> bool:
@@ -66,11 +66,11 @@ def _quoted(text: str) -> str:
 
 
 def shown_key(key: object) -> str:
-    """A mapping key for a message: as it is when it is a plain identifier-like key (letters, digits, `_.+-`, at
-    most 64), else described by its length (a key is text the user may not have meant as a key: a line of another
-    file, a pasted credential)."""
-    if isinstance(key, str) and _KEY.fullmatch(key) and not looks_secret(key):
-        return key
+    """A mapping key for a message: as it is (quoted and escaped when it holds an unprintable character) when it is
+    at most 64 characters and not shaped like a credential or hash, else described by its length (a key is text the
+    user may not have meant as a key: a line of another file, a pasted credential)."""
+    if isinstance(key, str) and len(key) <= 64 and not looks_secret(key):
+        return key if key.isprintable() else repr(key)
     if isinstance(key, str):
         return f"<a key of {len(key)} characters>"
     return shown(key)

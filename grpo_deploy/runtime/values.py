@@ -98,7 +98,8 @@ def abs_path(value: str) -> str:
     trimmed = value.rstrip("/") or "/"
     if trimmed != "/" and not PATH_CHARS.fullmatch(trimmed):
         bad = sorted({c for c in trimmed if not PATH_CHARS.fullmatch(c)})
-        raise ValueError(f"{shown(value)} contains {' '.join(repr(c) for c in bad)}: paths may hold letters, digits and "
+        raise ValueError(f"{shown(value)} contains {' '.join(repr(c) for c in bad)}: paths may hold letters, digits "
+                         "and "
                          "._+@=-/ only (':' and ',' split mount options, '$' is expanded by compose, spaces split "
                          "arguments)")
     parts = trimmed.split("/")[1:]
@@ -224,7 +225,8 @@ def _env_name(value: str) -> str:
     if not ENV_NAME_RE.fullmatch(value):
         raise ValueError(f"{shown(value)} is not an environment variable name (upper case letters, digits and _)")
     if any(word in value for word in SECRET_WORDS):
-        raise ValueError(f"{shown(value)} looks like a credential: rendered files must not hold secrets; export it in the "
+        raise ValueError(f"{shown(value)} looks like a credential: rendered files must not hold secrets; export it in "
+                         "the "
                          "environment of `grpo-deploy up` instead (HF_TOKEN and WANDB_API_KEY are passed through)")
     return value
 
