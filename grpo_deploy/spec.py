@@ -41,6 +41,7 @@ from .runtime.values import (
     VolumeName,
     describe_error,
     error_location,
+    parse_address,
 )
 from .settings import OVERRIDE_SECTIONS
 from .yamlpos import Located, YamlSyntaxError, load_file, load_text, shown_path
@@ -434,14 +435,17 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
                 add(("hosts", i, "gpus", role), f"GPUs given for role {role!r} which this host does not run")
     if local_hosts > 1:
         add(("hosts",), "more than one host has address 'local'")
-    addresses: dict[str, int] = {}
+    machines: dict[tuple[str, int], int] = {}
     for i, host in enumerate(spec.hosts):
-        if host.address != "local" and host.address.lower() in addresses \
-                and spec.hosts[addresses[host.address.lower()]].name != host.name:  # (a duplicate name says enough)
-            add(("hosts", i, "address"), f"the same SSH address as hosts[{addresses[host.address.lower()]}]: two "
-                "hosts of a spec are two machines (the server would publish on loopback while the trainer is told "
-                "the remote name); put both roles on one host entry instead")
-        addresses.setdefault(host.address.lower(), i)
+        if host.address == "local":
+            continue
+        target = parse_address(host.address)
+        machine = (target.host.lower().rstrip("."), target.port or 22)  # the user does not make another machine
+        first = machines.setdefault(machine, i)
+        if first != i and spec.hosts[first].name != host.name:  # (a duplicate name says enough)
+            add(("hosts", i, "address"), f"the same SSH host and port as hosts[{first}]: two hosts of a spec are two "
+                "machines (the server would publish on loopback while the trainer is told the remote name); put "
+                "both roles on one host entry instead")
     if spec.storage.nfs is not None:
         for i, host in enumerate(spec.hosts):
             if host.shared_dir is not None:

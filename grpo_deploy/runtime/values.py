@@ -376,6 +376,6 @@ def error_location(err: dict) -> tuple[tuple[Any, ...], str | None]:
     if err["type"] == "value_error":
         message = describe_error(err)
         key, sep, rest = message.partition(": ")
-        if sep and key and " " not in key:
+        if sep and key and re.fullmatch(r"[A-Za-z_+][A-Za-z0-9_.+-]*", key):  # a key, not a quoted value
             return loc + (key,), rest
     return loc, None
