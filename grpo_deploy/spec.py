@@ -322,8 +322,8 @@ class LoadedSpec:
 def secret_values(environ: dict[str, str] | None = None) -> dict[str, str]:
     """{value: variable name} of the caller's credentials (known names, and names that say TOKEN, SECRET ...)."""
     environ = os.environ if environ is None else environ
-    return {value: name for name, value in environ.items()
-            if len(value) >= SECRET_MIN_LEN and (name in SECRET_ENV_NAMES or any(w in name.upper() for w in SECRET_ENV_WORDS))}
+    return {value: name for name, value in environ.items() if len(value) >= SECRET_MIN_LEN
+            and (name in SECRET_ENV_NAMES or any(w in name.upper() for w in SECRET_ENV_WORDS))}
 
 
 def _secret_problems(doc: Located, secrets: dict[str, str]) -> list[Problem]:

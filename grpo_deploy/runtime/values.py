@@ -226,8 +226,7 @@ def _env_name(value: str) -> str:
         raise ValueError(f"{shown(value)} is not an environment variable name (upper case letters, digits and _)")
     if any(word in value for word in SECRET_WORDS):
         raise ValueError(f"{shown(value)} looks like a credential: rendered files must not hold secrets; export it in "
-                         "the "
-                         "environment of `grpo-deploy up` instead (HF_TOKEN and WANDB_API_KEY are passed through)")
+                         "the environment of `grpo-deploy up` instead (HF_TOKEN and WANDB_API_KEY are passed through)")
     return value
 
 
