@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from .dirlock import Busy, locked
 from .readback import MiB, ReadRefused, read_bytes
 
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
-VERL_PATTERN = re.compile(r"^global_step_(\d+)$")
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$", re.ASCII)
+VERL_PATTERN = re.compile(r"^global_step_(\d+)$", re.ASCII)
 VERL_TRACKER = "latest_checkpointed_iteration.txt"
-VERL_SHARD = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
+VERL_SHARD = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$", re.ASCII)
 STATE_FILE = "trainer_state.json"  # transformers writes it last, so its presence marks a finished checkpoint
 QUARANTINE_DIR = "quarantine"
 STATE_LIMIT = 64 * MiB  # trainer_state.json grows with the log history: a few MB for a long run

@@ -351,6 +351,8 @@ def describe_error(err: dict) -> str:
     hint = ""
     if isinstance(given, bool):
         hint = " (YAML reads unquoted on/off/yes/no/true/false as booleans: quote the word or write the number)"
+    elif isinstance(given, str) and kind in ("float_type", "int_type") and re.fullmatch(r"[-+]?0[0-9]+", given):
+        hint = " (YAML 1.1 reads a leading 0 as octal, and as text when a digit is 8 or 9: write the plain number)"
     elif isinstance(given, str) and kind in ("float_type", "int_type") and _looks_numeric(given):
         hint = " (YAML 1.1 reads a number like 5e-3 as text: write 5.0e-3)"
     return f"{msg[0].lower() + msg[1:]}, got {shown(given)}{hint}"

@@ -275,6 +275,9 @@ def test_two_prunes_at_once_wait_for_each_other(tmp_path):
     ({("images", "server"): "a" * 10_000}, "images.server", ("OCI",)),
     ({("run", "seed"): 10**40}, "run.seed", ("less than or equal",)),
     ({("checkpoints", "save_every"): 2**63}, "checkpoints.save_every", ("less than or equal",)),
+    ({("overrides", "trl", "warmup_steps"): 10**40}, "overrides.trl.warmup_steps", ("64 bits",)),
+    ({("overrides", "trl", "vllm_server_timeout"): 1e300}, "overrides.trl.vllm_server_timeout",
+     ("less than or equal",)),
 ])
 def test_values_that_passed_are_refused(tmp_path, changes, key, words):
     run, out = render(tmp_path, changed("cpu", changes))
@@ -317,3 +320,25 @@ def test_distinct_host_aliases_are_accepted(tmp_path, hosts):
     run = cli(["init", "--profile", "gb10", "--engine", "trl-async", "--hosts", hosts, "-o", "s.yaml"], tmp_path)
     assert run.code == 0, run.err
     assert cli(["render", "-f", "s.yaml", "-o", "out"], tmp_path).code == 0
+
+
+BIDI = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+
+
+@given(head=st.text("abcXYZ019-_.", max_size=8), mark=st.sampled_from(BIDI), tail=st.text("abc019", max_size=8))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_bidi_control_in_an_env_value_is_refused(tmp_path_factory, head, mark, tail):
+    tmp = tmp_path_factory.mktemp("bidi")
+    run, out = render(tmp, changed("cpu", {("overrides", "vllm", "env", "EXTRA_VAR"): head + mark + tail}))
+    assert_refused(run, words=("bidirectional",))
+    assert not out.exists()
+
+
+@given(st.text("0123456789", min_size=1, max_size=6))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_leading_zero_number_is_refused_by_key(tmp_path_factory, n):
+    """0755 is octal to YAML 1.1 (refused at the door), 0189 is text (refused by type): both say octal."""
+    tmp = tmp_path_factory.mktemp("octal")
+    spec = tmp / "spec.yaml"
+    spec.write_text(dump(base_data("cpu")).replace("uid: 1000", f"uid: 0{n}", 1))
+    assert_refused(cli(["plan", "-f", str(spec)], tmp), words=("run.uid", "octal"))
