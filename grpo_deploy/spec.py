@@ -446,11 +446,7 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
             add(("hosts", i, "address"), f"the same SSH host and port as hosts[{first}]: two hosts of a spec are two "
                 "machines (the server would publish on loopback while the trainer is told the remote name); put "
                 "both roles on one host entry instead")
-    if spec.storage.nfs is not None:
-        for i, host in enumerate(spec.hosts):
-            if host.shared_dir is not None:
-                add(("hosts", i, "shared_dir"), "storage.nfs is set too, and NFS would win silently: keep one "
-                    "(storage.nfs for a share the kit mounts, hosts[].shared_dir for one already mounted)")
+
 
     for path, message in engine.foreign_keys(spec):
         add(path, message)
