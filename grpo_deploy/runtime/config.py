@@ -194,8 +194,8 @@ class AsyncGrpoArgs(Strict):
             try:
                 _PASS_THROUGH.validate_python(value)
             except ValidationError:
-                raise ValueError(f"{shown_key(key)}: expected a number (an integer within 64 bits, a finite float), "
-                                 "a boolean, a string or a list of those, "
+                raise ValueError(f"{shown_key(key)}: expected a number, a boolean, a string or a list of those "
+                                 "(integers within 64 bits, finite floats), "
                                  f"got {shown(value)}") from None
         return self
 

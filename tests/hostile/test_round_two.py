@@ -275,7 +275,7 @@ def test_two_prunes_at_once_wait_for_each_other(tmp_path):
     ({("images", "server"): "a" * 10_000}, "images.server", ("OCI",)),
     ({("run", "seed"): 10**40}, "run.seed", ("less than or equal",)),
     ({("checkpoints", "save_every"): 2**63}, "checkpoints.save_every", ("less than or equal",)),
-    ({("overrides", "trl", "warmup_steps"): 10**40}, "overrides.trl.warmup_steps", ("64 bits",)),
+    ({("overrides", "trl", "warmup_steps"): 10**40}, "overrides.trl.warmup_steps", ("within 64 bits",)),
     ({("overrides", "trl", "vllm_server_timeout"): 1e300}, "overrides.trl.vllm_server_timeout",
      ("less than or equal",)),
 ])
