@@ -1,11 +1,14 @@
 """An exclusive lock on a directory, held by one writer of the kit at a time (a render into a folder, a prune or
 resume of a checkpoint folder): flock on the directory's own descriptor, so nothing is created to take it and the
-lock goes with the process. A second writer waits up to its deadline, then is refused with one line.
+lock goes with the process. Where the filesystem has no flock for a directory opened read-only (NFS emulates flock
+with byte-range locks, which need a file open for writing), a lock file made with O_EXCL stands in for it. A second
+writer waits up to its deadline, then is refused with one line.
 
 Pure standard library: runs inside the images too (the checkpoint manager)."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import time
@@ -13,10 +16,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 WAIT_S = 30.0
+LOCK_FILE = ".grpo-deploy.lock"
 
 
 class Busy(RuntimeError):
     """Another process of the kit holds the lock past the deadline; nothing was done."""
+
+
+def _busy(directory: str | os.PathLike, what: str, wait_s: float, extra: str = "") -> Busy:
+    return Busy(f"{os.fspath(directory)}: another grpo-deploy process is writing {what} (it held the lock for "
+                f"{wait_s:.0f} s); wait for it to finish, then run this again{extra}")
 
 
 @contextmanager
@@ -31,12 +40,35 @@ def locked(directory: str | os.PathLike, what: str, wait_s: float = WAIT_S) -> I
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise Busy(f"{os.fspath(directory)}: another grpo-deploy process is writing {what} (it held the "
-                               f"lock for {wait_s:.0f} s); wait for it to finish, then run this again") from None
+                    raise _busy(directory, what, wait_s) from None
                 time.sleep(0.05)
+            except OSError as exc:
+                if exc.errno not in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                with _lock_file(directory, what, deadline, wait_s):
+                    yield
+                return
         try:
             yield
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+@contextmanager
+def _lock_file(directory: str | os.PathLike, what: str, deadline: float, wait_s: float) -> Iterator[None]:
+    """The stand-in: LOCK_FILE created with O_EXCL (atomic on NFS too), removed at the end."""
+    path = os.path.join(directory, LOCK_FILE)
+    while True:
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644))
+            break
+        except FileExistsError:
+            if time.monotonic() >= deadline:
+                raise _busy(directory, what, wait_s, f" (or remove {path} if no grpo-deploy process runs)") from None
+            time.sleep(0.05)
+    try:
+        yield
+    finally:
+        os.unlink(path)

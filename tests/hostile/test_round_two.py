@@ -337,3 +337,26 @@ def test_any_leading_zero_number_is_refused_by_key(tmp_path_factory, n):
     spec = tmp / "spec.yaml"
     spec.write_text(dump(base_data("cpu")).replace("uid: 1000", f"uid: 0{n}", 1))
     assert_refused(cli(["plan", "-f", str(spec)], tmp), words=("run.uid", "octal"))
+
+
+def test_a_filesystem_without_directory_flock_falls_back_to_a_lock_file(tmp_path, monkeypatch):
+    """NFS refuses flock on a directory opened read-only (EBADF): the O_EXCL lock file stands in, and a second
+    writer is refused while it exists; nothing is left behind."""
+    import errno
+    import fcntl
+
+    from grpo_deploy.runtime import dirlock
+
+    def no_flock(fd, op):
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    with dirlock.locked(tmp_path, "a test"):
+        assert (tmp_path / dirlock.LOCK_FILE).exists()
+        with pytest.raises(dirlock.Busy, match="remove"):
+            with dirlock.locked(tmp_path, "a test", wait_s=0.2):
+                pass
+    assert not (tmp_path / dirlock.LOCK_FILE).exists()
+    for step in (1, 2, 3):
+        _complete(tmp_path / f"checkpoint-{step}")
+    assert [c.step for c in checkpoints.prune(str(tmp_path), keep=1).removed] == [1, 2]
