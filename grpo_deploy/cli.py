@@ -150,6 +150,12 @@ def _render_check(out: Path, files: dict[str, str]) -> int:
     return 0
 
 
+def _saves_text(d) -> str:
+    if d.save_count <= len(d.save_steps):
+        return ", ".join(map(str, d.save_steps)) or "never"
+    return f"{', '.join(map(str, d.save_steps[:-1]))}, ... {d.save_steps[-1]} ({d.save_count} saves)"
+
+
 def cmd_plan(args) -> int:
     res = _load(args)
     ctx = checks.Context(res, free_space=_free_space(args.free_space, res))
@@ -171,7 +177,7 @@ def cmd_plan(args) -> int:
         d = plan.disk
         print()
         print(f"checkpoints: {human_bytes(d.checkpoint_bytes)} each, saved at steps "
-              f"{', '.join(map(str, d.save_steps)) or 'never'} of {d.total_steps}; keep "
+              f"{_saves_text(d)} of {d.total_steps}; keep "
               f"{'all' if d.keep is None else d.keep}; adapters on the volume {d.adapters_kept} x "
               f"{human_bytes(d.adapter_bytes)}")
         print(f"disk: need {human_bytes(d.peak_bytes)} at peak on {d.filesystem}; free "

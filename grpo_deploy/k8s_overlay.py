@@ -86,7 +86,7 @@ def problems(overlay: Path) -> list[str]:
             out.append(f"{spec_file}: images.{role} {image} names the placeholder registry {registry}: push the image "
                        f"to your registry and set images.{role} to it")
     rendered = {f"generated/{rel}": text for rel, text in k8s_generated(overlay).items()}
-    stale = [line for line in diff_tree(rendered, overlay) if line.split()[-1].startswith("generated/")]
+    stale = [line for line in diff_tree(rendered, overlay) if line.split()[1].startswith("generated/")]
     if stale:
         out.append(f"{overlay}/generated/ differs from a render of spec.yaml ({stale[0]}): run "
                    f"grpo-deploy k8s render {overlay}")

@@ -59,8 +59,23 @@ def _hosts(engine: str, addresses: list[str]) -> list[dict[str, Any]]:
     if len(addresses) == 1:
         return [{"name": host_name(addresses[0]), "address": addresses[0], "roles": list(info.single_host_roles)}]
     first, rest = info.multi_host_roles
-    return [{"name": host_name(a), "address": a, "roles": list(first if i == 0 else rest)}
-            for i, a in enumerate(addresses)]
+    names = unique_names([host_name(a) for a in addresses])
+    return [{"name": n, "address": a, "roles": list(first if i == 0 else rest)}
+            for i, (n, a) in enumerate(zip(names, addresses, strict=True))]
+
+
+def unique_names(names: list[str]) -> list[str]:
+    """Host names made distinct: different addresses may map to one name (spark_1 and spark-1, user@h and h:2222,
+    a.lan and a-lan); a later one gets -2, -3 ... (kept within a spec name's 42 characters)."""
+    out: list[str] = []
+    for name in names:
+        candidate, n = name, 1
+        while candidate in out:
+            n += 1
+            suffix = f"-{n}"
+            candidate = name[:42 - len(suffix)].rstrip("-") + suffix
+        out.append(candidate)
+    return out
 
 
 def _scalar(value: Any) -> str:

@@ -4,6 +4,11 @@ Free space is an input (a fact gathered by the caller from the real filesystem, 
 every number here is reproducible in tests. Estimates are labelled as such; the disk rule is exact given
 the checkpoint size: while a checkpoint is written the previous `keep` still exist, so the peak is
 (keep + 1) checkpoints + the adapters the server may still read + a safety margin.
+
+The schedule is closed-form (O(log) in the step count, never a walk over steps or saves): the saves are every
+`save_every` steps (plus the last step where the engine saves it), a checkpoint grows by a fixed number of bytes per
+logged step (the engine's checkpoint_growth), so the bytes of any run of consecutive saves are a floor sum; the save
+that runs out of disk is found by bisection. Every size is an integer.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ class DiskPlan:
     adapters_kept: int
     margin_bytes: int
     total_steps: int
-    save_steps: list[int]
+    save_steps: list[int]  # the first saves and the last (SHOWN_SAVES at most): save_count says how many in all
     keep: int | None
     peak_bytes: int
     fits: bool | None
@@ -35,6 +40,7 @@ class DiskPlan:
     recommended_keep: int | None = None
     extra_needed_bytes: int | None = None
     explanation: list[str] = field(default_factory=list)
+    save_count: int = 0
 
 
 @dataclass
@@ -68,14 +74,85 @@ def total_steps(res: Resolved) -> int:
     return res.engine_info.total_steps(res)
 
 
-def save_steps(res: Resolved, steps: int) -> list[int]:
+SHOWN_SAVES = 12
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The saves of a run in closed form: `regular` saves at every, 2*every, ...; plus one at the last step when the
+    engine saves it (verl) and it is not a multiple of every."""
+
+    every: int
+    steps: int
+    regular: int
+    last: bool
+
+    @property
+    def count(self) -> int:
+        return self.regular + self.last
+
+    def step(self, i: int) -> int:
+        """The step of save *i* (1-based)."""
+        return i * self.every if i <= self.regular else self.steps
+
+    def sample(self, n: int = SHOWN_SAVES) -> list[int]:
+        """The first saves and the last, n at most."""
+        if self.count <= n:
+            return [self.step(i) for i in range(1, self.count + 1)]
+        return [self.step(i) for i in range(1, n)] + [self.step(self.count)]
+
+
+def schedule(res: Resolved, steps: int) -> Schedule:
     every = res.settings.checkpoints.save_every
     if not every or every <= 0 or steps <= 0:
-        return []
-    out = list(range(every, steps + 1, every))
-    if res.engine_info.saves_last_step and steps not in out:
-        out.append(steps)  # verl also saves on the last step
-    return out
+        return Schedule(1, max(steps, 0), 0, False)
+    regular = steps // every
+    return Schedule(every, steps, regular, bool(res.engine_info.saves_last_step and steps % every))
+
+
+def save_steps(res: Resolved, steps: int) -> list[int]:
+    """Every save step (a list: for small runs and tests; plan itself uses schedule)."""
+    sched = schedule(res, steps)
+    return [sched.step(i) for i in range(1, sched.count + 1)]
+
+
+def floor_sum(n: int, m: int, a: int, b: int) -> int:
+    """sum(floor((a*i + b) / m) for i in range(n)), for n, m >= 1 and a, b >= 0, in O(log) steps."""
+    total = 0
+    while True:
+        if a >= m:
+            total += (n - 1) * n // 2 * (a // m)
+            a %= m
+        if b >= m:
+            total += n * (b // m)
+            b %= m
+        y_max = a * n + b
+        if y_max < m:
+            return total
+        n, b, m, a = y_max // m, y_max % m, a, m
+
+
+class _Sizes:
+    """Bytes of runs of consecutive saves: size(step) = base + growth * (step // interval), summed in closed form."""
+
+    def __init__(self, sched: Schedule, base: int, growth: int, interval: int):
+        self.sched, self.base, self.growth, self.interval = sched, base, growth, max(interval, 1)
+
+    def of(self, step: int) -> int:
+        return self.base + self.growth * (step // self.interval)
+
+    def window(self, lo: int, hi: int) -> int:
+        """Bytes of saves lo..hi (1-based, inclusive)."""
+        if hi < lo:
+            return 0
+        total, sched = 0, self.sched
+        top = min(hi, sched.regular)
+        if top >= lo:
+            logs = (floor_sum(top + 1, self.interval, sched.every, 0) - floor_sum(lo, self.interval, sched.every, 0))
+            total += (top - lo + 1) * self.base + self.growth * logs
+        if hi > sched.regular:
+            total += self.of(sched.steps)
+        return total
 
 
 def checkpoint_bytes(res: Resolved, arch: Architecture, step: int | None = None) -> tuple[int, int, list[str]]:
@@ -87,25 +164,28 @@ def checkpoint_bytes(res: Resolved, arch: Architecture, step: int | None = None)
 def plan_disk(res: Resolved, arch: Architecture, free_bytes: int | None, filesystem: str, free_source: str) -> DiskPlan:
     ckpt, adapter, why = checkpoint_bytes(res, arch)
     steps = total_steps(res)
-    saves = save_steps(res, steps)
+    sched = schedule(res, steps)
     keep = res.keep
     adapters_kept = res.engine_info.adapters_kept(res)
     margin = int(res.settings.checkpoints.disk_margin_gb * GB)
     fixed = adapter * adapters_kept + margin
     # TRL checkpoints grow a little with every save (trainer_state.json's log history): each save has its own size
-    sizes = [checkpoint_bytes(res, arch, step)[0] for step in saves]
+    growth, interval = res.engine_info.checkpoint_growth(res)
+    sizes = _Sizes(sched, checkpoint_bytes(res, arch, 0)[0], growth, interval)
 
     def present_while_saving(i: int, k: int | None) -> int:  # checkpoints on disk while save i (1-based) is written
         return i if k is None else min(i - 1, k) + 1
 
     def bytes_while_saving(i: int, k: int | None) -> int:  # the newest of them are kept: sum their sizes
-        return sum(sizes[i - present_while_saving(i, k):i])
+        return sizes.window(i - present_while_saving(i, k) + 1, i)
 
-    n_saves = len(saves)
+    n_saves = sched.count
+    saves = sched.sample()
     peak = (bytes_while_saving(n_saves, keep) if n_saves else 0) + fixed
     plan = DiskPlan(filesystem=filesystem, free_bytes=free_bytes, free_source=free_source, checkpoint_bytes=ckpt,
                     adapter_bytes=adapter, adapters_kept=adapters_kept, margin_bytes=margin, total_steps=steps,
-                    save_steps=saves, keep=keep, peak_bytes=peak, fits=None, explanation=list(why))
+                    save_steps=saves, keep=keep, peak_bytes=peak, fits=None, explanation=list(why),
+                    save_count=n_saves)
     plan.explanation.append(
         f"{n_saves} saves over {steps} steps (every {res.settings.checkpoints.save_every}), keep "
         f"{'all' if keep is None else keep}: peak {present_while_saving(n_saves, keep) if n_saves else 0} checkpoints "
@@ -116,10 +196,15 @@ def plan_disk(res: Resolved, arch: Architecture, free_bytes: int | None, filesys
     plan.fits = peak <= free_bytes
     if plan.fits:
         return plan
-    for i, step in enumerate(saves, start=1):
-        if bytes_while_saving(i, keep) + fixed > free_bytes:
-            plan.fails_at_save, plan.fails_at_step = i, step
-            break
+    lo, hi = 1, n_saves  # the first save that does not fit (bytes while saving never shrink from one save to the next)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if bytes_while_saving(mid, keep) + fixed > free_bytes:
+            hi = mid
+        else:
+            lo = mid + 1
+    if n_saves and bytes_while_saving(lo, keep) + fixed > free_bytes:
+        plan.fails_at_save, plan.fails_at_step = lo, sched.step(lo)
     best = int((free_bytes - fixed) // ckpt) - 1 if ckpt else None
     plan.recommended_keep = best if best is not None and best >= 1 else None
     keep_all_peak = (bytes_while_saving(n_saves, None) if n_saves else 0) + fixed

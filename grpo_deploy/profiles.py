@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .runtime.shown import shown
 from .settings import SECTIONS as SETTINGS_SECTIONS
 from .yamlpos import YamlSyntaxError, load_file, shown_path
 
@@ -153,7 +154,7 @@ def _parent(folder: Path, name: str, raw: dict[str, Any], chain: tuple[str, ...]
         raise ProfileError(f"{where}: the chain {' -> '.join((*chain, name, parent))} is deeper than {MAX_EXTENDS} "
                            "parents; extend a profile nearer the base")
     if parent not in _files(folder):
-        raise ProfileError(f"{where}: no profile {parent!r}; known: {', '.join(_files(folder))}")
+        raise ProfileError(f"{where}: no profile {shown(parent)}; known: {', '.join(_files(folder))}")
     return parent
 
 
@@ -173,5 +174,5 @@ def _compose(folder: Path, name: str, chain: tuple[str, ...] = ()) -> Profile:
 @cache
 def load(name: str) -> Profile:
     if name not in names():
-        raise ProfileError(f"unknown profile {name!r}; known profiles: {', '.join(names())}")
+        raise ProfileError(f"unknown profile {shown(name)}; known profiles: {', '.join(names())}")
     return _compose(_folder(), name)

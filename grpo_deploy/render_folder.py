@@ -17,10 +17,14 @@ import secrets
 import stat
 from pathlib import Path
 
+from .runtime.dirlock import Busy, locked
+from .runtime.readback import ReadRefused, read_bytes
+
 RECORD = ".grpo-deploy-render"
 RECORD_HEADER = "# grpo-deploy render record, format 1"
 _RECORD_KIT = "# grpo-deploy render record"  # the header without its format: another version's record
 _HASH_LEN = 64
+FILE_LIMIT = 16 << 20  # a rendered file is a few KB; a file past this in a render folder is not one the kit wrote
 
 
 class WriteRefused(Exception):
@@ -39,6 +43,16 @@ def write_tree(files: dict[str, str], out_dir: Path, *, adopt: bool = False) -> 
     Every check runs before the first write; a refusal raises WriteRefused with the folder untouched.
     """
     out_dir = Path(out_dir)
+    _check_paths(files)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)  # only when out_dir is new too: nothing there can be refused
+    try:
+        with locked(out_dir.parent, f"a render into {out_dir.name}"):  # the parent: out_dir itself may be new
+            return _write_locked(files, out_dir, adopt)
+    except Busy as exc:
+        raise WriteRefused(str(exc)) from None
+
+
+def _write_locked(files: dict[str, str], out_dir: Path, adopt: bool) -> list[Path]:
     previous, stale = _checked(files, out_dir, adopt)
     digests = {rel: _digest(text) for rel, text in files.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -107,12 +121,9 @@ def _lstat(path: Path) -> os.stat_result | None:
 
 def _record_text(record: Path) -> str | None:
     """The record's text when *record* is a regular file that starts with this kit's header, else None."""
-    st = _lstat(record)
-    if st is None or not stat.S_ISREG(st.st_mode):
-        return None
     try:
-        text = record.read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
+        text = read_bytes(record, FILE_LIMIT, "a render record").decode("utf-8")
+    except (ReadRefused, UnicodeDecodeError):
         return None
     return text if text.split("\n", 1)[0] == RECORD_HEADER else None
 
@@ -158,8 +169,11 @@ def _earlier_render(out_dir: Path, adopt: bool) -> dict[str, str]:
 
 
 def _first_line(path: Path) -> str:
-    with path.open("rb") as f:
-        return f.readline(200).decode("utf-8", "replace").rstrip("\n")
+    try:
+        head = read_bytes(path, 200, "a render record", head=True)
+    except ReadRefused:
+        return ""
+    return head.split(b"\n", 1)[0].decode("utf-8", "replace")
 
 
 def _check_target(out_dir: Path, rel: str, text: str, listed: bool, adopt: bool) -> None:
@@ -186,7 +200,7 @@ def _check_target(out_dir: Path, rel: str, text: str, listed: bool, adopt: bool)
         raise WriteRefused(f"{target} is not a regular file (a folder or device) where the render writes a file; {fix}")
     if listed:
         return
-    if adopt and target.read_bytes() == text.encode("utf-8"):
+    if adopt and _content(target) == text.encode("utf-8"):
         return
     why = "its content differs from the render" if adopt else "the earlier render's record does not list it"
     raise WriteRefused(f"{target} exists and is not a file this kit wrote ({why}); {fix}")
@@ -203,7 +217,16 @@ def _unchanged(out_dir: Path, rel: str, digest: str) -> bool:
             return False
     if not stat.S_ISREG(st.st_mode):
         return False
-    return hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    data = _content(path)
+    return data is not None and hashlib.sha256(data).hexdigest() == digest
+
+
+def _content(path: Path) -> bytes | None:
+    """A file's bytes through the bounded no-follow reader; None when it is not a regular file within the limit."""
+    try:
+        return read_bytes(path, FILE_LIMIT, "a rendered file")
+    except ReadRefused:
+        return None
 
 
 def _make_folders(out_dir: Path, folder: Path) -> None:
@@ -262,17 +285,39 @@ def diff_tree(files: dict[str, str], out_dir: Path) -> list[str]:
     out_dir = Path(out_dir)
     problems = []
     for rel, text in sorted(files.items()):
-        target = out_dir / rel
-        if not target.exists():
-            problems.append(f"missing  {rel}")
-        elif target.read_text(encoding="utf-8") != text:
-            problems.append(f"differs  {rel}")
-    if out_dir.exists():
-        for path in sorted(out_dir.rglob("*")):
-            rel = path.relative_to(out_dir).as_posix()
-            if path.is_file() and rel not in files and rel != RECORD:
-                problems.append(f"extra    {rel}")
+        why = _read_back(out_dir, rel, text)
+        if why:
+            problems.append(why)
+    st = _lstat(out_dir)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        for root, dirs, names in os.walk(out_dir):  # never into a linked folder
+            dirs.sort()
+            for name in sorted(names):
+                rel = (Path(root) / name).relative_to(out_dir).as_posix()
+                if rel not in files and rel != RECORD:
+                    problems.append(f"extra    {rel}")
     return problems
+
+
+def _read_back(out_dir: Path, rel: str, text: str) -> str | None:
+    """How the file *rel* on disk differs from *text* (None: equal), read through the bounded no-follow reader: a
+    link on the way, a FIFO, a device, a huge or non-UTF-8 file is a difference, never followed or read whole."""
+    path = out_dir
+    for part in rel.split("/")[:-1]:
+        path = path / part
+        st = _lstat(path)
+        if st is None:
+            return f"missing  {rel}"
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+            return f"differs  {rel} ({path.relative_to(out_dir).as_posix()} is not a folder but a link or a file)"
+    try:
+        data = read_bytes(out_dir / rel, max(FILE_LIMIT, len(text.encode('utf-8'))), "a rendered file")
+    except ReadRefused as exc:
+        if exc.kind == "missing":
+            return f"missing  {rel}"
+        reason = str(exc).split(": ", 1)[-1].split(";")[0]
+        return f"differs  {rel} ({reason})"
+    return None if data == text.encode("utf-8") else f"differs  {rel}"
 
 
 def parse_env(text: str) -> dict[str, str]:

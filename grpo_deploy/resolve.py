@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import profiles
 from .engines import ALL_ROLES, ENGINES, Engine
+from .runtime.shown import shown_key
 from .runtime.values import describe_error, error_location, parse_address
 from .settings import OWNED, SECTIONS, Settings, unknown_key_hint
 from .spec import LoadedSpec, Problem, SpecError, key_str
@@ -198,10 +199,11 @@ class _Layers:
             # A section rule names its key first ("trainer.x y: not a Hydra key"): the key as given, which may hold
             # spaces or ': ' itself, so matched against the keys set rather than split at the first ': '.
             text = describe_error(err)
-            key = next((k for k in sorted(self.origins[section], key=len, reverse=True) if text.startswith(f"{k}: ")),
-                       None)
+            key = next((k for k in sorted(self.origins[section], key=len, reverse=True)
+                        if text.startswith((f"{k}: ", f"{shown_key(k)}: "))), None)
             if key is not None:
-                loc, message = (key,), text[len(key) + 2:]
+                loc, message = (key,), text.split(": ", 1)[1] if not text.startswith(f"{key}: ") \
+                    else text[len(key) + 2:]
         if message is None:
             message = describe_error(err)
         key = str(loc[0]) if loc else ""

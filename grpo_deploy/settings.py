@@ -21,6 +21,7 @@ from .runtime.config import (
     did_you_mean,
 )
 from .runtime.data import DATASETS
+from .runtime.shown import shown, shown_key
 from .runtime.strict import Strict
 from .runtime.values import (
     MAX_DISK_GB,
@@ -77,12 +78,13 @@ def _vllm_arg(value: str) -> str:
     owned = flag if flag in VLLM_OWNED_FLAGS else next(
         (f for f in VLLM_OWNED_FLAGS if len(flag) > 3 and flag.startswith("--") and f.startswith(flag)), None)
     if flag in VLLM_GONE_FLAGS:
-        raise ValueError(f"{value.strip()!r} is read as {flag}, which is gone: {VLLM_GONE_FLAGS[flag]}; remove the "
+        raise ValueError(f"{shown(value.strip())} is read as {flag}, which is gone: {VLLM_GONE_FLAGS[flag]}; "
+                         "remove the "
                          "argument")
     if owned:
         why = VLLM_OWNED_FLAGS[owned]
         fix = f"remove it {why}" if why.startswith("(") else f"set {why} instead"
-        raise ValueError(f"{value.strip()!r} is read by vLLM as {owned}, which the kit renders; {fix}")
+        raise ValueError(f"{shown(value.strip())} is read by vLLM as {owned}, which the kit renders; {fix}")
     return value
 
 
@@ -280,15 +282,18 @@ class VerlSettings(Strict):
             try:
                 TypeAdapter(HydraKey).validate_python(key)
             except ValidationError:
-                raise ValueError(f"{key}: not a Hydra key (dotted identifiers, optionally prefixed by + or ++)") \
+                raise ValueError(f"{shown_key(key)}: not a Hydra key (dotted identifiers, optionally prefixed by "
+                                 "+ or ++)") \
                     from None
             if not key.lstrip("+").startswith(tuple(p for p in VERL_PREFIXES if p != "+")):
-                raise ValueError(f"{key}: not a verl config key (expected one under "
+                raise ValueError(f"{shown_key(key)}: not a verl config key (expected one under "
                                  f"{', '.join(p.rstrip('.') for p in VERL_PREFIXES if p != '+')})")
             try:
                 adapter.validate_python(value)
             except ValidationError:
-                raise ValueError(f"{key}: expected a number, a boolean, a string or a list of those, got {value!r}") \
+                raise ValueError(f"{shown_key(key)}: expected a number, a boolean, a string or a list of those "
+                                 "(integers within 64 bits, finite floats), "
+                                 f"got {shown(value)}") \
                     from None
         return self
 

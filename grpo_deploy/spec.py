@@ -16,9 +16,11 @@ from .architecture import ArchitectureSpec
 from .engines import ALL_ROLES, ENGINES
 from .runtime.config import did_you_mean
 from .runtime.data import DATASETS
+from .runtime.shown import shown, shown_key
 from .runtime.strict import Strict
 from .runtime.values import (
     MAX_DISK_GB,
+    SECRET_WORDS,
     AbsPath,
     Count,
     Finite,
@@ -39,6 +41,7 @@ from .runtime.values import (
     VolumeName,
     describe_error,
     error_location,
+    parse_address,
 )
 from .settings import OVERRIDE_SECTIONS
 from .yamlpos import Located, YamlSyntaxError, load_file, load_text, shown_path
@@ -46,12 +49,13 @@ from .yamlpos import Located, YamlSyntaxError, load_file, load_text, shown_path
 Role = Literal[ALL_ROLES]
 # Environment variables whose values are credentials: a spec holding one of their values is refused.
 SECRET_ENV_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_PASSWORD")
-SECRET_ENV_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY")
+SECRET_ENV_WORDS = SECRET_WORDS  # the kit's one list of credential words (runtime.values)
+SECRET_MIN_LEN = 6  # a planted value this short is still caught; shorter ones match too much ordinary text
 
 
 def _umask(value: str) -> str:
     if not re.fullmatch(r"0?[0-7]{3}", value):
-        raise ValueError(f"{value!r} is not a umask: write an octal string such as '0022' (quoted: YAML reads an "
+        raise ValueError(f"{shown(value)} is not a umask: write an octal string such as '0022' (quoted: YAML reads an "
                          "unquoted 0022 as the number 18)")
     return value.zfill(4)
 
@@ -263,7 +267,7 @@ def key_str(path: tuple[Any, ...]) -> str:
     """`a.b[0].c`; a key that is not printable text (a newline, NUL ...) quoted, so a problem stays one line."""
     out = ""
     for part in path:
-        text = part if isinstance(part, str) and part.isprintable() else repr(part)
+        text = shown_key(part)
         out += f"[{part}]" if isinstance(part, int) else (f".{text}" if out else text)
     return out or "<top>"
 
@@ -318,8 +322,8 @@ class LoadedSpec:
 def secret_values(environ: dict[str, str] | None = None) -> dict[str, str]:
     """{value: variable name} of the caller's credentials (known names, and names that say TOKEN, SECRET ...)."""
     environ = os.environ if environ is None else environ
-    return {value: name for name, value in environ.items()
-            if len(value) >= 8 and (name in SECRET_ENV_NAMES or any(w in name.upper() for w in SECRET_ENV_WORDS))}
+    return {value: name for name, value in environ.items() if len(value) >= SECRET_MIN_LEN
+            and (name in SECRET_ENV_NAMES or any(w in name.upper() for w in SECRET_ENV_WORDS))}
 
 
 def _secret_problems(doc: Located, secrets: dict[str, str]) -> list[Problem]:
@@ -354,6 +358,12 @@ def parse(doc: Located, environ: dict[str, str] | None = None) -> LoadedSpec:
     """Validate a located YAML document into a spec; raise SpecError listing every problem."""
     if not isinstance(doc.data, dict):
         raise SpecError([Problem(doc.where(()), "<top>", "the spec must be a YAML mapping")])
+    if doc.data and not any(key in DeploymentSpec.model_fields for key in doc.data):
+        # Not a spec at all (a wrong -f, a link to another file): say so without quoting any of it.
+        raise SpecError([Problem(doc.where(()), "<top>", "this is not a deployment spec (none of its "
+                                 f"{len(doc.data)} top-level key(s) is one a spec has: "
+                                 f"{', '.join(DeploymentSpec.model_fields)}); check -f, or write one with "
+                                 "`grpo-deploy init`")])
     secrets = _secret_problems(doc, secret_values(environ))
     if secrets:
         raise SpecError(secrets)
@@ -416,7 +426,7 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
         if host.mount is not None and host.mount != spec.storage.mount:
             add(
                 ("hosts", i, "mount"),
-                f"the shared volume is mounted at {host.mount!r} here but at {spec.storage.mount!r} "
+                f"the shared volume is mounted at {shown(host.mount)} here but at {shown(spec.storage.mount)} "
                 f"(storage.mount) elsewhere: the adapter path the trainer sends must resolve to the same "
                 f"absolute path in every container. Remove hosts[{i}].mount or make them equal",
             )
@@ -425,6 +435,18 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
                 add(("hosts", i, "gpus", role), f"GPUs given for role {role!r} which this host does not run")
     if local_hosts > 1:
         add(("hosts",), "more than one host has address 'local'")
+    machines: dict[tuple[str, int], int] = {}
+    for i, host in enumerate(spec.hosts):
+        if host.address == "local":
+            continue
+        target = parse_address(host.address)
+        machine = (target.host.lower().rstrip("."), target.port or 22)  # the user does not make another machine
+        first = machines.setdefault(machine, i)
+        if first != i and spec.hosts[first].name != host.name:  # (a duplicate name says enough)
+            add(("hosts", i, "address"), f"the same SSH host and port as hosts[{first}]: two hosts of a spec are two "
+                "machines (the server would publish on loopback while the trainer is told the remote name); put "
+                "both roles on one host entry instead")
+
 
     for path, message in engine.foreign_keys(spec):
         add(path, message)
@@ -441,7 +463,7 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
     if ckpt.dir is not None and not (ckpt.dir == spec.storage.mount or ckpt.dir.startswith(spec.storage.mount + "/")):
         add(
             ("checkpoints", "dir"),
-            f"{ckpt.dir!r} is not under the shared volume {spec.storage.mount!r}: a resume on another host "
+            f"{shown(ckpt.dir)} is not under the shared volume {shown(spec.storage.mount)}: a resume on another host "
             "(or after a container restart) would not find it",
         )
     if spec.storage.nfs is None and len({h.address for h in spec.hosts}) > 1:

@@ -9,7 +9,6 @@ where there is one). Values are otherwise exactly what ``yaml.safe_load`` return
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +17,9 @@ from typing import Any
 import yaml
 from yaml.constructor import ConstructorError
 from yaml.error import Mark
+
+from .runtime.readback import ReadRefused, line_at, read_bytes, shown_path
+from .runtime.shown import shown, shown_key
 
 Path_ = tuple[Any, ...]
 
@@ -29,6 +31,12 @@ _VALUE_TAG = "tag:yaml.org,2002:value"  # the key `=`; SafeConstructor turns it 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 # Characters a YAML stream may not hold (the same set as yaml.reader.Reader.NON_PRINTABLE).
 _NON_PRINTABLE = re.compile("[^\x09\x0a\x0d\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+# The numbers a spec writes: plain decimal. YAML 1.1 also reads 0755 as octal (01000 is 512), 1:30 as base 60 (90),
+# 0x1f, 0b101 and 1_000: a reader of the spec (or another YAML 1.2 tool) would see another number than the kit.
+_PLAIN_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+_PLAIN_FLOAT = re.compile(r"[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
 _ALIAS_MESSAGE = "YAML anchors and aliases are not supported in a spec; write the value out"
 
 
@@ -103,7 +111,7 @@ class _SpecLoader(yaml.SafeLoader):
                                      "quote it if it is meant as a name")
             key = key_node.value
             if key in first_line:
-                raise _Refused(line, f"key {key!r} appears twice in the same mapping "
+                raise _Refused(line, f"key {shown_key(key)!r} appears twice in the same mapping "
                                      f"(lines {first_line[key]} and {line}); keep one")
             first_line[key] = line
         return node
@@ -115,10 +123,36 @@ class _SpecLoader(yaml.SafeLoader):
             return super().construct_object(node, deep)
         except yaml.YAMLError:
             raise
-        except (ValueError, TypeError, AttributeError, OverflowError, KeyError, IndexError) as exc:
-            value = node.value if len(str(node.value)) <= 40 else f"{str(node.value)[:40]}..."
-            raise ConstructorError(None, None, f"cannot read {value!r} as {_short_tag(node.tag)}: {exc}",
+        except (ValueError, TypeError, AttributeError, OverflowError, KeyError, IndexError):
+            # Neither the value nor the exception's text (which quotes it) is shown past a scrubbed prefix.
+            raise ConstructorError(None, None, f"cannot read {shown(node.value)} as {_short_tag(node.tag)}",
                                    node.start_mark) from None
+
+
+def _plain_number(node: yaml.ScalarNode, path: Path_) -> None:
+    """Refuse a YAML 1.1 number read from untagged text that is not plain decimal (octal, base 60, hex, binary,
+    with '_'), naming its key."""
+    if node.style is not None or node.tag not in (_INT_TAG, _FLOAT_TAG) or \
+            _SpecLoader.resolve(_RESOLVER, yaml.ScalarNode, node.value, (True, False)) != node.tag:
+        return
+    text = node.value
+    plain = _PLAIN_INT if node.tag == _INT_TAG else _PLAIN_FLOAT
+    if plain.fullmatch(text):
+        return
+    digits = text.lstrip("+-")
+    if ":" in text:
+        kind = "a base-60 number (YAML 1.1 reads 1:30 as 90)"
+    elif "_" in text:
+        kind = "a number with '_' (YAML 1.1 drops them; YAML 1.2 reads it as text)"
+    elif digits[:2].lower() in ("0x", "0b"):
+        kind = "a hexadecimal or binary number"
+    elif node.tag == _INT_TAG and digits.startswith("0"):
+        kind = "an octal number (YAML 1.1 reads 01000 as 512)"
+    else:
+        kind = "a number that is not plain decimal"
+    key = ".".join(f"[{p}]" if isinstance(p, int) else shown_key(p) for p in path).replace(".[", "[")
+    raise _Refused(node.start_mark.line + 1, f"{key or '<top>'}: {shown(text)} is {kind}: write the plain decimal "
+                                             "number, or quote it if it is text (a umask: '0022')")
 
 
 def _short_tag(tag: str) -> str:
@@ -131,7 +165,7 @@ def _describe_key(node: yaml.Node) -> str:
     if isinstance(node, yaml.SequenceNode):
         return "a list"
     kind = node.tag.removeprefix("tag:yaml.org,2002:")
-    return f"{node.value!r} (read as {kind})" if node.value else f"an empty key (read as {kind})"
+    return f"{shown(node.value)} (read as {kind})" if node.value else f"an empty key (read as {kind})"
 
 
 def _line_at(text: str | bytes, offset: int) -> int:
@@ -143,8 +177,13 @@ def _too_big(source: str, size: int) -> YamlSyntaxError:
     return YamlSyntaxError(f"{source}: the spec is {size} bytes; the limit is 1 MiB")
 
 
+_RESOLVER = yaml.resolver.Resolver()
+
+
 def _walk(node: yaml.Node, path: Path_, lines: dict[Path_, int]) -> None:
-    if isinstance(node, yaml.MappingNode):
+    if isinstance(node, yaml.ScalarNode):
+        _plain_number(node, path)
+    elif isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             key = key_node.value
             lines[path + (key,)] = key_node.start_mark.line + 1
@@ -180,52 +219,39 @@ def load_text(text: str, source: str = "<string>") -> Located:
         loader.dispose()
     lines: dict[Path_, int] = {(): 1}
     if node is not None:
-        _walk(node, (), lines)
+        try:
+            _walk(node, (), lines)
+        except _Refused as exc:
+            raise YamlSyntaxError(f"{source}:{exc.line}: {exc.message}") from None
     return Located(data=data, source=source, lines=lines)
 
 
-def shown_path(path: str | Path) -> str:
-    """A path as an error shows it: as it is, or quoted when it holds a newline, NUL or other unprintable character
-    (so that an error stays one line)."""
-    text = str(path)
-    return text if text.isprintable() else repr(text)
-
-
 def load_file(path: str | Path) -> Located:
-    """Read *path* as a UTF-8 YAML spec: size checked before reading all of it, then decoded, then parsed."""
-    path = Path(path)
+    """Read *path* as a UTF-8 YAML spec through the kit's one bounded reader (a regular file only, never through a
+    link, never blocking on a FIFO or device, never more than MAX_BYTES read), then parse it."""
     source = shown_path(path)
-    if "\x00" in str(path):
-        raise YamlSyntaxError(f"{source}: a path cannot hold a NUL byte; check the -f argument")
     try:
-        with path.open("rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            if size > MAX_BYTES:  # a regular file: refused before reading any of it
-                raise _too_big(source, size)
-            raw = fh.read(MAX_BYTES + 1)  # bounded where the size is unknown (pipes, devices)
-            if len(raw) > MAX_BYTES:
-                raise YamlSyntaxError(f"{source}: the spec is more than {MAX_BYTES} bytes; the limit is 1 MiB")
-    except FileNotFoundError:
-        raise YamlSyntaxError(f"{source}: no such file; check the path "
-                              "(or write a spec with `grpo-deploy init`)") from None
-    except IsADirectoryError:
-        raise YamlSyntaxError(f"{source}: is a directory, not a spec file; "
-                              "pass the path of the spec's YAML file") from None
-    except PermissionError:
-        raise YamlSyntaxError(f"{source}: permission denied reading the file; make it readable by this user "
-                              "(e.g. chmod u+r) or run as a user who can read it") from None
-    except OSError as exc:
-        raise YamlSyntaxError(f"{source}: cannot read the file ({exc.strerror or exc}); "
-                              "check the path and that it is a regular file") from None
+        raw = read_bytes(path, MAX_BYTES, "a spec")
+    except ReadRefused as exc:
+        if exc.kind == "missing":
+            raise YamlSyntaxError(f"{source}: no such file; check the path "
+                                  "(or write a spec with `grpo-deploy init`)") from None
+        if exc.kind == "too-big":
+            raise YamlSyntaxError(f"{source}: the spec is {exc.size or 'more than ' + str(MAX_BYTES)} bytes; "
+                                  "the limit is 1 MiB") from None
+        if exc.kind == "not-regular" and Path(path).is_dir():
+            raise YamlSyntaxError(f"{source}: is a directory, not a spec file; "
+                                  "pass the path of the spec's YAML file") from None
+        raise YamlSyntaxError(str(exc)) from None
     if raw.startswith((b"\xff\xfe", b"\xfe\xff")):
         raise YamlSyntaxError(f"{source}: the file is UTF-16 encoded; save the spec as UTF-8")
     nul = raw.find(b"\x00")
     if nul >= 0:
-        raise YamlSyntaxError(f"{source}:{_line_at(raw, nul)}: holds a NUL byte, so it is a binary file, "
+        raise YamlSyntaxError(f"{source}:{line_at(raw, nul)}: holds a NUL byte, so it is a binary file, "
                               "not YAML text; pass the spec's YAML file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise YamlSyntaxError(f"{source}:{_line_at(raw, exc.start)}: not UTF-8 text (byte 0x{raw[exc.start]:02x} "
+        raise YamlSyntaxError(f"{source}:{line_at(raw, exc.start)}: not UTF-8 text (byte 0x{raw[exc.start]:02x} "
                               f"at offset {exc.start}); save the spec as UTF-8") from None
     return load_text(text.removeprefix("\ufeff"), source=source)

@@ -183,6 +183,11 @@ class Engine:
         why = f"{self.name} checkpoint = LoRA {lora * 4 / GB:.3f} GB + Adam state {lora * 8 / GB:.3f} GB"
         return lora * 12, 0, [why]
 
+    def checkpoint_growth(self, res: Resolved) -> tuple[int, int]:
+        """(bytes, steps): a checkpoint grows by *bytes* every *steps* steps (plan's closed-form schedule:
+        checkpoint_bytes(step) == checkpoint_bytes(0) + bytes * (step // steps)). This default: it does not grow."""
+        return 0, 1
+
     def disk_watchdog(self, res: Resolved) -> dict[str, int] | None:
         """The disk watchdog's settings before each save: this engine's checkpoint estimate (plan's) and the margin;
         None when it is off or the run never saves."""

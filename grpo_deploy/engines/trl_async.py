@@ -184,6 +184,9 @@ class TrlAsync(Engine):
                                                 for name, b in parts.items()) + f" = {human(total)}"]
         return total, trl_sizes.adapter_dir_bytes(res, arch), why
 
+    def checkpoint_growth(self, res: Resolved) -> tuple[int, int]:
+        return trl_sizes.TRAINER_STATE_BYTES_PER_LOG, trl_sizes.log_interval(res, self.total_steps(res))
+
     def adapters_kept(self, res: Resolved) -> int:
         return res.adapter_slots
 

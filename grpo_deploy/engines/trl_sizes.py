@@ -4,6 +4,8 @@ trainer's disk watchdog."""
 
 from __future__ import annotations
 
+import math
+
 from ..architecture import Architecture
 from .base import Resolved
 
@@ -37,7 +39,7 @@ def checkpoint_parts(res: Resolved, arch: Architecture, step: int) -> dict[str, 
     of slack per file (what `du` and a full disk count)."""
     lora = arch.lora_params(res.settings.lora.r, res.settings.lora.target_modules)
     tensors = lora_tensors(res, arch)
-    logging_steps = int(getattr(res.settings.trl, "logging_steps", None) or 1)
+    logging_steps = log_interval(res, res.engine_info.total_steps(res))
     return {
         "adapter": lora * 4 + tensors * SAFETENSORS_HEADER_PER_TENSOR + ADAPTER_FILES_BYTES,
         "optimizer": lora * 8 + tensors * OPTIMIZER_BYTES_PER_TENSOR,
@@ -46,6 +48,15 @@ def checkpoint_parts(res: Resolved, arch: Architecture, step: int) -> dict[str, 
         "fixed": TRL_CHECKPOINT_FIXED_BYTES,
         "block_slack": TRL_CHECKPOINT_FILES * FS_BLOCK,
     }
+
+
+def log_interval(res: Resolved, total_steps: int) -> int:
+    """Steps between two entries of trainer_state.json's log history: trl.logging_steps (unset: every step, the
+    profiles' value), where a value below 1 is a ratio of the run as TRL reads it (ceil(max_steps * ratio))."""
+    every = getattr(res.settings.trl, "logging_steps", None) or 1
+    if every < 1:
+        return max(1, math.ceil(max(total_steps, 1) * every))
+    return int(every)
 
 
 def adapter_dir_bytes(res: Resolved, arch: Architecture) -> int:

@@ -18,7 +18,7 @@ from .identity import format_mode
 log = logging.getLogger(__name__)
 
 POLICY_PREFIX = "trl-policy-"
-VERSION_PATTERN = re.compile(r"^trl-policy-v(\d+)$")
+VERSION_PATTERN = re.compile(r"^trl-policy-v(\d+)$", re.ASCII)
 WEIGHTS_FILE = "adapter_model.safetensors"
 LORA_SUBDIR = ".vllm_lora"  # where TRL 1.16 publishes adapter versions under its output_dir
 

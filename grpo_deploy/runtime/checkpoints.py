@@ -4,7 +4,12 @@ resume selection (newest complete; refused when the world size or the LoRA shape
 
 Layouts: TRL writes `checkpoint-N/` and its `trainer_state.json` last. verl writes `global_step_N/` (with `data.pt`
 and `actor/` shards per rank) and then `latest_checkpointed_iteration.txt`, the tracker, last; a step newer than the
-tracker is half-written. Runs inside the images too: `python3 -m grpo_deploy.runtime.checkpoints list DIR`."""
+tracker is half-written. Runs inside the images too: `python3 -m grpo_deploy.runtime.checkpoints list DIR`.
+
+Nothing is read or moved through a link: a checkpoint that is a symbolic link is listed as such and never removed,
+moved or followed; a `quarantine` that is not a real folder stops every move; state files are read through the one
+bounded reader (runtime.readback). A prune or resume holds the folder's lock (runtime.dirlock) and checks every
+checkpoint it would touch before the first one moves; each is then renamed away in one step (all or nothing)."""
 
 from __future__ import annotations
 
@@ -12,20 +17,50 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import time
 from dataclasses import dataclass
 
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
-VERL_PATTERN = re.compile(r"^global_step_(\d+)$")
+from .dirlock import Busy, locked
+from .readback import MiB, ReadRefused, read_bytes
+
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$", re.ASCII)
+VERL_PATTERN = re.compile(r"^global_step_(\d+)$", re.ASCII)
 VERL_TRACKER = "latest_checkpointed_iteration.txt"
-VERL_SHARD = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$")
+VERL_SHARD = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$", re.ASCII)
 STATE_FILE = "trainer_state.json"  # transformers writes it last, so its presence marks a finished checkpoint
 QUARANTINE_DIR = "quarantine"
+STATE_LIMIT = 64 * MiB  # trainer_state.json grows with the log history: a few MB for a long run
+META_LIMIT = MiB  # adapter_config.json, lora_train_meta.json, fsdp_config.json, the tracker
 
 
 class ResumeError(ValueError):
     """The configured resume target cannot be used."""
+
+
+def _is_dir(path: str) -> bool:
+    """A real directory, not a link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _is_link(path: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _load_json(path: str, limit: int) -> object:
+    """A JSON file through the bounded no-follow reader; ValueError (ReadRefused is one) when it cannot be read."""
+    raw = read_bytes(path, limit, os.path.basename(path))
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ValueError("nested too deeply to be a state file") from None
 
 
 @dataclass(frozen=True)
@@ -45,32 +80,67 @@ def checkpoints(output_dir: str) -> list[tuple[int, str]]:
     for name in names:
         match = CHECKPOINT_PATTERN.match(name)
         path = os.path.join(output_dir, name)
-        if match and os.path.isdir(path):
+        if match and (_is_dir(path) or _is_link(path)):
             found.append((int(match.group(1)), path))
     return sorted(found)
 
 
 def incomplete_reason(path: str) -> str | None:
     """Why a checkpoint cannot be resumed from, or None when it is complete."""
+    if _is_link(path):
+        return LINK_REASON
     state = os.path.join(path, STATE_FILE)
-    if not os.path.isfile(state):
-        return f"no {STATE_FILE} (half-written)"
     try:
-        with open(state, encoding="utf-8") as handle:
-            json.load(handle)
-    except (OSError, ValueError) as error:
-        return f"unreadable {STATE_FILE}: {error}"
+        _load_json(state, STATE_LIMIT)
+    except ReadRefused as error:
+        if error.kind == "missing":
+            return f"no {STATE_FILE} (half-written)"
+        return f"unreadable {STATE_FILE}: {str(error).split(': ', 1)[-1]}"
+    except ValueError:
+        return f"unreadable {STATE_FILE}: not JSON"
     return None
 
 
-def quarantine(path: str, output_dir: str) -> str:
-    """Move a checkpoint to `<output_dir>/quarantine/`, never overwriting an earlier quarantined one."""
+LINK_REASON = "a symbolic link: the manager never follows a link out of the run folder (replace it with the folder)"
+
+
+class TrackerUnreadable(ValueError):
+    """verl's tracker is missing or unreadable while global_step_N directories exist: complete cannot be told from
+    half-written, so nothing is moved or removed."""
+
+
+class CheckpointRefused(TrackerUnreadable):
+    """A prune or resume would move or remove something it must not (through a link, out of the run folder), or
+    another process holds the folder's lock: nothing was moved or removed. A TrackerUnreadable, so that callers that
+    skip retention when nothing can be touched skip it here too."""
+
+
+def _quarantine_dir(output_dir: str) -> str:
+    """<output_dir>/quarantine when it is a real folder or absent; refused when it is a link or a file."""
     target_dir = os.path.join(output_dir, QUARANTINE_DIR)
-    os.makedirs(target_dir, exist_ok=True)
+    if os.path.lexists(target_dir) and not _is_dir(target_dir):
+        raise CheckpointRefused(f"{target_dir} is a symbolic link or a file, not a folder: a quarantine would move "
+                                "checkpoints out of the run folder, so nothing was moved or removed; remove it "
+                                "(a folder of that name is created)")
+    return target_dir
+
+
+def quarantine(path: str, output_dir: str) -> str:
+    """Move a checkpoint to `<output_dir>/quarantine/` in one rename, never overwriting an earlier quarantined one and
+    never through a link (the quarantine folder and the checkpoint must both be real folders)."""
+    target_dir = _quarantine_dir(output_dir)
+    if not _is_dir(path):
+        raise CheckpointRefused(f"{path}: {LINK_REASON}; nothing was moved")
+    try:
+        os.mkdir(target_dir)
+    except FileExistsError:
+        pass
+    if not _is_dir(target_dir):
+        raise CheckpointRefused(f"{target_dir} changed while quarantining (now not a folder); nothing was moved")
     target = os.path.join(target_dir, os.path.basename(path))
-    if os.path.exists(target):
+    if os.path.lexists(target):
         target = f"{target}.{time.strftime('%Y%m%d-%H%M%S')}.{os.getpid()}"
-    shutil.move(path, target)
+    os.rename(path, target)  # same folder tree, same filesystem: all or nothing
     return target
 
 
@@ -88,21 +158,41 @@ def resolve_resume(output_dir: str, resume: str, expect: Shape | None = None,
     if layout == "verl":
         return verl_resume(output_dir, resume, expect)
     if resume != "auto":
-        reason = incomplete_reason(resume) if os.path.isdir(resume) else "no such directory"
+        reason = incomplete_reason(resume) if (_is_dir(resume) or _is_link(resume)) else "no such directory"
         if reason:
             raise ResumeError(f"resume: {resume} cannot be resumed from: {reason}")
         _refuse_other_shape(resume, expect)
         return resume, []
-    moved, complete = [], []
-    for _step, path in checkpoints(output_dir):
-        reason = incomplete_reason(path)
-        if reason:
-            moved.append(Quarantined(path, quarantine(path, output_dir), reason))
-        else:
-            complete.append(path)
-    if complete:
-        _refuse_other_shape(complete[-1], expect)
-    return (complete[-1] if complete else None), moved
+    if not _is_dir(output_dir):
+        return None, []
+    with _folder_lock(output_dir):
+        half, complete = [], []
+        for _step, path in checkpoints(output_dir):
+            reason = incomplete_reason(path)
+            if reason == LINK_REASON:
+                continue  # never resumed from, never moved
+            (half if reason else complete).append((path, reason))
+        if half:
+            _quarantine_dir(output_dir)  # refused before the first move
+        if complete:
+            _refuse_other_shape(complete[-1][0], expect)
+        moved = [Quarantined(path, quarantine(path, output_dir), reason) for path, reason in half]
+    return (complete[-1][0] if complete else None), moved
+
+
+def _folder_lock(directory: str):
+    """The checkpoint folder's lock, Busy turned into CheckpointRefused."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def held():
+        try:
+            with locked(directory, "its checkpoints (a prune or resume)"):
+                yield
+        except Busy as exc:
+            raise CheckpointRefused(str(exc)) from None
+
+    return held()
 
 
 # ------------------------------------------------------------------ the manager (both layouts)
@@ -165,9 +255,8 @@ def _size(path: str) -> int:
 
 def _json(path: str) -> dict:
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
+        data = _load_json(path, META_LIMIT)
+    except ValueError:
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -203,20 +292,21 @@ def detect_layout(directory: str) -> str:
 def verl_tracker(directory: str) -> int | None:
     """The step verl last finished saving (its tracker), or None when absent or unreadable."""
     try:
-        with open(os.path.join(directory, VERL_TRACKER), encoding="utf-8") as handle:
-            text = handle.read().strip()
-    except OSError:
+        text = read_bytes(os.path.join(directory, VERL_TRACKER), 64, VERL_TRACKER).decode("ascii").strip()
+    except (ReadRefused, UnicodeDecodeError):
         return None
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isdigit() and text.isascii() and len(text) <= 18 else None
 
 
 def _verl_incomplete(path: str, step: int, tracker: int | None) -> tuple[str, str]:
     """(state, reason) of one global_step_N."""
+    if _is_link(path):
+        return "link", LINK_REASON
     actor = os.path.join(path, "actor")
     if tracker is None or step > tracker:
         return "half-written", (f"newer than the tracker ({VERL_TRACKER} says {tracker})" if tracker is not None
                                 else f"no readable {VERL_TRACKER}: verl writes it after every complete save")
-    if not os.path.isdir(actor):
+    if not _is_dir(actor):
         return "pruned", "actor/ removed by retention (data.pt only)"
     world = shape_of(path, "verl").world_size
     if world is None:
@@ -227,9 +317,16 @@ def _verl_incomplete(path: str, step: int, tracker: int | None) -> tuple[str, st
                if (kind, r) not in shards]
     if missing:
         return "half-written", f"missing shards: {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}"
-    if not os.path.isfile(os.path.join(path, "data.pt")):
+    if not stat.S_ISREG(_lstat_mode(os.path.join(path, "data.pt"))):
         return "half-written", "no data.pt (dataloader state)"
     return "complete", ""
+
+
+def _lstat_mode(path: str) -> int:
+    try:
+        return os.lstat(path).st_mode
+    except OSError:
+        return 0
 
 
 def list_checkpoints(directory: str, layout: str | None = None) -> list[Checkpoint]:
@@ -239,13 +336,14 @@ def list_checkpoints(directory: str, layout: str | None = None) -> list[Checkpoi
     if layout == "trl":
         for step, path in checkpoints(directory):
             reason = incomplete_reason(path)
-            out.append(_entry(step, path, "half-written" if reason else "complete", reason or "", layout))
+            state = "link" if reason == LINK_REASON else "half-written" if reason else "complete"
+            out.append(_entry(step, path, state, reason or "", layout))
         return out
     tracker = verl_tracker(directory)
     for name in _listdir(directory):
         match = VERL_PATTERN.match(name)
         path = os.path.join(directory, name)
-        if match and os.path.isdir(path):
+        if match and (_is_dir(path) or _is_link(path)):
             step = int(match.group(1))
             state, reason = _verl_incomplete(path, step, tracker)
             out.append(_entry(step, path, state, reason, layout))
@@ -253,14 +351,11 @@ def list_checkpoints(directory: str, layout: str | None = None) -> list[Checkpoi
 
 
 def _entry(step: int, path: str, state: str, reason: str, layout: str) -> Checkpoint:
+    if state == "link":
+        return Checkpoint(step, path, 0, state, reason)
     shape = shape_of(path, layout)
     return Checkpoint(step, path, _size(path), state, reason, shape.lora_r,
                       list(shape.target_modules) if shape.target_modules else None, shape.world_size)
-
-
-class TrackerUnreadable(ValueError):
-    """verl's tracker is missing or unreadable while global_step_N directories exist: complete cannot be told from
-    half-written, so nothing is moved or removed."""
 
 
 def _require_tracker(directory: str, found: list[Checkpoint]) -> int | None:
@@ -286,7 +381,8 @@ def verl_resume(directory: str, resume: str = "auto", expect: Shape | None = Non
         match = VERL_PATTERN.match(os.path.basename(os.path.normpath(resume)))
         parent = os.path.dirname(os.path.normpath(resume))
         state, reason = (_verl_incomplete(resume, int(match.group(1)), verl_tracker(parent))
-                         if match and os.path.isdir(resume) else ("missing", "no such global_step_N directory"))
+                         if match and (_is_dir(resume) or _is_link(resume))
+                         else ("missing", "no such global_step_N directory"))
         if state != "complete":
             raise ResumeError(f"resume: {resume} cannot be resumed from: {reason or state}")
         _refuse_other_shape(resume, expect, "verl")
@@ -301,7 +397,12 @@ def verl_resume(directory: str, resume: str = "auto", expect: Shape | None = Non
                           "verl would start from scratch or fail while loading. Fix the tracker (the newest complete "
                           "step, `checkpoints list`), or start a new run")
     _refuse_other_shape(named.path, expect, "verl")
-    moved = [Quarantined(c.path, quarantine(c.path, directory), c.reason) for c in found if c.step > tracker]
+    newer = [c for c in found if c.step > tracker and c.state != "link"]
+    if not newer:
+        return named.path, []
+    with _folder_lock(directory):
+        _quarantine_dir(directory)  # refused before the first move
+        moved = [Quarantined(c.path, quarantine(c.path, directory), c.reason) for c in newer]
     return named.path, moved
 
 
@@ -323,18 +424,34 @@ def prune(directory: str, keep: int, layout: str | None = None, dry_run: bool = 
     if keep < 1:
         raise ValueError("keep must be at least 1: the newest complete checkpoint is never removed")
     layout = layout or detect_layout(directory)
-    found = list_checkpoints(directory, layout)
-    complete = [c for c in found if c.complete]
-    tracker = _require_tracker(directory, found) if layout == "verl" else None
-    doomed = [c for c in complete[:-keep] if c.step != tracker]
-    half = [] if leave_partial else [c for c in found if c.state == "half-written"]
-    if dry_run:
-        return PruneResult(doomed, [Quarantined(c.path, "", c.reason) for c in half],
-                           [c for c in complete if c not in doomed])
-    moved = [Quarantined(c.path, quarantine(c.path, directory), c.reason) for c in half]
-    for c in doomed:
-        shutil.rmtree(c.path)
-    return PruneResult(doomed, moved, [c for c in complete if c not in doomed])
+    if not _is_dir(directory):
+        return PruneResult([], [], [])
+    with _folder_lock(directory):
+        found = list_checkpoints(directory, layout)
+        complete = [c for c in found if c.complete]
+        tracker = _require_tracker(directory, found) if layout == "verl" else None
+        doomed = [c for c in complete[:-keep] if c.step != tracker]
+        half = [] if leave_partial else [c for c in found if c.state == "half-written"]
+        kept = [c for c in complete if c not in doomed]
+        if dry_run:
+            return PruneResult(doomed, [Quarantined(c.path, "", c.reason) for c in half], kept)
+        if half:
+            _quarantine_dir(directory)  # every refusal before the first move
+        moved = [Quarantined(c.path, quarantine(c.path, directory), c.reason) for c in half]
+        for c in doomed:
+            _remove(c.path)
+    return PruneResult(doomed, moved, kept)
+
+
+def _remove(path: str) -> None:
+    """Remove a complete checkpoint all or nothing: renamed in one step to a hidden name beside it (no longer a
+    checkpoint of any listing), then deleted; never through a link."""
+    if not _is_dir(path):
+        raise CheckpointRefused(f"{path} changed while pruning (now not a folder); it was not removed")
+    parent, name = os.path.split(path)
+    doomed = os.path.join(parent, f".pruning-{name}.{os.getpid()}")
+    os.rename(path, doomed)
+    shutil.rmtree(doomed)
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -357,7 +474,7 @@ def _main(argv: list[str] | None = None) -> int:
             parser.error("prune needs --keep N with N >= 1")
         try:
             r = prune(args.directory, args.keep, layout, dry_run=args.dry_run, leave_partial=args.leave_partial)
-        except TrackerUnreadable as error:
+        except TrackerUnreadable as error:  # CheckpointRefused too: nothing was moved or removed
             print(f"prune: {error}", file=sys.stderr)
             return 2
         print(json.dumps({"layout": layout, "dry_run": args.dry_run, "removed": [asdict(c) for c in r.removed],

@@ -9,17 +9,19 @@ from importlib import resources
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from . import rewards as rewards_module
 from .adapters import LORA_SUBDIR
 from .data import DatasetSpec
+from .shown import shown, shown_key
 from .strict import Strict
 from .values import (
     MAX_STEPS,
     AbsPath,
     Count,
     Finite,
+    LogSteps,
     ModelRef,
     ModuleName,
     Name,
@@ -50,12 +52,23 @@ class ConfigError(ValueError):
 
 def _reward(name: str) -> str:
     if name not in rewards_module.REWARDS:
-        raise ValueError(f"{name!r} is not a registered reward; use one of {', '.join(sorted(rewards_module.REWARDS))}")
+        raise ValueError(f"{shown(name)} is not a registered reward; use one of "
+                         f"{', '.join(sorted(rewards_module.REWARDS))}")
     return name
 
 
 Reward = Annotated[str, AfterValidator(_reward)]
-Scalar = bool | int | Annotated[float, Field(allow_inf_nan=False)] | Text
+def _not_a_big_int(value: Any) -> Any:
+    """An integer past int64 is not a float either (strict floats take integers): refused, not rounded."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        raise ValueError("an integer past the 64-bit range")
+    return value
+
+
+# A value passed through to TRL or Hydra: an integer within a C int64 (what torch, numpy and OmegaConf hold), a finite
+# float, text.
+Scalar = bool | Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | \
+    Annotated[float, BeforeValidator(_not_a_big_int), Field(allow_inf_nan=False)] | Text
 # What a passed-through TRL field may hold: TRL's fields are scalars or lists of them.
 _PASS_THROUGH = TypeAdapter(Scalar | list[Scalar] | None, config=ConfigDict(strict=True))
 
@@ -125,15 +138,17 @@ class AsyncGrpoArgs(Strict):
     """Where TRL writes checkpoints and adapters (set by the kit from checkpoints.dir)."""
     vllm_server_base_url: Text | None = None
     """The vLLM server the rollout worker talks to (set by the kit)."""
-    vllm_server_timeout: Finite = Field(900.0, gt=0)
+    vllm_server_timeout: Finite = Field(900.0, gt=0, le=7 * 86400)
     """Seconds to wait for the server at start (TRL's own default, 240 s, is shorter than a large model's load)."""
     max_steps: int = Field(-1, ge=-1, le=MAX_STEPS)
     """Optimizer steps; -1 = epoch-driven."""
+    logging_steps: LogSteps | None = None
+    """Steps between logs: an integer from 1, or a ratio of the run below 1 (TRL logs every ceil(max_steps * ratio))."""
     max_staleness: NonNegative = 4
     """Rollouts more than this many adapter syncs old are dropped."""
     max_completion_length: Count = 2048
     """Tokens per completion (vLLM's max_tokens)."""
-    max_inflight_tasks: int = Field(-1, ge=-1)
+    max_inflight_tasks: int = Field(-1, ge=-1, le=2**31 - 1)
     """Concurrent completion requests; -1 = TRL's automatic value."""
     queue_maxsize: Count = 1024
     """Scored samples waiting for the trainer."""
@@ -174,13 +189,14 @@ class AsyncGrpoArgs(Strict):
     def _known_extras(self) -> AsyncGrpoArgs:
         for key, value in (self.model_extra or {}).items():
             if key not in trl_fields():
-                raise ValueError(f"{key}: not an AsyncGRPOConfig field of trl {TRL_VERSION}"
+                raise ValueError(f"{shown_key(key)}: not an AsyncGRPOConfig field of trl {TRL_VERSION}"
                                  + did_you_mean(key, trl_fields()))
             try:
                 _PASS_THROUGH.validate_python(value)
             except ValidationError:
-                raise ValueError(f"{key}: expected a number, a boolean, a string or a list of those, "
-                                 f"got {value!r}") from None
+                raise ValueError(f"{shown_key(key)}: expected a number, a boolean, a string or a list of those "
+                                 "(integers within 64 bits, finite floats), "
+                                 f"got {shown(value)}") from None
         return self
 
 
@@ -353,4 +369,4 @@ def response_template(name: str | None) -> dict | None:
         return None
     if name == "chatml":
         return CHATML_RESPONSE_TEMPLATE
-    raise ValueError(f"unknown response template {name!r}")
+    raise ValueError(f"unknown response template {shown(name)}")

@@ -16,10 +16,22 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BeforeValidator, Field
 
+from .shown import shown
+
 # Control characters (newline, NUL, escape ...) never belong in a value that reaches a rendered file; nor do the
 # C1 controls and Unicode line/paragraph separators, where Python's str.splitlines() (the kit's own readers of
 # server.args and env files) would split a line that compose and Kubernetes read as one.
 CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Bidirectional controls (embeddings, overrides, isolates, marks): text that reads one way on screen and another to
+# the program (Trojan Source); never in a value the kit renders.
+BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# The largest integer a consumer of a count or index takes (torch, vLLM and Hydra read them as 32-bit or 64-bit C
+# integers; nothing the kit counts comes near 2**31).
+MAX_INT = 2**31 - 1
+# OCI distribution limits: a repository name of at most 255 characters, a tag of at most 128; a whole reference
+# (registry, path, tag, digest) a registry takes stays within a few hundred. The kit allows 512 in all.
+MAX_IMAGE_REF = 512
+MAX_REPOSITORY = 255
 _CONTROL = CONTROL
 # Optimizer steps a plan can schedule (a run of a million steps is far past any GRPO recipe).
 MAX_STEPS = 10**6
@@ -60,7 +72,10 @@ SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "ACCESS_KEY"
 
 def _text(value: str, what: str) -> str:
     if _CONTROL.search(value):
-        raise ValueError(f"{what} contains a control character (newline, tab, NUL ...): {value!r}")
+        raise ValueError(f"{what} contains a control character (newline, tab, NUL ...): {shown(value)}")
+    if BIDI.search(value):
+        raise ValueError(f"{what} contains a bidirectional control character (U+{ord(BIDI.search(value).group()):04X}),"
+                         " which makes text read differently on screen than to a program: remove it")
     return value
 
 
@@ -79,26 +94,27 @@ def _label(value: str) -> str:
 def abs_path(value: str) -> str:
     _text(value, "the path")
     if not value.startswith("/"):
-        raise ValueError(f"{value!r} is not an absolute path (it must start with '/')")
+        raise ValueError(f"{shown(value)} is not an absolute path (it must start with '/')")
     trimmed = value.rstrip("/") or "/"
     if trimmed != "/" and not PATH_CHARS.fullmatch(trimmed):
         bad = sorted({c for c in trimmed if not PATH_CHARS.fullmatch(c)})
-        raise ValueError(f"{value!r} contains {' '.join(repr(c) for c in bad)}: paths may hold letters, digits and "
+        raise ValueError(f"{shown(value)} contains {' '.join(repr(c) for c in bad)}: paths may hold letters, digits "
+                         "and "
                          "._+@=-/ only (':' and ',' split mount options, '$' is expanded by compose, spaces split "
                          "arguments)")
     parts = trimmed.split("/")[1:]
     if trimmed != "/" and any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"{value!r} is not a normalised path (no '//', '.' or '..' components)")
+        raise ValueError(f"{shown(value)} is not a normalised path (no '//', '.' or '..' components)")
     return trimmed
 
 
 def _not_system(value: str) -> str:
     if value in SYSTEM_DIRS or any(value == t or value.startswith(t + "/") for t in SYSTEM_TREES):
-        raise ValueError(f"{value!r} is a system directory (or inside one); use a directory of its own, "
+        raise ValueError(f"{shown(value)} is a system directory (or inside one); use a directory of its own, "
                          "e.g. /shared or /srv/grpo-deploy")
     for kit in KIT_PATHS:
         if value == kit or value.startswith(kit + "/") or kit.startswith(value + "/"):
-            raise ValueError(f"{value!r} collides with {kit}, which the kit's images use; choose another path")
+            raise ValueError(f"{shown(value)} collides with {kit}, which the kit's images use; choose another path")
     return value
 
 
@@ -107,14 +123,14 @@ def _model_ref(value: str) -> str:
     if value.startswith("/"):
         return abs_path(value)
     if not HUB_ID_RE.fullmatch(value) or ".." in value:
-        raise ValueError(f"{value!r} is neither an absolute path nor a hub id such as Qwen/Qwen2.5-Math-1.5B")
+        raise ValueError(f"{shown(value)} is neither an absolute path nor a hub id such as Qwen/Qwen2.5-Math-1.5B")
     return value
 
 
 def _served_name(value: str) -> str:
     _text(value, "the served name")
     if not HUB_ID_RE.fullmatch(value) or ".." in value:
-        raise ValueError(f"{value!r} is not a model name (letters, digits, '._-', at most one '/')")
+        raise ValueError(f"{shown(value)} is not a model name (letters, digits, '._-', at most one '/')")
     return value
 
 
@@ -124,7 +140,7 @@ def _matching(pattern: re.Pattern, what: str, form: str) -> Callable[[str], str]
     def check(value: str) -> str:
         _text(value, what)
         if not pattern.fullmatch(value):
-            raise ValueError(f"{value!r} is not {what} ({form})")
+            raise ValueError(f"{shown(value)} is not {what} ({form})")
         return value
 
     return check
@@ -143,16 +159,16 @@ def parse_address(value: str) -> SshTarget:
     """Split `[user@]host[:port]`, `[user@][v6addr]:port` or a bare IPv6 address; ValueError when not one."""
     _text(value, "the address")
     if value.startswith("-"):
-        raise ValueError(f"{value!r} starts with '-': it would be read as an option")
+        raise ValueError(f"{shown(value)} starts with '-': it would be read as an option")
     user, sep, rest = value.rpartition("@")
     user = user if sep else None
     if user is not None and not SSH_USER_RE.fullmatch(user):
-        raise ValueError(f"{user!r} is not a user name")
+        raise ValueError(f"{shown(user)} is not a user name")
     port: int | None = None
     if rest.startswith("["):
         host, close, tail = rest[1:].partition("]")
         if not close or (tail and not tail.startswith(":")):
-            raise ValueError(f"{value!r}: expected [IPv6 address] or [IPv6 address]:port")
+            raise ValueError(f"{shown(value)}: expected [IPv6 address] or [IPv6 address]:port")
         port_text = tail[1:] if tail else None
         _ipv6(host, value)
     elif rest.count(":") >= 2:
@@ -162,10 +178,10 @@ def parse_address(value: str) -> SshTarget:
         host, colon, port_text = rest.partition(":")
         port_text = port_text if colon else None
         if not HOSTNAME_RE.fullmatch(host):
-            raise ValueError(f"{value!r}: {host!r} is not a host name, SSH alias or IP address")
+            raise ValueError(f"{shown(value)}: {shown(host)} is not a host name, SSH alias or IP address")
     if port_text is not None:
-        if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-            raise ValueError(f"{value!r}: the port must be a number from 1 to 65535")
+        if not (port_text.isascii() and port_text.isdigit()) or not 1 <= int(port_text) <= 65535:
+            raise ValueError(f"{shown(value)}: the port must be a number from 1 to 65535")
         port = int(port_text)
     return SshTarget(user, host, port)
 
@@ -174,14 +190,14 @@ def _ipv6(host: str, value: str) -> None:
     try:
         ipaddress.IPv6Address(host)
     except ValueError:
-        raise ValueError(f"{value!r}: {host!r} is not an IPv6 address") from None
+        raise ValueError(f"{shown(value)}: {shown(host)} is not an IPv6 address") from None
 
 
 def _ip(value: str) -> str:
     try:
         return str(ipaddress.ip_address(value))
     except ValueError:
-        raise ValueError(f"{value!r} is not an IPv4 or IPv6 address") from None
+        raise ValueError(f"{shown(value)} is not an IPv4 or IPv6 address") from None
 
 
 def ip_literal(host: str) -> str | None:
@@ -201,16 +217,16 @@ def _address(value: str) -> str:
 def _host_only(value: str) -> str:
     target = parse_address(value)
     if target.user is not None or target.port is not None:
-        raise ValueError(f"{value!r}: give the server's host name or IP address alone (no user@ or :port)")
+        raise ValueError(f"{shown(value)}: give the server's host name or IP address alone (no user@ or :port)")
     return value
 
 
 def _env_name(value: str) -> str:
     if not ENV_NAME_RE.fullmatch(value):
-        raise ValueError(f"{value!r} is not an environment variable name (upper case letters, digits and _)")
+        raise ValueError(f"{shown(value)} is not an environment variable name (upper case letters, digits and _)")
     if any(word in value for word in SECRET_WORDS):
-        raise ValueError(f"{value!r} looks like a credential: rendered files must not hold secrets; export it in the "
-                         "environment of `grpo-deploy up` instead (HF_TOKEN and WANDB_API_KEY are passed through)")
+        raise ValueError(f"{shown(value)} looks like a credential: rendered files must not hold secrets; export it in "
+                         "the environment of `grpo-deploy up` instead (HF_TOKEN and WANDB_API_KEY are passed through)")
     return value
 
 
@@ -219,7 +235,7 @@ def env_text(value: Any) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"expected a string or a finite number, got {value!r}")
+        raise ValueError(f"expected a string or a finite number, got {shown(value)}")
     if isinstance(value, (int, float)):
         return str(value)
     if not isinstance(value, str):
@@ -231,7 +247,7 @@ def _env_value(value: str) -> str:
     _text(value, "the value")
     bad = sorted(ENV_VALUE_FORBIDDEN & set(value))
     if bad:
-        raise ValueError(f"{value!r} contains {' '.join(repr(c) for c in bad)}: env files are read by compose "
+        raise ValueError(f"{shown(value)} contains {' '.join(repr(c) for c in bad)}: env files are read by compose "
                          "(which expands '$' and strips quotes and '#' comments) and by Kubernetes (which does not); "
                          "use a value without them")
     return value
@@ -244,14 +260,44 @@ def resume_value(value: str) -> str:
         return value
     _text(value, "the value")
     if not value.startswith("/"):
-        raise ValueError(f"must be auto, never or an absolute checkpoint path, got {value!r}")
+        raise ValueError(f"must be auto, never or an absolute checkpoint path, got {shown(value)}")
     return abs_path(value)
+
+
+def _image_ref(value: str) -> str:
+    _text(value, "the image reference")
+    if len(value) > MAX_IMAGE_REF:
+        raise ValueError(f"an image reference of {len(value)} characters: past the OCI limits (a repository name of "
+                         f"at most {MAX_REPOSITORY}, a tag of at most 128; the kit takes {MAX_IMAGE_REF} in all)")
+    if not IMAGE_RE.fullmatch(value):
+        raise ValueError(f"{shown(value)} is not an image reference ([registry/]name[:tag][@sha256:digest], "
+                         "lowercase name)")
+    name = value.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    repository = name[:len(name) - len(last)] + last.split(":", 1)[0]
+    if len(repository) > MAX_REPOSITORY:
+        raise ValueError(f"the repository name is {len(repository)} characters; OCI allows {MAX_REPOSITORY}")
+    return value
+
+
+def _log_steps(value: Any) -> int | float:
+    """TRL's logging_steps: an integer from 1, or a ratio of the run in (0, 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"expected a number of steps (or a ratio below 1), got {shown(value)}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"must be a positive number of steps, or a ratio of the run below 1, got {shown(value)}")
+    if value < 1:
+        return float(value)
+    if value != int(value) or value > MAX_STEPS:
+        raise ValueError(f"from 1 up, a whole number of steps up to {MAX_STEPS} (below 1: a ratio of the run), "
+                         f"got {shown(value)}")
+    return int(value)
 
 
 def _no_bool(value: Any) -> Any:
     """Before a number or enum: a YAML boolean here was almost always an unquoted on/off/yes/no."""
     if isinstance(value, bool):
-        raise ValueError(f"got the boolean {value!r}: YAML reads unquoted on/off/yes/no/true/false as booleans; "
+        raise ValueError(f"got the boolean {shown(value)}: YAML reads unquoted on/off/yes/no/true/false as booleans; "
                          "quote the word or write the number")
     return value
 
@@ -266,8 +312,7 @@ ModelRef = Annotated[str, AfterValidator(_model_ref)]
 ServedName = Annotated[str, AfterValidator(_served_name)]
 VolumeName = Annotated[str, AfterValidator(_matching(
     VOLUME_RE, "a Docker volume name", "letters, digits, '_', '.', '-'"))]
-ImageRef = Annotated[str, AfterValidator(_matching(
-    IMAGE_RE, "an image reference", "[registry/]name[:tag][@sha256:digest], lowercase name"))]
+ImageRef = Annotated[str, AfterValidator(_image_ref)]
 HostAddress = Annotated[str, AfterValidator(_address)]
 InterfaceName = Annotated[str, AfterValidator(_matching(
     INTERFACE_RE, "a network interface name", "up to 15 letters, digits, '_', '.', '-', not starting with '-' or '.'"))]
@@ -282,8 +327,9 @@ HydraKey = Annotated[str, AfterValidator(_matching(
 ModuleName = Annotated[str, AfterValidator(_matching(MODULE_RE, "a module name", "letters, digits, '_' and '.'"))]
 Uid = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=2**31 - 2)]
 Finite = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
-Count = Annotated[int, BeforeValidator(_no_bool), Field(ge=1)]
-NonNegative = Annotated[int, BeforeValidator(_no_bool), Field(ge=0)]
+Count = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=MAX_INT)]
+NonNegative = Annotated[int, BeforeValidator(_no_bool), Field(ge=0, le=MAX_INT)]
+LogSteps = Annotated[int | float, BeforeValidator(_log_steps)]
 Port = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=65535)]
 
 
@@ -299,15 +345,17 @@ def describe_error(err: dict) -> str:
     if kind == "literal_error":
         allowed = msg.removeprefix("Input should be ")
         hint = " (YAML reads unquoted on/off/yes/no as booleans: quote the word)" if isinstance(given, bool) else ""
-        return f"{given!r} is not one of {allowed}{hint}"
+        return f"{shown(given)} is not one of {allowed}{hint}"
     if given is None:
         return "must be set (got null)"
     hint = ""
     if isinstance(given, bool):
         hint = " (YAML reads unquoted on/off/yes/no/true/false as booleans: quote the word or write the number)"
+    elif isinstance(given, str) and kind in ("float_type", "int_type") and re.fullmatch(r"[-+]?0[0-9]+", given):
+        hint = " (YAML 1.1 reads a leading 0 as octal, and as text when a digit is 8 or 9: write the plain number)"
     elif isinstance(given, str) and kind in ("float_type", "int_type") and _looks_numeric(given):
         hint = " (YAML 1.1 reads a number like 5e-3 as text: write 5.0e-3)"
-    return f"{msg[0].lower() + msg[1:]}, got {given!r}{hint}"
+    return f"{msg[0].lower() + msg[1:]}, got {shown(given)}{hint}"
 
 
 def _looks_numeric(text: str) -> bool:
@@ -329,6 +377,6 @@ def error_location(err: dict) -> tuple[tuple[Any, ...], str | None]:
     if err["type"] == "value_error":
         message = describe_error(err)
         key, sep, rest = message.partition(": ")
-        if sep and key and " " not in key:
+        if sep and key and re.fullmatch(r"[A-Za-z_+][A-Za-z0-9_.+-]*", key):  # a key, not a quoted value
             return loc + (key,), rest
     return loc, None

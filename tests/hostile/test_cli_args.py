@@ -26,7 +26,8 @@ INIT = ["init", "--profile", "gb10", "--engine", "trl-async"]
     ("spark1;id", ("not a host name",)),
     ("$(id)", ("not a host name",)),
     ("spark1,spark2,spark3", ("at most 2 hosts",)),
-    ("a,a", ("duplicate host name 'a'",)),
+    ("a,a", ("same SSH host and port",)),
+    ("user@a,other@a:22", ("same SSH host and port",)),
 ])
 def test_init_refuses_bad_hosts_and_writes_nothing(tmp_path, hosts, words):
     run = cli(INIT + [f"--hosts={hosts}", "-o", "s.yaml"], tmp_path)
