@@ -142,8 +142,11 @@ def test_worker_and_head_kills_are_resumed_from_the_newest_complete_checkpoint(c
         lost = trained - resumed_from
         assert trained >= kill["step"] and 0 <= lost <= SAVE_EVERY, (what, kill, trained, resumed_from)
         rows.append((what, kill["step"], trained, resumed_from, lost))
-    died = [e for e in events if e["event"] == "role_died"]
-    assert [e["role"] for e in died] == ["worker", "trainer"], died
+    deployer = parse_events((cluster_run["cwd"] / ".grpo-deploy" / RUN / "deploy.jsonl").read_text())
+    died = [e for e in deployer if e["event"] == "role_died"]
+    assert [e["role"] for e in died] == ["worker", "trainer"], died  # the head's death: its trainer's
+    formed = [e for e in deployer if e["event"] == "cluster_formed"]
+    assert len(formed) == 3 and all(e["ok"] and e["nodes"] == 2 for e in formed), formed
     assert "a Ray worker exited" in cluster_run["output"] and "forming the Ray cluster again" in cluster_run["output"]
     for row, (what, step, trained, resumed_from, lost) in zip((fault_row, another_fault_row), rows, strict=True):
         row.update(fault=f"verl across 2 hosts: the Ray {what}'s container SIGKILLed at step {step} of {STEPS}",
@@ -218,7 +221,7 @@ def test_a_worker_that_never_joins_stops_the_run_before_verl_starts(hosts, tmp_p
         stop.set()
         killer.join(timeout=10)
     text = " ".join((proc.stdout + proc.stderr).split())
-    assert proc.returncode == 1 and "Traceback" not in text, text[-3000:]
+    assert proc.returncode == 2 and "Traceback" not in text, text[-3000:]  # up's launch errors exit 2
     assert "the Ray worker on spark2 exited" in text and "before the cluster formed" in text, text[-3000:]
     assert "Ray saw 1 of 2 nodes" in text, text[-3000:]
     events = parse_events((hosts.shared_host_dir / "runs" / run / "metrics.jsonl").read_text())
