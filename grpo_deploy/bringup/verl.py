@@ -59,7 +59,8 @@ def form_cluster(dep: Deployment, log: Callable[[str], None], ips: dict[str, str
     """Head, its Ray, the workers, the count: seconds from the head's start to the verdict. LaunchError (the
     numbers) when the cluster is not what the spec says; verl never started then."""
     host, workers = dep.role_host(ROLE), _workers(dep)
-    log(f"starting the Ray head on {host} ({ips.get(host, '?')}); verl's trainer joins it once every worker has")
+    at = f" ({ips[host]})" if host in ips else ""
+    log(f"starting the Ray head on {host}{at}; verl's trainer joins it once every worker has")
     dep.project(host).up(ROLE)
     dep.state.emit("trainer_started")
     ready = wait_event(dep, since, "trainer_ready", HEAD_UP_TIMEOUT_S, "the Ray head to answer", watch_workers=False)
