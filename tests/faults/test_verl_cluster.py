@@ -26,7 +26,7 @@ from tests.testhosts import test_hosts
 
 from .running import STEP, UP_TIMEOUT_S
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.verl_rehearsal]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.verl_cluster]
 
 RUN = "verl-cluster"
 STEPS, SAVE_EVERY = 20, 4
