@@ -164,14 +164,15 @@ def _probe(ctx: Context, nodes: list, addresses: dict[str, NodeAddress], image: 
     name = f"grpo-netprobe-{ctx.res.spec.run.name}"
     head = nodes[0].name
 
-    def base(host) -> list[str]:
-        return ["docker", "run", "--rm", "--network", "host", "--user", user, "--label", MANAGED]
+    def probe(*extra: str) -> list[str]:
+        """`docker run` of the netprobe on the host's network as the run user (*extra*: -d, --name ...)."""
+        return ["docker", "run", *extra, "--rm", "--network", "host", "--user", user, "--label", MANAGED, image,
+                "python3", "-m", "grpo_deploy.runtime.netprobe"]
 
     def start_listener(conn) -> Result | None:
         ports = ",".join(map(str, node_ports(conn.name == head)))
-        r = conn.run(base(conn)[:2] + ["-d", "--name", name] + base(conn)[2:] +
-                     [image, "python3", "-m", "grpo_deploy.runtime.netprobe", "listen", "--ip",
-                      addresses[conn.name].ip, "--ports", ports, "--seconds", str(LISTEN_S)], timeout=120)
+        r = conn.run(probe("-d", "--name", name) + ["listen", "--ip", addresses[conn.name].ip, "--ports", ports,
+                                                     "--seconds", str(LISTEN_S)], timeout=120)
         return None if r.ok else Result("cluster-reach", conn.name, FAIL, f"cannot start the probe listener: "
                                         f"{r.line()}", "see the image and the Docker engine there")
 
@@ -180,8 +181,7 @@ def _probe(ctx: Context, nodes: list, addresses: dict[str, NodeAddress], image: 
                 for port in ray_node.PEER_PORTS if port != ray_node.GCS_PORT or n.name == head]
 
     def connect(conn) -> dict | Result:
-        r = conn.run(base(conn) + [image, "python3", "-m", "grpo_deploy.runtime.netprobe", "connect", "--targets",
-                                   ",".join(targets_for(conn.name))], timeout=120)
+        r = conn.run(probe() + ["connect", "--targets", ",".join(targets_for(conn.name))], timeout=120)
         try:
             return json.loads(r.out.strip().splitlines()[-1])
         except (ValueError, IndexError):
