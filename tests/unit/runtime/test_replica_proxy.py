@@ -1,0 +1,489 @@
+"""The replica proxy against fake vLLM servers (real aiohttp servers on 127.0.0.1): prefix affinity, spread, adapter
+namespaces, spills, broadcast loads (retried, 504, rolled back), pause/resume/reset, health fan-in, dead and returning
+replicas, stats, and the command line. Every wait is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+
+import aiohttp
+import pytest
+
+from grpo_deploy.runtime import replica_proxy as rp
+
+from .fake_vllm import BASE, FakeVLLM
+
+FAST = rp.Settings(health_interval_s=0.05, connect_timeout_s=0.5, load_retry_s=1.0)
+TEMPLATE = list(range(9000, 9048))  # three whole blocks every prompt starts with, like a chat template
+
+
+def run(coro, seconds: float = 30.0):
+    return asyncio.run(asyncio.wait_for(coro, seconds))
+
+
+async def until(check, seconds: float = 5.0, what: str = "condition"):
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {seconds} s")
+        await asyncio.sleep(0.02)
+
+
+def tokens(seed: int, blocks: int = 3, head: list[int] | None = None) -> list[int]:
+    return (head or []) + [seed * 1000 + i for i in range(16 * blocks + 5)]
+
+
+class Rig:
+    def __init__(self, fakes: list[FakeVLLM], proxy: rp.ReplicaProxy, url: str, client: aiohttp.ClientSession):
+        self.fakes, self.proxy, self.url, self.client = fakes, proxy, url, client
+
+    async def post(self, path: str, body: dict | None = None) -> tuple[int, str]:
+        async with self.client.post(self.url + path, json=body) as response:
+            return response.status, await response.text()
+
+    async def get(self, path: str) -> tuple[int, str]:
+        async with self.client.get(self.url + path) as response:
+            return response.status, await response.text()
+
+    async def complete(self, prompt, model: str = BASE) -> int:
+        """The port of the fake that served it."""
+        status, text = await self.post("/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 2})
+        assert status == 200, text
+        return json.loads(text)["served_by"]
+
+    async def load(self, name: str) -> tuple[int, str]:
+        return await self.post(rp.LOAD, {"lora_name": name, "lora_path": f"/adapters/{name}", "load_inplace": False})
+
+    def index(self, port: int) -> int:
+        return [f.port for f in self.fakes].index(port)
+
+
+@contextlib.asynccontextmanager
+async def rig(n: int = 2, settings: rp.Settings = FAST, fakes: list[FakeVLLM] | None = None, ready: bool = True):
+    fakes = fakes or [await FakeVLLM().start() for _ in range(n)]
+    proxy = rp.ReplicaProxy([f.url for f in fakes], settings)
+    runner = aiohttp.web.AppRunner(proxy.app(), access_log=None)
+    await runner.setup()
+    await aiohttp.web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as client:
+        if ready:
+            await until(lambda: all(r.healthy for r in proxy.replicas), what="every replica healthy")
+        try:
+            yield Rig(fakes, proxy, url, client)
+        finally:
+            await runner.cleanup()
+            for fake in fakes:
+                if fake.runner is not None:
+                    await fake.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ---------------------------------------------------------------- the router alone
+
+
+def test_a_new_adapter_version_hashes_into_its_own_namespace():
+    router = rp.PrefixRouter(2)
+    prompt = tokens(1)
+    v1, v2 = router.hashes("trl-policy-v1", prompt), router.hashes("trl-policy-v2", prompt)
+    assert len(v1) == 3  # whole blocks only: 53 tokens are 3 blocks of 16
+    assert v1 == router.hashes("trl-policy-v1", list(prompt))
+    assert not set(v1) & set(v2)
+
+
+def test_text_prompts_hash_in_character_blocks_and_share_their_prefix():
+    router = rp.PrefixRouter(2, block_size=16)
+    short, longer = "a" * 64 * 2, "a" * 64 * 2 + "b" * 70
+    assert len(router.hashes("m", short)) == 2
+    assert router.hashes("m", longer)[:2] == router.hashes("m", short)
+    assert router.hashes("m", None) == [] and router.hashes("m", {"x": 1}) == []
+
+
+def test_a_shared_template_and_its_ancestors_do_not_count():
+    router = rp.PrefixRouter(2)
+    a, b, c = (router.hashes("m", tokens(s, 2, TEMPLATE)) for s in (1, 2, 3))
+    router.record(a, 0)
+    assert router.scores(a) == {0: 5}
+    router.record(b, 0)  # the template's last block now has two continuations
+    assert router.scores(c) == {}
+    assert router.scores(a) == {0: 2}
+
+
+def test_blocks_every_replica_holds_do_not_count_and_a_lost_replica_forgets():
+    router = rp.PrefixRouter(2)
+    h = router.hashes("m", tokens(1))
+    router.record(h, 0)
+    router.record(h, 1)
+    assert router.scores(h) == {}
+    router.forget_replica(1)
+    assert router.scores(h) == {0: 3}
+
+
+def test_the_index_keeps_at_most_max_blocks():
+    router = rp.PrefixRouter(2, max_blocks=10)
+    for seed in range(10):
+        router.record(router.hashes("m", tokens(seed)), seed % 2)
+    assert len(router.index) == 10
+
+
+# ---------------------------------------------------------------- routing through the proxy
+
+
+def test_the_same_prefix_goes_to_the_same_replica():
+    async def scenario():
+        async with rig() as r:
+            for seed in range(6):
+                served = {await r.complete(tokens(seed)) for _ in range(4)}
+                assert len(served) == 1, f"prompt {seed} went to {served}"
+            routing = r.proxy.stats()["routing"]
+            assert (routing["hits"], routing["misses"], routing["spills"]) == (18, 6, 0)
+
+    run(scenario())
+
+
+def test_different_prefixes_spread_over_the_replicas():
+    async def scenario():
+        async with rig(3) as r:
+            served = [r.index(await r.complete(tokens(seed))) for seed in range(12)]
+            assert sorted(served.count(i) for i in range(3)) == [4, 4, 4]
+
+    run(scenario())
+
+
+def test_a_shared_template_is_not_affinity():
+    async def scenario():
+        async with rig() as r:
+            first = [await r.complete(tokens(seed, 2, TEMPLATE)) for seed in range(12)]
+            assert min(first.count(f.port) for f in r.fakes) >= 4, first
+            again = [await r.complete(tokens(seed, 2, TEMPLATE)) for seed in range(12)]
+            assert again == first
+
+    run(scenario())
+
+
+def test_a_new_adapter_version_does_not_reuse_the_old_ones_blocks():
+    async def scenario():
+        async with rig() as r:
+            for name in ("trl-policy-v1", "trl-policy-v2"):
+                assert (await r.load(name))[0] == 200
+            await r.complete(tokens(5), "trl-policy-v1")
+            await r.complete(tokens(5), "trl-policy-v1")
+            before = r.proxy.stats()["routing"]
+            await r.complete(tokens(5), "trl-policy-v2")
+            after = r.proxy.stats()["routing"]
+            assert (before["hits"], before["misses"]) == (1, 1)
+            assert (after["hits"], after["misses"]) == (1, 2)
+
+    run(scenario())
+
+
+def test_a_replica_too_far_ahead_spills_to_the_least_loaded():
+    async def scenario():
+        async with rig() as r:
+            home = await r.complete(tokens(1))
+            busy = r.fakes[r.index(home)]
+            busy.hold = asyncio.Event()
+            held = [asyncio.create_task(r.complete(tokens(1))) for _ in range(9)]
+            await until(lambda: r.proxy.replicas[r.index(home)].in_flight == 9, what="9 in flight")
+            spilled = await r.complete(tokens(1))
+            assert spilled != home
+            busy.hold.set()
+            assert set(await asyncio.gather(*held)) == {home}
+            routing = r.proxy.stats()["routing"]
+            assert (routing["hits"], routing["spills"], routing["misses"]) == (9, 1, 1)
+
+    run(scenario())
+
+
+def test_chat_completions_are_routed_by_their_messages():
+    async def scenario():
+        async with rig() as r:
+            messages = [{"role": "system", "content": "x" * 200}, {"role": "user", "content": "y" * 300}]
+            ports = set()
+            for _ in range(3):
+                status, text = await r.post("/v1/chat/completions", {"model": BASE, "messages": messages})
+                assert status == 200, text
+                ports.add(json.loads(text)["served_by"])
+            assert len(ports) == 1
+            assert r.proxy.stats()["routing"]["hits"] == 2
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- adapter loads and broadcasts
+
+
+def test_a_load_reaches_every_replica_and_is_counted():
+    async def scenario():
+        async with rig(3) as r:
+            status, text = await r.load("trl-policy-v1")
+            assert status == 200, text
+            assert all(f.adapters == {"trl-policy-v1": "/adapters/trl-policy-v1"} for f in r.fakes)
+            stats = r.proxy.stats()
+            assert stats["adapters"] == ["trl-policy-v1"]
+            assert stats["adapter_loads"]["ok"] == 1 and stats["adapter_loads"]["last_s"] is not None
+            assert [x["loads_ok"] for x in stats["replicas"]] == [1, 1, 1]
+
+    run(scenario())
+
+
+def test_a_lagging_mount_is_retried_until_the_adapter_appears(caplog):
+    async def scenario():
+        async with rig() as r:
+            r.fakes[1].lag = 2
+            status, text = await r.load("trl-policy-v1")
+            assert status == 200, text
+            assert r.fakes[1].paths().count(rp.LOAD) == 3 and r.fakes[0].paths().count(rp.LOAD) == 1
+            assert [x["loads_retried"] for x in r.proxy.stats()["replicas"]] == [0, 2]
+
+    run(scenario())
+    retried = [rec.message for rec in caplog.records if "not found (try" in rec.message]
+    assert len(retried) == 2 and all("No adapter found" in m for m in retried)
+
+
+def test_a_mount_that_never_shows_the_adapter_answers_504_not_404_and_rolls_back():
+    async def scenario():
+        async with rig(settings=rp.Settings(health_interval_s=0.05, load_retry_s=0.6)) as r:
+            r.fakes[1].lag = 10_000
+            started = time.monotonic()
+            status, text = await r.load("trl-policy-v1")
+            assert status == 504, text
+            assert time.monotonic() - started < 5
+            assert "No adapter found" in json.loads(text)["error"]["message"]  # the kit's storage check reads it
+            assert r.fakes[0].adapters == {} and rp.UNLOAD in r.fakes[0].paths()
+            assert r.proxy.stats()["adapters"] == [] and r.proxy.stats()["adapter_loads"]["failed"] == 1
+
+    run(scenario())
+
+
+def test_runtime_lora_off_is_passed_through_as_404_without_retries():
+    async def scenario():
+        async with rig() as r:
+            r.fakes[1].runtime_lora = False
+            status, text = await r.load("trl-policy-v1")
+            assert status == 404 and json.loads(text) == {"detail": "Not Found"}
+            assert r.fakes[1].paths().count(rp.LOAD) == 1
+            assert r.fakes[0].adapters == {}
+
+    run(scenario())
+
+
+def test_a_load_is_all_or_nothing(caplog):
+    async def scenario():
+        async with rig(3) as r:
+            r.fakes[2].refuse = (400, "LoRA rank 64 is greater than max_lora_rank 16.")
+            status, text = await r.load("trl-policy-v1")
+            assert status == 400 and "max_lora_rank" in text
+            assert [f.adapters for f in r.fakes] == [{}, {}, {}]
+            assert all(rp.UNLOAD in f.paths() for f in r.fakes[:2]) and rp.UNLOAD not in r.fakes[2].paths()
+            assert r.proxy.stats()["adapters"] == []
+            assert [x["loads_failed"] for x in r.proxy.stats()["replicas"]] == [0, 0, 1]
+
+    run(scenario())
+    assert len([rec for rec in caplog.records if "refused by" in rec.message]) == 1
+
+
+def test_a_refusal_does_not_wait_for_a_lagging_replica():
+    async def scenario():
+        async with rig(settings=rp.Settings(health_interval_s=0.05, load_retry_s=20)) as r:
+            r.fakes[0].lag = 10_000
+            r.fakes[1].refuse = (500, "vLLM does not yet support DoRA.")
+            started = time.monotonic()
+            status, _ = await r.load("trl-policy-v1")
+            assert status == 500 and time.monotonic() - started < 5
+
+    run(scenario())
+
+
+def test_unload_reaches_every_replica_and_a_missing_name_is_no_error():
+    async def scenario():
+        async with rig() as r:
+            await r.load("trl-policy-v1")
+            r.fakes[1].adapters.clear()
+            status, _ = await r.post(rp.UNLOAD, {"lora_name": "trl-policy-v1"})
+            assert status == 200
+            assert all(rp.UNLOAD in f.paths() for f in r.fakes) and r.fakes[0].adapters == {}
+            assert r.proxy.stats()["adapters"] == []
+
+    run(scenario())
+
+
+def test_pause_resume_and_prefix_cache_reset_reach_every_replica():
+    async def scenario():
+        async with rig(3) as r:
+            await r.complete(tokens(1))
+            for path in ("/pause?mode=keep", "/resume", "/reset_prefix_cache"):
+                assert (await r.post(path))[0] == 200
+            for fake in r.fakes:
+                assert [p for p in fake.paths() if not p.startswith("/v1/")] == [
+                    "/pause?mode=keep", "/resume", "/reset_prefix_cache"]
+            assert r.proxy.stats()["routing"]["blocks_indexed"] == 0
+
+    run(scenario())
+
+
+def test_weight_transfer_is_refused_not_forwarded():
+    async def scenario():
+        async with rig() as r:
+            status, text = await r.post("/init_weight_transfer_engine", {"init_info": {}})
+            assert status == 501 and "adapter sync" in text
+            assert all("/init_weight_transfer_engine" not in f.paths() for f in r.fakes)
+
+    run(scenario())
+
+
+def test_everything_else_goes_to_one_healthy_replica():
+    async def scenario():
+        async with rig() as r:
+            status, text = await r.get("/server_info?config_format=json")
+            assert status == 200 and json.loads(text)["vllm_config"]["parallel_config"]["data_parallel_size"] == 1
+            asked = [f for f in r.fakes if "/server_info?config_format=json" in f.paths("GET")]
+            assert len(asked) == 1
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- health, dead and returning replicas
+
+
+def test_health_is_true_only_when_every_replica_is():
+    async def scenario():
+        async with rig() as r:
+            assert (await r.get("/health"))[0] == 200
+            r.fakes[1].healthy = False
+            await until(lambda: not r.proxy.replicas[1].healthy, what="replica 1 marked down")
+            status, text = await r.get("/health")
+            assert status == 503 and "1/2 replicas unhealthy" in text and r.fakes[1].url in text
+            served = {await r.complete(tokens(seed)) for seed in range(6)}
+            assert served == {r.fakes[0].port}
+            r.fakes[1].healthy = True
+            await until(lambda: r.proxy.replicas[1].healthy, what="replica 1 back")
+            assert (await r.get("/health"))[0] == 200
+
+    run(scenario())
+
+
+def test_a_dead_replica_answers_502_quickly_not_a_hang():
+    async def scenario():
+        dead = FakeVLLM(free_port())  # never started: nothing listens there
+        async with rig(fakes=[dead], ready=False) as r:
+            r.proxy.replicas[0].healthy = True  # as if it died after its last good probe
+            started = time.monotonic()
+            status, text = await r.post("/v1/completions", {"model": BASE, "prompt": tokens(1)})
+            assert status == 502 and dead.url in text
+            status, _ = await r.post("/v1/completions", {"model": BASE, "prompt": tokens(1)})
+            assert status == 502
+            assert (await r.get("/health"))[0] == 503
+            assert (await r.load("trl-policy-v1"))[0] == 502
+            assert time.monotonic() - started < 3
+
+    run(scenario())
+
+
+def test_requests_fail_over_when_a_replica_dies():
+    async def scenario():
+        async with rig() as r:
+            await r.fakes[1].stop()
+            r.fakes[1].runner = None
+            served = [await r.complete(tokens(seed)) for seed in range(6)]
+            assert set(served) == {r.fakes[0].port}
+            assert not r.proxy.replicas[1].healthy
+
+    run(scenario())
+
+
+def test_a_returning_replica_gets_the_adapters_and_the_pause_before_it_is_routed_to():
+    async def scenario():
+        async with rig() as r:
+            assert (await r.load("trl-policy-v1"))[0] == 200
+            port = r.fakes[1].port
+            await r.fakes[1].stop()
+            await until(lambda: not r.proxy.replicas[1].healthy, what="replica 1 marked down")
+            assert (await r.post("/pause?mode=keep"))[0] == 200
+            assert (await r.load("trl-policy-v2"))[0] == 200  # the one live replica took it
+            back = r.fakes[1] = await FakeVLLM(port).start()
+            await until(lambda: r.proxy.replicas[1].healthy, what="replica 1 resynced")
+            loads = [body["lora_name"] for m, path, body in back.calls if path == rp.LOAD]
+            assert loads == ["trl-policy-v1", "trl-policy-v2"] and back.paused
+            assert (await r.post("/resume"))[0] == 200
+            served = [await r.complete(tokens(seed), "trl-policy-v2") for seed in range(8)]
+            assert served.count(port) >= 3
+            assert r.proxy.stats()["replicas"][1]["resyncs"] == 2  # the first start, the return
+
+    run(scenario())
+
+
+def test_a_replica_that_cannot_take_the_adapter_back_stays_out():
+    async def scenario():
+        async with rig() as r:
+            assert (await r.load("trl-policy-v1"))[0] == 200
+            port = r.fakes[1].port
+            await r.fakes[1].stop()
+            await until(lambda: not r.proxy.replicas[1].healthy, what="replica 1 marked down")
+            back = FakeVLLM(port)
+            back.refuse = (500, "disk full")
+            r.fakes[1] = await back.start()
+            await until(lambda: rp.LOAD in back.paths(), what="a resync attempt")
+            await asyncio.sleep(0.2)
+            assert not r.proxy.replicas[1].healthy and "resync" in r.proxy.replicas[1].why
+            assert {await r.complete(tokens(seed), "trl-policy-v1") for seed in range(4)} == {r.fakes[0].port}
+
+    run(scenario())
+
+
+def test_stats_count_requests_per_replica():
+    async def scenario():
+        async with rig() as r:
+            for seed in range(5):
+                await r.complete(tokens(seed))
+                await r.complete(tokens(seed))
+            status, text = await r.get(rp.STATS)
+            stats = json.loads(text)
+            assert status == 200
+            assert sum(x["requests"] for x in stats["replicas"]) == 10
+            assert [x["requests"] for x in stats["replicas"]] == [len(f.completions()) for f in r.fakes]
+            assert all(x["in_flight"] == 0 and x["healthy"] for x in stats["replicas"])
+            assert stats["routing"]["affinity_share"] == 0.5
+
+    run(scenario())
+
+
+# ---------------------------------------------------------------- command line
+
+
+@pytest.mark.parametrize("argv, says", [
+    ([], "--replica"),
+    (["--replica", "ftp://a:1"], "not an http"),
+    (["--replica", "http://user:secret@a:1"], "credentials"),
+    (["--replica", "http://a:1/v1"], "base URL"),
+    (["--replica", "http://a:99999"], "--replica"),
+    (["--replica", "http://a:1", "--replica", "http://a:1"], "twice"),
+    (["--replica", "http://a:1", "--listen", "8000"], "HOST:PORT"),
+    (["--replica", "http://a:1", "--block-size", "0"], "at least 1"),
+    (["--replica", "http://a:1", "--imbalance", "x"], "not a number"),
+    (["--replica", "http://a:1", "--load-retry-s", "nan"], "at least"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys):
+    with pytest.raises(SystemExit) as stop:
+        rp.main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err and "secret" not in err
+
+
+def test_good_arguments_become_settings():
+    args = rp.parse_args(["--listen", "[::1]:9000", "--replica", "http://a:1/", "--replica", "https://b:2",
+                          "--block-size", "32", "--imbalance", "0", "--load-retry-s", "5"])
+    assert args.listen == ("::1", 9000) and args.replica == ["http://a:1", "https://b:2"]
+    settings = rp.settings_of(args)
+    assert (settings.block_size, settings.imbalance, settings.load_retry_s) == (32, 0, 5.0)
+
