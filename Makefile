@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 BENCH_REPEAT ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-verl test-verl-cluster ci-fresh test-cuda-images test-arm64-images test-unit test-static test-integration images images-cuda images-static bench bench-shipping bench-split bench-cluster render-defaults clean
+.PHONY: help setup demo test test-verl test-verl-cluster ci-fresh test-cuda-images test-arm64-images test-unit test-static test-integration images images-cuda images-static bench bench-shipping bench-split bench-cluster bench-proxy render-defaults clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -63,6 +63,9 @@ bench-split: ## split `up` -> first step over two test hosts against the local o
 
 bench-cluster: ## verl's Ray cluster up (head to every worker joined) over 2 and 4 test hosts (ships the verl-cpu image to 4 hosts: ~15 min cold)
 	$(PYTHON) benchmarks/multihost.py --part cluster
+
+bench-proxy: ## the replica proxy's overhead per completion request against a direct request to a fake replica (target: median under 2 ms; ~1 min)
+	$(PYTHON) benchmarks/proxy_overhead.py
 
 ci-fresh: ## rehearse CI as a fresh machine runs it: a fresh clone of HEAD against an empty second Docker engine (own namespaces; this engine's images untouched); run before every stop (root, ~60 min)
 	bash scripts/fresh-engine-ci.sh

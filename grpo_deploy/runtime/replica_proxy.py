@@ -6,19 +6,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import logging
 import re
 import sys
 import time
-from array import array
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
+
+from .prefix_router import PrefixRouter, prompt_of
 
 log = logging.getLogger("grpo_deploy.replica_proxy")
 
@@ -34,132 +34,30 @@ STATS = "/proxy/stats"
 # vLLM's answer when the adapter folder is not (yet) visible to the server: a mount that lags. FastAPI's own 404
 # {"detail": "Not Found"} (runtime LoRA updating off) does not match and is passed through: TRL words that one.
 LAGGING = re.compile(r"No adapter found|LoRAAdapterNotFound", re.I)
-# A text prompt has no token ids: blocks of this many characters per token stand in for token blocks.
-CHARS_PER_TOKEN = 4
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.25, 4.0
 HEALTH_TIMEOUT_S = 5.0
 BROADCAST_TIMEOUT_S = 900.0
 # Below uvicorn's keep-alive (vLLM: 5 s), so the proxy never reuses a connection the replica is closing.
 KEEPALIVE_S = 3.0
-HOP_BY_HOP = frozenset(h.lower() for h in ("Host", "Content-Length", "Transfer-Encoding", "Connection", "Keep-Alive",
-                                           "Upgrade", "TE", "Trailer", "Proxy-Authorization", "Proxy-Authenticate"))
-
-
-# ---------------------------------------------------------------- routing (pure: no I/O)
-
-class _Block:
-    __slots__ = ("owners", "successors")
-
-    def __init__(self):
-        self.owners: dict[int, int] = {}  # replica -> its epoch when it served this block
-        self.successors: set[bytes] = set()  # at most 2 kept: 2 means "shared by different prompts"
-
-
-class PrefixRouter:
-    """Which replica likely holds a prompt's KV: whole blocks of `block_size` tokens hashed in a chain seeded with the
-    model (adapter) name. A block is common, and resets the count, when different prompts continue it (it and its
-    ancestors are a shared template) or every replica served it; the replica with the most blocks after the last
-    common one wins, unless it has more than `imbalance` requests in flight beyond the least loaded (a spill)."""
-
-    def __init__(self, replicas: int, block_size: int = 16, imbalance: int = 8, max_blocks: int = 500_000):
-        self.replicas, self.block_size, self.imbalance, self.max_blocks = replicas, block_size, imbalance, max_blocks
-        self.epochs = [0] * replicas
-        self.index: OrderedDict[bytes, _Block] = OrderedDict()
-        self._turn = 0
-
-    def hashes(self, model: str, prompt: object) -> list[bytes]:
-        """The chained block hashes of *prompt* (token ids, or text as a stand-in) under *model*'s namespace."""
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str)):
-            prompt = prompt[0]  # a batch: routed by its first prompt
-        if isinstance(prompt, list):
-            try:
-                data, width = array("q", prompt).tobytes(), 8 * self.block_size
-            except (TypeError, OverflowError):
-                prompt = json.dumps(prompt)
-        if isinstance(prompt, str):
-            data, width = prompt.encode(), CHARS_PER_TOKEN * self.block_size
-        elif not isinstance(prompt, list):
-            return []
-        chain = hashlib.blake2b(model.encode(), digest_size=16, person=b"grpo-proxy").digest()
-        out = []
-        for start in range(0, len(data) - width + 1, width):
-            chain = hashlib.blake2b(chain + data[start:start + width], digest_size=16).digest()
-            out.append(chain)
-        return out
-
-    def _holders(self, block: _Block) -> list[int]:
-        return [r for r, epoch in block.owners.items() if self.epochs[r] == epoch]
-
-    def scores(self, hashes: list[bytes]) -> Counter:
-        """Matching blocks per replica after the last common block."""
-        score: Counter = Counter()
-        for h in hashes:
-            block = self.index.get(h)
-            if block is None:
-                break  # a chain: nothing after a miss can match
-            holders = self._holders(block)
-            if len(block.successors) > 1 or (self.replicas > 1 and len(holders) == self.replicas):
-                score.clear()
-                continue
-            score.update(holders)
-        return score
-
-    def least_loaded(self, loads: dict[int, int]) -> int:
-        low = min(loads.values())
-        tied = sorted(r for r, n in loads.items() if n == low)
-        self._turn += 1
-        return tied[self._turn % len(tied)]
-
-    def choose(self, hashes: list[bytes], loads: dict[int, int]) -> tuple[int, str]:
-        """(replica, "hit" | "miss" | "spill") among *loads* (eligible replica -> requests in flight)."""
-        score = {r: n for r, n in self.scores(hashes).items() if r in loads and n > 0}
-        least = self.least_loaded(loads)
-        if not score:
-            return least, "miss"
-        top = max(score.values())
-        best = min((r for r, n in score.items() if n == top), key=lambda r: (loads[r], r))
-        if loads[best] - loads[least] > self.imbalance:
-            return least, "spill"
-        return best, "hit"
-
-    def record(self, hashes: list[bytes], replica: int) -> None:
-        """*replica* now holds these blocks (vLLM caches whole blocks of the prompt it served)."""
-        previous = None
-        for h in hashes:
-            block = self.index.get(h)
-            if block is None:
-                block = self.index[h] = _Block()
-            else:
-                self.index.move_to_end(h)
-            block.owners[replica] = self.epochs[replica]
-            if previous is not None and len(previous.successors) < 2:
-                previous.successors.add(h)
-            previous = block
-        while len(self.index) > self.max_blocks:
-            self.index.popitem(last=False)
-
-    def forget_replica(self, replica: int) -> None:
-        """The replica's cache is gone (it went down): the blocks it served no longer count for it."""
-        self.epochs[replica] += 1
-
-    def clear(self) -> None:
-        self.index.clear()
-
-
-def prompt_of(path: str, payload: object) -> tuple[str, object]:
-    """(model, prompt) of a completion request; a chat's messages become text, one message after another."""
-    if not isinstance(payload, dict):
-        return "", None
-    model = str(payload.get("model") or "")
-    if path.endswith("/chat/completions"):
-        messages = payload.get("messages")
-        if not isinstance(messages, list):
-            return model, None
-        return model, "".join(json.dumps(m, sort_keys=True, separators=(",", ":")) for m in messages)
-    return model, payload.get("prompt")
+HOP_BY_HOP = frozenset(
+    h.lower()
+    for h in (
+        "Host",
+        "Content-Length",
+        "Transfer-Encoding",
+        "Connection",
+        "Keep-Alive",
+        "Upgrade",
+        "TE",
+        "Trailer",
+        "Proxy-Authorization",
+        "Proxy-Authenticate",
+    )
+)
 
 
 # ---------------------------------------------------------------- the server
+
 
 @dataclass(eq=False)
 class Replica:
@@ -291,9 +189,14 @@ class ReplicaProxy:
         if path == STATS:
             return web.json_response(self.stats())
         if path in WEIGHT_TRANSFER:
-            return _response(_error(501, f"{path} cannot go through the replica proxy: merged (NCCL) weight sync "
-                                         "reaches one replica; use adapter sync (a LoRA model, --enable-lora)",
-                                    "NotImplemented"))
+            return _response(
+                _error(
+                    501,
+                    f"{path} cannot go through the replica proxy: merged (NCCL) weight sync "
+                    "reaches one replica; use adapter sync (a LoRA model, --enable-lora)",
+                    "NotImplemented",
+                )
+            )
         return await self._forward(request)
 
     # ---- health
@@ -301,16 +204,19 @@ class ReplicaProxy:
     def _down(self, i: int, why: str) -> None:
         replica = self.replicas[i]
         if replica.healthy:
-            log.warning(f"replica {replica.url} is down: {why}; not routed to until it answers /health and is "
-                        "given the current adapters")
+            log.warning(
+                f"replica {replica.url} is down: {why}; not routed to until it answers /health and is "
+                "given the current adapters"
+            )
             self.router.forget_replica(i)
         replica.healthy, replica.why = False, why
 
     async def _probe(self, replica: Replica) -> str | None:
         """None when the replica answers GET /health with 200, else why not."""
         try:
-            async with self.session.get(f"{replica.url}/health",
-                                        timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)) as response:
+            async with self.session.get(
+                f"{replica.url}/health", timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+            ) as response:
                 await response.read()
                 return None if response.status == 200 else f"/health answered {response.status}"
         except (aiohttp.ClientError, TimeoutError) as error:
@@ -335,14 +241,9 @@ class ReplicaProxy:
         """Give a replica that answers again every adapter it lacks (oldest first) and the pause in force, then route
         to it. Held under the lock, so no broadcast slips between the resync and the replica's return."""
         replica = self.replicas[i]
-        listed = await self._call(replica, "GET", "/v1/models", b"", {}, timeout=HEALTH_TIMEOUT_S)
-        if listed is None or listed.status != 200:
-            replica.why = "GET /v1/models failed: " + ("unreachable" if listed is None else str(listed.status))
+        have = await self._listed(replica) if self.adapters else set()
+        if have is None:
             return
-        try:
-            have = {entry["id"] for entry in json.loads(listed.body)["data"]}
-        except (ValueError, KeyError, TypeError):
-            have = set()
         given = []
         for name, adapter in self.adapters.items():
             if name in have:
@@ -359,8 +260,22 @@ class ReplicaProxy:
                 return
         replica.healthy, replica.why = True, "ok"
         replica.resyncs += 1
-        log.info(f"replica {replica.url} is up; given adapters {given or 'none (it had them)'}"
-                 f"{', paused' if self.paused is not None else ''}; routed to again")
+        log.info(
+            f"replica {replica.url} is up; given adapters {given or 'none (it had them)'}"
+            f"{', paused' if self.paused is not None else ''}; routed to again"
+        )
+
+    async def _listed(self, replica: Replica) -> set[str] | None:
+        """The model names a replica serves (GET /v1/models, with the last load's Authorization: vLLM guards /v1)."""
+        headers = next(reversed(self.adapters.values())).headers
+        listed = await self._call(replica, "GET", "/v1/models", b"", headers, timeout=HEALTH_TIMEOUT_S)
+        if listed is None or listed.status != 200:
+            replica.why = "GET /v1/models failed: " + ("unreachable" if listed is None else f"HTTP {listed.status}")
+            return None
+        try:
+            return {entry["id"] for entry in json.loads(listed.body)["data"]}
+        except (ValueError, KeyError, TypeError):
+            return set()
 
     def _health(self) -> Answer:
         down = [r for r in self.replicas if not r.healthy]
@@ -372,16 +287,29 @@ class ReplicaProxy:
 
     # ---- upstream calls
 
-    async def _call(self, replica: Replica, method: str, path: str, body: bytes, headers: dict[str, str],
-                    timeout: float = BROADCAST_TIMEOUT_S) -> Answer | None:
+    async def _call(
+        self,
+        replica: Replica,
+        method: str,
+        path: str,
+        body: bytes,
+        headers: dict[str, str],
+        timeout: float = BROADCAST_TIMEOUT_S,
+    ) -> Answer | None:
         """One request to one replica; None when it cannot be reached (it is then marked down)."""
         try:
-            async with self.session.request(method, replica.url + path, data=body or None, headers=headers,
-                                            timeout=aiohttp.ClientTimeout(
-                                                total=timeout, sock_connect=self.settings.connect_timeout_s)
-                                            ) as response:
-                return Answer(response.status, await response.read(),
-                              response.headers.get("Content-Type", "application/octet-stream"))
+            async with self.session.request(
+                method,
+                replica.url + path,
+                data=body or None,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout, sock_connect=self.settings.connect_timeout_s),
+            ) as response:
+                return Answer(
+                    response.status,
+                    await response.read(),
+                    response.headers.get("Content-Type", "application/octet-stream"),
+                )
         except (aiohttp.ClientError, TimeoutError) as error:
             replica.errors += 1
             self._down(self.replicas.index(replica), f"{method} {path}: {type(error).__name__}: {error}")
@@ -395,8 +323,9 @@ class ReplicaProxy:
         not be connected to (nothing was sent): the caller may try another one."""
         replica = self.replicas[i]
         try:
-            upstream = await self.session.request(request.method, replica.url + request.path_qs, data=body or None,
-                                                  headers=_forwarded(request.headers))
+            upstream = await self.session.request(
+                request.method, replica.url + request.path_qs, data=body or None, headers=_forwarded(request.headers)
+            )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:
             replica.errors += 1
             self._down(i, f"{type(error).__name__}: {error}")
@@ -416,8 +345,9 @@ class ReplicaProxy:
             return out
         except (aiohttp.ClientError, TimeoutError) as error:
             replica.errors += 1
-            return _response(_error(502, f"replica {replica.url} broke off: {type(error).__name__}: {error}",
-                                    "BadGateway"))
+            return _response(
+                _error(502, f"replica {replica.url} broke off: {type(error).__name__}: {error}", "BadGateway")
+            )
         finally:
             upstream.release()
 
@@ -474,8 +404,9 @@ class ReplicaProxy:
         body, headers = await request.read(), _forwarded(request.headers)
         async with self._lock:
             targets = [self.replicas[i] for i in self._healthy()]
-            answers = await asyncio.gather(*(self._call(r, request.method, request.path_qs, body, headers)
-                                             for r in targets))
+            answers = await asyncio.gather(
+                *(self._call(r, request.method, request.path_qs, body, headers) for r in targets)
+            )
             if request.path == "/pause":
                 self.paused = "?" + request.query_string if request.query_string else ""
             elif request.path == "/resume":
@@ -504,19 +435,24 @@ class ReplicaProxy:
                 return _Outcome("ok", answer, tries)
             if not LAGGING.search(answer.body.decode(errors="replace")):
                 replica.loads_failed += 1
-                log.warning(f"adapter load {name} refused by {replica.url}: HTTP {answer.status}: "
-                            f"{_reason(answer.body)}")
+                log.warning(
+                    f"adapter load {name} refused by {replica.url}: HTTP {answer.status}: {_reason(answer.body)}"
+                )
                 return _Outcome("refused", answer, tries)
             left = deadline - time.monotonic()
             if left <= 0:
                 replica.loads_failed += 1
-                log.warning(f"adapter load {name} on {replica.url}: still not found after {tries} tries over "
-                            f"{self.settings.load_retry_s:g} s (a mount that lags?): {_reason(answer.body)}")
+                log.warning(
+                    f"adapter load {name} on {replica.url}: still not found after {tries} tries over "
+                    f"{self.settings.load_retry_s:g} s (a mount that lags?): {_reason(answer.body)}"
+                )
                 return _Outcome("lagging", answer, tries)
             replica.loads_retried += 1
             pause = min(wait, left)
-            log.warning(f"adapter load {name} on {replica.url}: not found (try {tries}), trying again in "
-                        f"{pause:.2f} s: {_reason(answer.body)}")
+            log.warning(
+                f"adapter load {name} on {replica.url}: not found (try {tries}), trying again in "
+                f"{pause:.2f} s: {_reason(answer.body)}"
+            )
             await asyncio.sleep(pause)
             wait = min(wait * 2, MAX_BACKOFF_S)
 
@@ -548,8 +484,7 @@ class ReplicaProxy:
                 await self._rollback(name, undo, headers)
                 self.loads.failed += 1
             elif "ok" in kinds:
-                self.adapters[name] = _Adapter(body, {k: v for k, v in headers.items()
-                                                      if k.lower() == "authorization"})
+                self.adapters[name] = _Adapter(body, {k: v for k, v in headers.items() if k.lower() == "authorization"})
                 seconds = time.monotonic() - started
                 self.loads.add(seconds)
                 for r in targets:
@@ -561,13 +496,15 @@ class ReplicaProxy:
         lagging = [(url, o) for url, o in outcomes.items() if o.kind == "lagging"]
         if lagging:
             url, o = lagging[0]
-            return _error(504, f"replica {url}: adapter {name} still not found after {o.tries} tries over "
-                               f"{self.settings.load_retry_s:g} s (a mount that lags?): {_reason(o.answer.body)}",
-                          "GatewayTimeout")
+            return _error(
+                504,
+                f"replica {url}: adapter {name} still not found after {o.tries} tries over "
+                f"{self.settings.load_retry_s:g} s (a mount that lags?): {_reason(o.answer.body)}",
+                "GatewayTimeout",
+            )
         ok = [o.answer for o in outcomes.values() if o.kind == "ok"]
         if not ok:
-            return _error(502, f"adapter load {name}: no replica could be reached: {self._health_text()}",
-                          "BadGateway")
+            return _error(502, f"adapter load {name}: no replica could be reached: {self._health_text()}", "BadGateway")
         return ok[0]
 
     async def _rollback(self, name: str, replicas: list[Replica], headers: dict[str, str]) -> None:
@@ -595,16 +532,36 @@ class ReplicaProxy:
     def stats(self) -> dict:
         routed = sum(self.routes.values())
         return {
-            "routing": {"hits": self.routes["hit"], "misses": self.routes["miss"], "spills": self.routes["spill"],
-                        "affinity_share": round(self.routes["hit"] / routed, 4) if routed else None,
-                        "blocks_indexed": len(self.router.index)},
-            "replicas": [{"url": r.url, "healthy": r.healthy, "why": r.why, "in_flight": r.in_flight,
-                          "requests": r.requests, "errors": r.errors, "loads_ok": r.loads_ok,
-                          "loads_failed": r.loads_failed, "loads_retried": r.loads_retried, "resyncs": r.resyncs,
-                          "last_load_s": r.last_load_s} for r in self.replicas],
-            "adapter_loads": {"ok": self.loads.count, "failed": self.loads.failed, "last_s": self.loads.last_s,
-                              "mean_s": self.loads.total_s / self.loads.count if self.loads.count else None,
-                              "max_s": self.loads.max_s if self.loads.count else None},
+            "routing": {
+                "hits": self.routes["hit"],
+                "misses": self.routes["miss"],
+                "spills": self.routes["spill"],
+                "affinity_share": round(self.routes["hit"] / routed, 4) if routed else None,
+                "blocks_indexed": len(self.router.index),
+            },
+            "replicas": [
+                {
+                    "url": r.url,
+                    "healthy": r.healthy,
+                    "why": r.why,
+                    "in_flight": r.in_flight,
+                    "requests": r.requests,
+                    "errors": r.errors,
+                    "loads_ok": r.loads_ok,
+                    "loads_failed": r.loads_failed,
+                    "loads_retried": r.loads_retried,
+                    "resyncs": r.resyncs,
+                    "last_load_s": r.last_load_s,
+                }
+                for r in self.replicas
+            ],
+            "adapter_loads": {
+                "ok": self.loads.count,
+                "failed": self.loads.failed,
+                "last_s": self.loads.last_s,
+                "mean_s": self.loads.total_s / self.loads.count if self.loads.count else None,
+                "max_s": self.loads.max_s if self.loads.count else None,
+            },
             "adapters": list(self.adapters),
             "paused": self.paused is not None,
         }
@@ -618,6 +575,7 @@ def _lora_name(body: bytes) -> str:
 
 
 # ---------------------------------------------------------------- command line
+
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2, no usage block
@@ -638,8 +596,10 @@ def replica_url(text: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(f"--replica {text!r} is not an http:// or https:// URL with a host")
     if parts.username or parts.password:
-        raise argparse.ArgumentTypeError(f"--replica {parts.hostname}: credentials do not belong on a command line; "
-                                         "the trainer's own Authorization header is passed on")
+        raise argparse.ArgumentTypeError(
+            f"--replica {parts.hostname}: credentials do not belong on a command line; "
+            "the trainer's own Authorization header is passed on"
+        )
     if parts.path.strip("/") or parts.query or parts.fragment:
         raise argparse.ArgumentTypeError(f"--replica {text!r}: give the server's base URL (no path or query)")
     try:
@@ -658,32 +618,65 @@ def _number(kind, low, name):
         if not value >= low:  # also refuses nan
             raise argparse.ArgumentTypeError(f"{name} {text!r} must be at least {low}")
         return value
+
     return parse
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = Settings()
     parser = _Parser(prog="python3 -m grpo_deploy.runtime.replica_proxy", description=__doc__)
-    parser.add_argument("--listen", type=listen_address, default=("127.0.0.1", 8000), metavar="HOST:PORT",
-                        help="where the trainer reaches the proxy (default 127.0.0.1:8000)")
-    parser.add_argument("--replica", type=replica_url, action="append", required=True, metavar="URL",
-                        help="a vLLM server's base URL, e.g. http://10.0.0.2:8000 (repeat for each replica)")
-    parser.add_argument("--block-size", type=_number(int, 1, "--block-size"), default=d.block_size,
-                        help=f"tokens per prefix block (default {d.block_size}, vLLM's)")
-    parser.add_argument("--imbalance", type=_number(int, 0, "--imbalance"), default=d.imbalance,
-                        help="requests in flight beyond the least loaded replica before affinity gives way "
-                             f"(default {d.imbalance})")
-    parser.add_argument("--load-retry-s", type=_number(float, 0.0, "--load-retry-s"), default=d.load_retry_s,
-                        help="how long an adapter load that finds no adapter (a mount that lags) is tried again "
-                             f"before the answer is 504 (default {d.load_retry_s:g})")
-    parser.add_argument("--connect-timeout-s", type=_number(float, 0.01, "--connect-timeout-s"),
-                        default=d.connect_timeout_s, help=f"connect timeout to a replica (default "
-                                                          f"{d.connect_timeout_s:g})")
-    parser.add_argument("--health-interval-s", type=_number(float, 0.01, "--health-interval-s"),
-                        default=d.health_interval_s, help=f"seconds between health probes of each replica (default "
-                                                          f"{d.health_interval_s:g})")
-    parser.add_argument("--max-blocks", type=_number(int, 1, "--max-blocks"), default=d.max_blocks,
-                        help=f"prefix blocks remembered, least recently used dropped (default {d.max_blocks})")
+    parser.add_argument(
+        "--listen",
+        type=listen_address,
+        default=("127.0.0.1", 8000),
+        metavar="HOST:PORT",
+        help="where the trainer reaches the proxy (default 127.0.0.1:8000)",
+    )
+    parser.add_argument(
+        "--replica",
+        type=replica_url,
+        action="append",
+        required=True,
+        metavar="URL",
+        help="a vLLM server's base URL, e.g. http://10.0.0.2:8000 (repeat for each replica)",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=_number(int, 1, "--block-size"),
+        default=d.block_size,
+        help=f"tokens per prefix block (default {d.block_size}, vLLM's)",
+    )
+    parser.add_argument(
+        "--imbalance",
+        type=_number(int, 0, "--imbalance"),
+        default=d.imbalance,
+        help=f"requests in flight beyond the least loaded replica before affinity gives way (default {d.imbalance})",
+    )
+    parser.add_argument(
+        "--load-retry-s",
+        type=_number(float, 0.0, "--load-retry-s"),
+        default=d.load_retry_s,
+        help="how long an adapter load that finds no adapter (a mount that lags) is tried again "
+        f"before the answer is 504 (default {d.load_retry_s:g})",
+    )
+    parser.add_argument(
+        "--connect-timeout-s",
+        type=_number(float, 0.01, "--connect-timeout-s"),
+        default=d.connect_timeout_s,
+        help=f"connect timeout to a replica (default {d.connect_timeout_s:g})",
+    )
+    parser.add_argument(
+        "--health-interval-s",
+        type=_number(float, 0.01, "--health-interval-s"),
+        default=d.health_interval_s,
+        help=f"seconds between health probes of each replica (default {d.health_interval_s:g})",
+    )
+    parser.add_argument(
+        "--max-blocks",
+        type=_number(int, 1, "--max-blocks"),
+        default=d.max_blocks,
+        help=f"prefix blocks remembered, least recently used dropped (default {d.max_blocks})",
+    )
     args = parser.parse_args(argv)
     if len(set(args.replica)) != len(args.replica):
         parser.error("--replica: the same URL is given twice")
@@ -691,9 +684,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
-    return Settings(block_size=args.block_size, imbalance=args.imbalance, load_retry_s=args.load_retry_s,
-                    connect_timeout_s=args.connect_timeout_s, health_interval_s=args.health_interval_s,
-                    max_blocks=args.max_blocks)
+    return Settings(
+        block_size=args.block_size,
+        imbalance=args.imbalance,
+        load_retry_s=args.load_retry_s,
+        connect_timeout_s=args.connect_timeout_s,
+        health_interval_s=args.health_interval_s,
+        max_blocks=args.max_blocks,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,6 +100,13 @@ class FakeVLLM:
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
         if self.hold is not None:
             await self.hold.wait()
-        return web.json_response({"id": "cmpl-fake", "model": model, "served_by": self.port,
-                                  "choices": [{"index": 0, "text": "ok", "token_ids": [7, 8],
-                                               "logprobs": {"token_logprobs": [-0.1, -0.2]}}]})
+        return web.json_response(
+            {
+                "id": "cmpl-fake",
+                "model": model,
+                "served_by": self.port,
+                "choices": [
+                    {"index": 0, "text": "ok", "token_ids": [7, 8], "logprobs": {"token_logprobs": [-0.1, -0.2]}}
+                ],
+            }
+        )

@@ -16,9 +16,9 @@ import pytest
 from grpo_deploy.runtime import replica_proxy as rp
 
 from .fake_vllm import BASE, FakeVLLM
+from .test_prefix_router import TEMPLATE, tokens
 
 FAST = rp.Settings(health_interval_s=0.05, connect_timeout_s=0.5, load_retry_s=1.0)
-TEMPLATE = list(range(9000, 9048))  # three whole blocks every prompt starts with, like a chat template
 
 
 def run(coro, seconds: float = 30.0):
@@ -31,10 +31,6 @@ async def until(check, seconds: float = 5.0, what: str = "condition"):
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not reached within {seconds} s")
         await asyncio.sleep(0.02)
-
-
-def tokens(seed: int, blocks: int = 3, head: list[int] | None = None) -> list[int]:
-    return (head or []) + [seed * 1000 + i for i in range(16 * blocks + 5)]
 
 
 class Rig:
@@ -86,53 +82,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-# ---------------------------------------------------------------- the router alone
-
-
-def test_a_new_adapter_version_hashes_into_its_own_namespace():
-    router = rp.PrefixRouter(2)
-    prompt = tokens(1)
-    v1, v2 = router.hashes("trl-policy-v1", prompt), router.hashes("trl-policy-v2", prompt)
-    assert len(v1) == 3  # whole blocks only: 53 tokens are 3 blocks of 16
-    assert v1 == router.hashes("trl-policy-v1", list(prompt))
-    assert not set(v1) & set(v2)
-
-
-def test_text_prompts_hash_in_character_blocks_and_share_their_prefix():
-    router = rp.PrefixRouter(2, block_size=16)
-    short, longer = "a" * 64 * 2, "a" * 64 * 2 + "b" * 70
-    assert len(router.hashes("m", short)) == 2
-    assert router.hashes("m", longer)[:2] == router.hashes("m", short)
-    assert router.hashes("m", None) == [] and router.hashes("m", {"x": 1}) == []
-
-
-def test_a_shared_template_and_its_ancestors_do_not_count():
-    router = rp.PrefixRouter(2)
-    a, b, c = (router.hashes("m", tokens(s, 2, TEMPLATE)) for s in (1, 2, 3))
-    router.record(a, 0)
-    assert router.scores(a) == {0: 5}
-    router.record(b, 0)  # the template's last block now has two continuations
-    assert router.scores(c) == {}
-    assert router.scores(a) == {0: 2}
-
-
-def test_blocks_every_replica_holds_do_not_count_and_a_lost_replica_forgets():
-    router = rp.PrefixRouter(2)
-    h = router.hashes("m", tokens(1))
-    router.record(h, 0)
-    router.record(h, 1)
-    assert router.scores(h) == {}
-    router.forget_replica(1)
-    assert router.scores(h) == {0: 3}
-
-
-def test_the_index_keeps_at_most_max_blocks():
-    router = rp.PrefixRouter(2, max_blocks=10)
-    for seed in range(10):
-        router.record(router.hashes("m", tokens(seed)), seed % 2)
-    assert len(router.index) == 10
 
 
 # ---------------------------------------------------------------- routing through the proxy
@@ -325,7 +274,10 @@ def test_pause_resume_and_prefix_cache_reset_reach_every_replica():
                 assert (await r.post(path))[0] == 200
             for fake in r.fakes:
                 assert [p for p in fake.paths() if not p.startswith("/v1/")] == [
-                    "/pause?mode=keep", "/resume", "/reset_prefix_cache"]
+                    "/pause?mode=keep",
+                    "/resume",
+                    "/reset_prefix_cache",
+                ]
             assert r.proxy.stats()["routing"]["blocks_indexed"] == 0
 
     run(scenario())
@@ -422,6 +374,19 @@ def test_a_returning_replica_gets_the_adapters_and_the_pause_before_it_is_routed
     run(scenario())
 
 
+def test_a_replica_that_only_blinked_keeps_its_adapters_and_is_not_given_them_twice():
+    async def scenario():
+        async with rig() as r:
+            assert (await r.load("trl-policy-v1"))[0] == 200
+            r.fakes[1].healthy = False
+            await until(lambda: not r.proxy.replicas[1].healthy, what="replica 1 marked down")
+            r.fakes[1].healthy = True
+            await until(lambda: r.proxy.replicas[1].healthy, what="replica 1 back")
+            assert r.fakes[1].paths().count(rp.LOAD) == 1 and "/v1/models" in r.fakes[1].paths("GET")
+
+    run(scenario())
+
+
 def test_a_replica_that_cannot_take_the_adapter_back_stays_out():
     async def scenario():
         async with rig() as r:
@@ -460,18 +425,21 @@ def test_stats_count_requests_per_replica():
 # ---------------------------------------------------------------- command line
 
 
-@pytest.mark.parametrize("argv, says", [
-    ([], "--replica"),
-    (["--replica", "ftp://a:1"], "not an http"),
-    (["--replica", "http://user:secret@a:1"], "credentials"),
-    (["--replica", "http://a:1/v1"], "base URL"),
-    (["--replica", "http://a:99999"], "--replica"),
-    (["--replica", "http://a:1", "--replica", "http://a:1"], "twice"),
-    (["--replica", "http://a:1", "--listen", "8000"], "HOST:PORT"),
-    (["--replica", "http://a:1", "--block-size", "0"], "at least 1"),
-    (["--replica", "http://a:1", "--imbalance", "x"], "not a number"),
-    (["--replica", "http://a:1", "--load-retry-s", "nan"], "at least"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        ([], "--replica"),
+        (["--replica", "ftp://a:1"], "not an http"),
+        (["--replica", "http://user:secret@a:1"], "credentials"),
+        (["--replica", "http://a:1/v1"], "base URL"),
+        (["--replica", "http://a:99999"], "--replica"),
+        (["--replica", "http://a:1", "--replica", "http://a:1"], "twice"),
+        (["--replica", "http://a:1", "--listen", "8000"], "HOST:PORT"),
+        (["--replica", "http://a:1", "--block-size", "0"], "at least 1"),
+        (["--replica", "http://a:1", "--imbalance", "x"], "not a number"),
+        (["--replica", "http://a:1", "--load-retry-s", "nan"], "at least"),
+    ],
+)
 def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys):
     with pytest.raises(SystemExit) as stop:
         rp.main(argv)
@@ -481,9 +449,22 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys):
 
 
 def test_good_arguments_become_settings():
-    args = rp.parse_args(["--listen", "[::1]:9000", "--replica", "http://a:1/", "--replica", "https://b:2",
-                          "--block-size", "32", "--imbalance", "0", "--load-retry-s", "5"])
+    args = rp.parse_args(
+        [
+            "--listen",
+            "[::1]:9000",
+            "--replica",
+            "http://a:1/",
+            "--replica",
+            "https://b:2",
+            "--block-size",
+            "32",
+            "--imbalance",
+            "0",
+            "--load-retry-s",
+            "5",
+        ]
+    )
     assert args.listen == ("::1", 9000) and args.replica == ["http://a:1", "https://b:2"]
     settings = rp.settings_of(args)
     assert (settings.block_size, settings.imbalance, settings.load_retry_s) == (32, 0, 5.0)
-
