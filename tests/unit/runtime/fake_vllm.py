@@ -19,8 +19,8 @@ def _error(status: int, message: str, kind: str) -> web.Response:
 class FakeVLLM:
     """`calls` holds (method, path with query, json body) in arrival order; `lag` answers that many loads with vLLM's
     "No adapter found" first; `refuse` answers every load with (status, message); `hold` keeps completions in flight
-    until it is set; `healthy` False makes /health answer 503; `runtime_lora` False drops the LoRA routes (FastAPI's
-    plain 404)."""
+    until it is set; a streamed completion waits on `gate` after its first event; `healthy` False makes /health
+    answer 503; `runtime_lora` False drops the LoRA routes (FastAPI's plain 404)."""
 
     def __init__(self, port: int = 0):
         self.port = port
@@ -32,6 +32,7 @@ class FakeVLLM:
         self.healthy = True
         self.runtime_lora = True
         self.paused = False
+        self.gate: asyncio.Event | None = None
         self.runner: web.AppRunner | None = None
 
     @property
@@ -68,7 +69,7 @@ class FakeVLLM:
             data = [{"id": BASE, "max_model_len": 512}] + [{"id": n, "root": p} for n, p in self.adapters.items()]
             return web.json_response({"object": "list", "data": data})
         if path in ("/v1/completions", "/v1/chat/completions"):
-            return await self._complete(body)
+            return await self._complete(body, request)
         if path in ("/pause", "/resume", "/reset_prefix_cache"):
             self.paused = path == "/pause" or (self.paused and path != "/resume")
             return web.json_response({"status": "ok"})
@@ -94,12 +95,24 @@ class FakeVLLM:
         self.adapters[name] = path
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
-    async def _complete(self, body: dict) -> web.Response:
+    async def _complete(self, body: dict, request: web.Request) -> web.StreamResponse:
         model = body.get("model")
         if model != BASE and model not in self.adapters:
             return _error(404, f"The model `{model}` does not exist.", "NotFoundError")
         if self.hold is not None:
             await self.hold.wait()
+        if body.get("stream"):
+            out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await out.prepare(request)
+            for text in ("o", "k"):
+                if text == "k" and self.gate is not None:
+                    await self.gate.wait()  # the first event must reach the client before the rest is written
+                await out.write(
+                    f"data: {json.dumps({'choices': [{'text': text}], 'served_by': self.port})}\n\n".encode()
+                )
+            await out.write(b"data: [DONE]\n\n")
+            await out.write_eof()
+            return out
         return web.json_response(
             {
                 "id": "cmpl-fake",

@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import socket
+import sys
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -18,6 +21,7 @@ from grpo_deploy.runtime import replica_proxy as rp
 from .fake_vllm import BASE, FakeVLLM
 from .test_prefix_router import TEMPLATE, tokens
 
+REPO = Path(__file__).resolve().parents[3]
 FAST = rp.Settings(health_interval_s=0.05, connect_timeout_s=0.5, load_retry_s=1.0)
 
 
@@ -164,6 +168,27 @@ def test_chat_completions_are_routed_by_their_messages():
                 ports.add(json.loads(text)["served_by"])
             assert len(ports) == 1
             assert r.proxy.stats()["routing"]["hits"] == 2
+
+    run(scenario())
+
+
+def test_a_streamed_completion_is_relayed_as_it_streams():
+    async def scenario():
+        async with rig() as r:
+            for fake in r.fakes:
+                fake.gate = asyncio.Event()
+            body = {"model": BASE, "prompt": tokens(1), "stream": True}
+            async with r.client.post(r.url + "/v1/completions", json=body) as response:
+                assert response.status == 200 and response.content_type == "text/event-stream"
+                try:
+                    first = await asyncio.wait_for(response.content.readline(), 5)
+                finally:
+                    for fake in r.fakes:
+                        fake.gate.set()
+                events = [first] + [line async for line in response.content if line.strip()]
+            assert [json.loads(e[6:])["choices"][0]["text"] for e in events[:2]] == ["o", "k"]
+            assert events[-1].strip() == b"data: [DONE]"
+            assert all(x["in_flight"] == 0 for x in r.proxy.stats()["replicas"])
 
     run(scenario())
 
@@ -420,6 +445,47 @@ def test_stats_count_requests_per_replica():
             assert stats["routing"]["affinity_share"] == 0.5
 
     run(scenario())
+
+
+def test_the_command_serves_and_stops_on_sigterm():
+    async def scenario():
+        fake = await FakeVLLM().start()
+        port = free_port()
+        cmd = [
+            sys.executable,
+            "-m",
+            "grpo_deploy.runtime.replica_proxy",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--replica",
+            fake.url,
+            "--health-interval-s",
+            "0.1",
+        ]
+        proc = await asyncio.create_subprocess_exec(*cmd, stderr=asyncio.subprocess.PIPE, cwd=REPO)
+        try:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as client:
+                deadline = time.monotonic() + 20
+                while True:
+                    with contextlib.suppress(aiohttp.ClientError):
+                        async with client.get(f"http://127.0.0.1:{port}/health") as response:
+                            if response.status == 200:
+                                break
+                    assert time.monotonic() < deadline, "the proxy process never answered /health 200"
+                    await asyncio.sleep(0.1)
+                payload = {"model": BASE, "prompt": tokens(1)}
+                async with client.post(f"http://127.0.0.1:{port}/v1/completions", json=payload) as response:
+                    assert response.status == 200 and (await response.json())["served_by"] == fake.port
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+            assert b"listening on 127.0.0.1" in await proc.stderr.read()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await fake.stop()
+
+    run(scenario(), 60)
 
 
 # ---------------------------------------------------------------- command line
