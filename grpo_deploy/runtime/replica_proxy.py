@@ -487,9 +487,12 @@ class ReplicaProxy:
                 self.adapters[name] = _Adapter(body, {k: v for k, v in headers.items() if k.lower() == "authorization"})
                 seconds = time.monotonic() - started
                 self.loads.add(seconds)
-                for r in targets:
-                    if outcomes[r.url].kind == "ok":
-                        r.last_load_s = seconds
+                took = [r for r in targets if outcomes[r.url].kind == "ok"]
+                for r in took:
+                    r.last_load_s = seconds
+                missing = [r.url for r in self.replicas if r not in took]
+                note = f"; not on {', '.join(missing)} (down: given it when it returns)" if missing else ""
+                log.info(f"adapter {name} loaded on {len(took)}/{len(self.replicas)} replicas in {seconds:.2f} s{note}")
         refused = [o.answer for o in outcomes.values() if o.kind == "refused"]
         if refused:
             return refused[0]
