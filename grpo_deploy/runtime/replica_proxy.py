@@ -215,7 +215,8 @@ class ReplicaProxy:
         """None when the replica answers GET /health with 200, else why not."""
         try:
             async with self.session.get(
-                f"{replica.url}/health", timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S)
+                f"{replica.url}/health",
+                timeout=aiohttp.ClientTimeout(total=HEALTH_TIMEOUT_S, sock_connect=self.settings.connect_timeout_s),
             ) as response:
                 await response.read()
                 return None if response.status == 200 else f"/health answered {response.status}"

@@ -366,6 +366,29 @@ def test_a_dead_replica_answers_502_quickly_not_a_hang():
     run(scenario())
 
 
+def test_a_replica_that_never_accepts_the_connection_answers_502_within_the_connect_timeout():
+    async def scenario():
+        with contextlib.ExitStack() as stack:
+            listener = stack.enter_context(socket.socket())
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(0)  # never accepted: once the queue is full, further connects hang (a black hole)
+            port = listener.getsockname()[1]
+            for _ in range(3):
+                filler = stack.enter_context(socket.socket())
+                filler.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    filler.connect(("127.0.0.1", port))
+            async with rig(fakes=[FakeVLLM(port)], ready=False) as r:
+                r.proxy.replicas[0].healthy = True
+                started = time.monotonic()
+                status, _ = await r.post("/v1/completions", {"model": BASE, "prompt": tokens(1)})
+                assert status == 502
+                assert time.monotonic() - started < FAST.connect_timeout_s + 2
+                assert not r.proxy.replicas[0].healthy
+
+    run(scenario())
+
+
 def test_requests_fail_over_when_a_replica_dies():
     async def scenario():
         async with rig() as r:
