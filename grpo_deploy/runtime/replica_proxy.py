@@ -297,7 +297,10 @@ class ReplicaProxy:
         headers: dict[str, str],
         timeout: float = BROADCAST_TIMEOUT_S,
     ) -> Answer | None:
-        """One request to one replica; None when it cannot be reached (it is then marked down)."""
+        """One request to one replica; None when it cannot be reached (it is then marked down). A body the proxy sends
+        on its own (a resync) is JSON: without the header aiohttp says octet-stream and vLLM's FastAPI sees no body."""
+        if body and not any(k.lower() == "content-type" for k in headers):
+            headers = {**headers, "Content-Type": "application/json"}
         try:
             async with self.session.request(
                 method,

@@ -62,6 +62,8 @@ class FakeVLLM:
         raw = await request.read()
         body = json.loads(raw) if raw else None
         self.calls.append((request.method, request.path_qs, body))
+        if raw and request.content_type not in ("", "application/json"):  # FastAPI then sees no JSON body
+            return web.json_response({"detail": [{"type": "missing", "loc": ["body"]}]}, status=422)
         path = request.path
         if path == "/health":
             return web.Response(status=200 if self.healthy else 503)
