@@ -426,7 +426,8 @@ class ReplicaProxy:
     async def _load_one(self, replica: Replica, body: bytes, headers: dict[str, str]) -> _Outcome:
         """POST the load to one replica; "No adapter found" (a lagging mount) is tried again with a growing wait
         until the retry budget is spent."""
-        deadline = time.monotonic() + self.settings.load_retry_s
+        started = time.monotonic()
+        deadline = started + self.settings.load_retry_s
         wait, tries = FIRST_BACKOFF_S, 0
         name = _lora_name(body)
         while True:
@@ -436,6 +437,7 @@ class ReplicaProxy:
                 return _Outcome("gone", tries=tries)
             if answer.status == 200:
                 replica.loads_ok += 1
+                replica.last_load_s = round(time.monotonic() - started, 4)
                 return _Outcome("ok", answer, tries)
             if not LAGGING.search(answer.body.decode(errors="replace")):
                 replica.loads_failed += 1
@@ -492,8 +494,6 @@ class ReplicaProxy:
                 seconds = time.monotonic() - started
                 self.loads.add(seconds)
                 took = [r for r in targets if outcomes[r.url].kind == "ok"]
-                for r in took:
-                    r.last_load_s = seconds
                 missing = [r.url for r in self.replicas if r not in took]
                 note = f"; not on {', '.join(missing)} (down: given it when it returns)" if missing else ""
                 log.info(f"adapter {name} loaded on {len(took)}/{len(self.replicas)} replicas in {seconds:.2f} s{note}")

@@ -217,7 +217,10 @@ def test_a_lagging_mount_is_retried_until_the_adapter_appears(caplog):
             status, text = await r.load("trl-policy-v1")
             assert status == 200, text
             assert r.fakes[1].paths().count(rp.LOAD) == 3 and r.fakes[0].paths().count(rp.LOAD) == 1
-            assert [x["loads_retried"] for x in r.proxy.stats()["replicas"]] == [0, 2]
+            replicas = r.proxy.stats()["replicas"]
+            assert [x["loads_retried"] for x in replicas] == [0, 2]
+            assert replicas[1]["last_load_s"] >= 0.25 + 0.5  # its two waits
+            assert replicas[0]["last_load_s"] is not None
 
     run(scenario())
     retried = [rec.message for rec in caplog.records if "not found (try" in rec.message]
