@@ -240,7 +240,8 @@ class ReplicaProxy:
 
     async def _rejoin(self, i: int) -> None:
         """Give a replica that answers again every adapter it lacks (oldest first) and the pause in force, then route
-        to it. Held under the lock, so no broadcast slips between the resync and the replica's return."""
+        to it. Held under the lock, so no broadcast slips between the resync and the replica's return; a failed
+        resync leaves it down until the next probe."""
         replica = self.replicas[i]
         have = await self._listed(replica) if self.adapters else set()
         if have is None:
@@ -249,7 +250,9 @@ class ReplicaProxy:
         for name, adapter in self.adapters.items():
             if name in have:
                 continue
-            outcome = await self._load_one(replica, adapter.body, adapter.headers)
+            # one try: a replica that cannot see the adapter yet must not hold every broadcast for the retry
+            # budget; the next probe tries again
+            outcome = await self._load_one(replica, adapter.body, adapter.headers, budget_s=0)
             if outcome.kind != "ok":
                 replica.why = f"resync of adapter {name} failed ({outcome.kind})"
                 return
@@ -262,8 +265,8 @@ class ReplicaProxy:
         replica.healthy, replica.why = True, "ok"
         replica.resyncs += 1
         log.info(
-            f"replica {replica.url} is up; given adapters {given or 'none (it had them)'}"
-            f"{', paused' if self.paused is not None else ''}; routed to again"
+            f"replica {replica.url} is up; adapters given: {', '.join(given) or 'none missing'}"
+            f"{'; paused as the others' if self.paused is not None else ''}; routed to"
         )
 
     async def _listed(self, replica: Replica) -> set[str] | None:
@@ -423,11 +426,13 @@ class ReplicaProxy:
         refused = [a for a in reached if a.status >= 300]
         return refused[0] if refused else reached[0]
 
-    async def _load_one(self, replica: Replica, body: bytes, headers: dict[str, str]) -> _Outcome:
+    async def _load_one(
+        self, replica: Replica, body: bytes, headers: dict[str, str], budget_s: float | None = None
+    ) -> _Outcome:
         """POST the load to one replica; "No adapter found" (a lagging mount) is tried again with a growing wait
-        until the retry budget is spent."""
+        until the retry budget (default: the settings') is spent."""
         started = time.monotonic()
-        deadline = started + self.settings.load_retry_s
+        deadline = started + (self.settings.load_retry_s if budget_s is None else budget_s)
         wait, tries = FIRST_BACKOFF_S, 0
         name = _lora_name(body)
         while True:
@@ -450,7 +455,7 @@ class ReplicaProxy:
                 replica.loads_failed += 1
                 log.warning(
                     f"adapter load {name} on {replica.url}: still not found after {tries} tries over "
-                    f"{self.settings.load_retry_s:g} s (a mount that lags?): {_reason(answer.body)}"
+                    f"{time.monotonic() - started:.1f} s (a mount that lags?): {_reason(answer.body)}"
                 )
                 return _Outcome("lagging", answer, tries)
             replica.loads_retried += 1

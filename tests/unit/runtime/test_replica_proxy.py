@@ -456,6 +456,28 @@ def test_a_replica_that_cannot_take_the_adapter_back_stays_out():
     run(scenario())
 
 
+def test_a_returning_replica_that_cannot_see_the_adapter_yet_does_not_hold_up_the_others():
+    async def scenario():
+        async with rig(settings=rp.Settings(health_interval_s=0.05, load_retry_s=30)) as r:
+            assert (await r.load("trl-policy-v1"))[0] == 200
+            port = r.fakes[1].port
+            await r.fakes[1].stop()
+            await until(lambda: not r.proxy.replicas[1].healthy, what="replica 1 marked down")
+            back = FakeVLLM(port)
+            back.lag = 10_000
+            r.fakes[1] = await back.start()
+            await until(lambda: back.paths().count(rp.LOAD) >= 2, what="two resync attempts")
+            started = time.monotonic()
+            assert (await r.post("/pause?mode=keep"))[0] == 200
+            assert time.monotonic() - started < 2
+            assert not r.proxy.replicas[1].healthy
+            back.lag = 0
+            await until(lambda: r.proxy.replicas[1].healthy, what="replica 1 resynced once the adapter shows")
+            assert back.adapters == {"trl-policy-v1": "/adapters/trl-policy-v1"} and back.paused
+
+    run(scenario())
+
+
 def test_stats_count_requests_per_replica():
     async def scenario():
         async with rig() as r:
