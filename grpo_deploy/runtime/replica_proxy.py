@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import re
 import sys
 import time
@@ -96,12 +97,20 @@ class _Outcome:
 
 @dataclass
 class Settings:
+    """The proxy's knobs; the command line's defaults come from here."""
+
     block_size: int = 16
+    """Tokens per prefix block: vLLM's default KV block size, so a matching block is a cached one."""
     imbalance: int = 8
+    """Requests in flight a replica may have beyond the least loaded one and still win on affinity."""
     load_retry_s: float = 300.0
+    """How long an adapter load answered "No adapter found" (a mount that lags) is tried again before 504."""
     connect_timeout_s: float = 2.0
+    """Connect timeout to a replica: a dead one is a 502 after this long, never a hang."""
     health_interval_s: float = 2.0
+    """Seconds between GET /health probes of each replica."""
     max_blocks: int = 500_000
+    """Prefix blocks remembered (least recently used dropped)."""
 
 
 def _error(status: int, message: str, kind: str) -> Answer:
@@ -495,6 +504,7 @@ class ReplicaProxy:
                 await self._rollback(name, undo, headers)
                 self.loads.failed += 1
             elif "ok" in kinds:
+                self.adapters.pop(name, None)  # a name loaded again is the newest
                 self.adapters[name] = _Adapter(body, {k: v for k, v in headers.items() if k.lower() == "authorization"})
                 seconds = time.monotonic() - started
                 self.loads.add(seconds)
@@ -537,6 +547,8 @@ class ReplicaProxy:
         failed = [a for a in answers if a is not None and a.status >= 300 and a.status != 404]
         if failed:
             return failed[0]
+        if not any(answers):
+            return _error(502, f"unload {name}: no replica could be reached: {self._health_text()}", "BadGateway")
         return Answer(200, f"Success: LoRA adapter '{name}' removed from every replica.".encode(), "text/plain")
 
     # ---- stats
@@ -599,36 +611,36 @@ def listen_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"--listen {text!r} is not HOST:PORT with a port from 1 to 65535")
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT with a port from 1 to 65535")
     return host, int(port)
 
 
 def replica_url(text: str) -> str:
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise argparse.ArgumentTypeError(f"--replica {text!r} is not an http:// or https:// URL with a host")
+        raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL with a host")
     if parts.username or parts.password:
         raise argparse.ArgumentTypeError(
-            f"--replica {parts.hostname}: credentials do not belong on a command line; "
+            f"{parts.hostname}: credentials do not belong on a command line; "
             "the trainer's own Authorization header is passed on"
         )
     if parts.path.strip("/") or parts.query or parts.fragment:
-        raise argparse.ArgumentTypeError(f"--replica {text!r}: give the server's base URL (no path or query)")
+        raise argparse.ArgumentTypeError(f"{text!r}: give the server's base URL (no path or query)")
     try:
         parts.port  # noqa: B018 - raises on a bad port
     except ValueError as error:
-        raise argparse.ArgumentTypeError(f"--replica {text!r}: {error}") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: {error}") from None
     return text.rstrip("/")
 
 
-def _number(kind, low, name):
+def _number(kind, low):
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} {text!r} is not a number") from None
-        if not value >= low:  # also refuses nan
-            raise argparse.ArgumentTypeError(f"{name} {text!r} must be at least {low}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not low <= value < math.inf:  # also refuses nan
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number, at least {low}")
         return value
 
     return parse
@@ -654,38 +666,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--block-size",
-        type=_number(int, 1, "--block-size"),
+        type=_number(int, 1),
         default=d.block_size,
         help=f"tokens per prefix block (default {d.block_size}, vLLM's)",
     )
     parser.add_argument(
         "--imbalance",
-        type=_number(int, 0, "--imbalance"),
+        type=_number(int, 0),
         default=d.imbalance,
         help=f"requests in flight beyond the least loaded replica before affinity gives way (default {d.imbalance})",
     )
     parser.add_argument(
         "--load-retry-s",
-        type=_number(float, 0.0, "--load-retry-s"),
+        type=_number(float, 0.0),
         default=d.load_retry_s,
         help="how long an adapter load that finds no adapter (a mount that lags) is tried again "
         f"before the answer is 504 (default {d.load_retry_s:g})",
     )
     parser.add_argument(
         "--connect-timeout-s",
-        type=_number(float, 0.01, "--connect-timeout-s"),
+        type=_number(float, 0.01),
         default=d.connect_timeout_s,
         help=f"connect timeout to a replica (default {d.connect_timeout_s:g})",
     )
     parser.add_argument(
         "--health-interval-s",
-        type=_number(float, 0.01, "--health-interval-s"),
+        type=_number(float, 0.01),
         default=d.health_interval_s,
         help=f"seconds between health probes of each replica (default {d.health_interval_s:g})",
     )
     parser.add_argument(
         "--max-blocks",
-        type=_number(int, 1, "--max-blocks"),
+        type=_number(int, 1),
         default=d.max_blocks,
         help=f"prefix blocks remembered, least recently used dropped (default {d.max_blocks})",
     )

@@ -364,6 +364,7 @@ def test_a_dead_replica_answers_502_quickly_not_a_hang():
             assert status == 502
             assert (await r.get("/health"))[0] == 503
             assert (await r.load("trl-policy-v1"))[0] == 502
+            assert (await r.post(rp.UNLOAD, {"lora_name": "trl-policy-v1"}))[0] == 502
             assert time.monotonic() - started < 3
 
     run(scenario())
@@ -551,7 +552,8 @@ def test_the_command_serves_and_stops_on_sigterm():
         (["--replica", "http://a:1", "--listen", "8000"], "HOST:PORT"),
         (["--replica", "http://a:1", "--block-size", "0"], "at least 1"),
         (["--replica", "http://a:1", "--imbalance", "x"], "not a number"),
-        (["--replica", "http://a:1", "--load-retry-s", "nan"], "at least"),
+        (["--replica", "http://a:1", "--load-retry-s", "nan"], "finite"),
+        (["--replica", "http://a:1", "--load-retry-s", "inf"], "finite"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys):
