@@ -388,6 +388,9 @@ class ReplicaProxy:
         tried: list[int] = []
         while eligible := [i for i in self._healthy() if i not in tried]:
             i, how = self.router.choose(hashes, {i: self.replicas[i].in_flight for i in eligible})
+            # recorded now, not at the answer: TRL sends a prompt's G samples at once, and all but the first should
+            # find it (a replica that cannot be reached is marked down, which forgets its blocks)
+            self.router.record(hashes, i)
             replica = self.replicas[i]
             replica.in_flight += 1
             try:
@@ -397,7 +400,6 @@ class ReplicaProxy:
             if answer is not None:
                 replica.requests += 1
                 self.routes[how] += 1
-                self.router.record(hashes, i)
                 return answer
             tried.append(i)
         return self._nobody(tried)

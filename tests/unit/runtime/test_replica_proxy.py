@@ -139,6 +139,22 @@ def test_a_new_adapter_version_does_not_reuse_the_old_ones_blocks():
     run(scenario())
 
 
+def test_a_group_sent_at_once_goes_to_one_replica():
+    async def scenario():
+        async with rig() as r:
+            hold = asyncio.Event()
+            for fake in r.fakes:
+                fake.hold = hold
+            group = [asyncio.create_task(r.complete(tokens(7))) for _ in range(8)]  # TRL's G samples of one prompt
+            await until(lambda: sum(x.in_flight for x in r.proxy.replicas) == 8, what="the group in flight")
+            hold.set()
+            assert len(set(await asyncio.gather(*group))) == 1
+            routing = r.proxy.stats()["routing"]
+            assert (routing["hits"], routing["misses"]) == (7, 1)
+
+    run(scenario())
+
+
 def test_a_replica_too_far_ahead_spills_to_the_least_loaded():
     async def scenario():
         async with rig() as r:
