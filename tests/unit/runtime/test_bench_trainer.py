@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 
 import pytest
 
@@ -86,6 +87,7 @@ def test_tiny_bench_runs_on_cpu(bench_args, capsys):
     args = bench_args("--device", "cpu", "--speed-rows", SPEED_ROWS)
     assert bench_trainer.run(args) == 0
     report = json.loads(open(args.out).read())
+    assert report["machine"] == platform.machine()  # what the arm64 run under QEMU checks (tests/arm64_switches.py)
     speed = {r["switches"]: r for r in report["speed"]}
     assert set(speed) == {"today", "bf16", "liger", "compile+lora-ew"}
     assert "needs bf16 autocast" in speed["bf16"]["skipped"], "CPU times fp32: a bf16 base is checked, not timed"
