@@ -80,8 +80,8 @@ def exactness_text(check: dict) -> str:
                "tolerance (loss, grad)", "exact"]
     lines = []
     for r in check["rows"]:
-        if "skipped" in r:
-            lines.append([r["switches"], r["skipped"], *[""] * 6])
+        if "skipped" in r or "failure" in r:
+            lines.append([r["switches"], r.get("skipped") or r["failure"], *[""] * 6])
             continue
         lines.append([r["switches"], _fmt(r["loss"], ".6f"), _fmt(r["vs_fp32"]["loss"], ".1e"),
                       _fmt(r["vs_fp32"]["grad"], ".1e"), _fmt(r["vs_today"]["loss"], ".1e"),
