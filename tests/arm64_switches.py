@@ -33,8 +33,8 @@ OUT_MOUNT = "/out"
 
 # qemu-user emulates its "max" CPU unless told: SVE with 256-bit vectors among much else, so Inductor picks its SVE256
 # C++ code, and gcc 12.2 (Debian bookworm, the image's) then dies compiling torch's SVE headers (an internal compiler
-# error in aarch64_sve::gimple_folder::convert_pred, first run of 2026-12-04). Without SVE Inductor picks NEON, as on
-# a core with 128-bit SVE such as a GB10's or Grace's.
+# error in aarch64_sve::gimple_folder::convert_pred, first run of 2026-12-04). Without SVE Inductor leaves SVE256 out,
+# as on a core with 128-bit SVE such as a GB10's or Grace's.
 ENVIRONMENT = {"PYTHONPATH": KIT_MOUNT, "PYTHONDONTWRITEBYTECODE": "1", "QEMU_CPU": "max,sve=off"}
 
 
@@ -84,7 +84,8 @@ def record(report: dict, wall_s: float | None) -> str:
             "# pinned packages' aarch64 builds, Inductor's C++ backend), not that it wins: emulated times say nothing",
             "# about a GB10, which compiles with Triton for its GPU. Written by `make test-arm64-switches`",
             "# (tests/arm64_switches.py); commit it.",
-            f"verified {report['date']} at {commit}, machine {report['machine']}, device {report['device']}",
+            f"verified {report['date']} at {commit}, machine {report['machine']}, device {report['device']}, "
+            f"CPU capability {report.get('cpu_capability')}, QEMU_CPU={ENVIRONMENT['QEMU_CPU']}",
             f"versions {versions}",
             f"rows {ROWS}"]
     if wall_s is not None:
