@@ -4,10 +4,10 @@ PYTEST_ARGS ?=
 BENCH_REPEAT ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-verl test-verl-cluster ci-fresh test-cuda-images test-arm64-images test-unit test-static test-integration images images-cuda images-static bench bench-shipping bench-split bench-cluster bench-proxy render-defaults clean
+.PHONY: help setup demo test test-verl test-verl-cluster ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-shipping bench-split bench-cluster bench-proxy render-defaults clean
 
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-18s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-20s %s\n", $$1, $$2}'
 
 setup: ## install what the kit needs on a fresh machine (Docker engine, Compose plugin, Python packages)
 	bash scripts/setup.sh
@@ -16,7 +16,7 @@ demo: setup ## THE MAIN JOB: the CPU rehearsal (real vLLM server + real TRL asyn
 	grpo-deploy up --fresh
 
 test: setup ## run every test this machine can run (unit, static, integration and faults with real containers, the verl rehearsal; the CUDA image builds when their inputs changed)
-	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu and not verl_cluster" -rs --durations=30 $(PYTEST_ARGS)
+	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu and not verl_cluster and not arm64_switches" -rs --durations=30 $(PYTEST_ARGS)
 
 test-cuda-images: setup ## the air-gapped x86_64 CUDA server and trainer images built and checked (~8 min cold, the 3.8 GB wheel download included); run it when `make test` says their inputs changed: it records images/cuda/amd64-verified.txt (commit it)
 	GRPO_NO_SKIPS=1 GRPO_IMAGE_TESTS=always $(PYTHON) -m pytest -m amd64_build tests/integration/test_cuda_images.py -rs $(PYTEST_ARGS)
@@ -25,6 +25,10 @@ test-cuda-images: setup ## the air-gapped x86_64 CUDA server and trainer images 
 test-arm64-images: setup ## the arm64 (DGX Spark) CUDA images built under QEMU and checked (~25 min); run it when `make test` says their inputs changed: it records images/cuda/arm64-verified.txt (commit it)
 	GRPO_NO_SKIPS=1 GRPO_IMAGE_TESTS=always $(PYTHON) -m pytest -m arm64_build tests/integration/test_cuda_images.py -rs $(PYTEST_ARGS)
 	$(PYTHON) -m tests.image_records --record arm64
+
+test-arm64-switches: setup ## the trainer speed switches (bench trainer --tiny, every switch) inside the arm64 trainer image under QEMU (builds the image when missing, ~25 min; not in make test); records images/cuda/arm64-switches.txt (commit it)
+	GRPO_NO_SKIPS=1 nice -n 19 $(PYTHON) -m pytest -m arm64_switches tests/integration/test_arm64_switches.py -rs $(PYTEST_ARGS)
+	$(PYTHON) -m tests.arm64_switches --record
 
 test-unit: ## unit tests only (no Docker)
 	$(PYTHON) -m pytest tests/unit -m "not gpu" -q

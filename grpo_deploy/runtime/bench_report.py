@@ -80,8 +80,8 @@ def exactness_text(check: dict) -> str:
                "tolerance (loss, grad)", "exact"]
     lines = []
     for r in check["rows"]:
-        if "skipped" in r:
-            lines.append([r["switches"], r["skipped"], *[""] * 6])
+        if "skipped" in r or "failure" in r:
+            lines.append([r["switches"], r.get("skipped") or r["failure"], *[""] * 6])
             continue
         lines.append([r["switches"], _fmt(r["loss"], ".6f"), _fmt(r["vs_fp32"]["loss"], ".1e"),
                       _fmt(r["vs_fp32"]["grad"], ".1e"), _fmt(r["vs_today"]["loss"], ".1e"),
@@ -106,7 +106,8 @@ peak     = dense bf16 of the device (H200/H100 SXM 989 TFLOP/s: NVIDIA datasheet
 def report_text(report: dict) -> str:
     """Everything `collect` measured, as the tables the CLI prints."""
     versions_line = ", ".join(f"{k} {v}" for k, v in report["versions"].items())
-    head = [f"device: {report['device']} ({versions_line}), {report['date']}",
+    machine = f" on {report['machine']}" if report.get("machine") else ""
+    head = [f"device: {report['device']}{machine} ({versions_line}), {report['date']}",
             f"profile {report['profile']}: LoRA r={report['lora']['r']} alpha={report['lora']['alpha']} "
             f"targets={report['lora']['target_modules']}; workload {report['workload']}",
             f"peak {_fmt(report['peak_tflops'], '.0f')} TFLOP/s, measured bf16 matmul "

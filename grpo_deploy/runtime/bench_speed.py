@@ -157,7 +157,13 @@ def exactness(arch, model_path, profile, samples, budget, device, rows: list[tra
             results.append({"switches": switches.label, "skipped": reason})
             continue
         model = build_policy(arch, model_path, profile, False, device, switches, autocast=True)
-        row = check_row(switches.label, model, batches, device, reference, today)
+        try:
+            row = check_row(switches.label, model, batches, device, reference, today)
+        except Exception as error:  # as in speed_rows: a switch that breaks here is a row that says how
+            results.append({"switches": switches.label, "failure": f"{type(error).__name__}: {error}"[:300]})
+            print("check row failed:", switches.label, repr(error)[:2000], file=sys.stderr, flush=True)
+            model = None
+            continue
         today = today or row["_today"]
         results.append(row)
         model = None

@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import json
 import math
+import platform
 import sys
 import time
 
@@ -162,7 +163,8 @@ def collect(args: argparse.Namespace) -> dict:
     peak = args.peak_tflops * 1e12 if args.peak_tflops else flops.peak_flops(name)
     vocab = arch["vocab_size"] if arch else _vocab_of(args.model)
     samples = synthetic_rollouts(workload, vocab)
-    report = {"date": time.strftime("%Y-%m-%d"), "device": name, "versions": versions(), "profile": profile.name,
+    report = {"date": time.strftime("%Y-%m-%d"), "device": name, "machine": platform.machine(), "versions": versions(),
+              "cpu_capability": torch.backends.cpu.get_cpu_capability(), "profile": profile.name,
               "lora": vars(profile.lora), "workload": dataclasses.asdict(workload),
               "peak_tflops": peak / 1e12 if peak else None, "matmul_tflops": matmul_ceiling(device),
               "attention_backend": args.attention_backend, "token_budget": budget}

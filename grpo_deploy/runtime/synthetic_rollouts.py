@@ -74,7 +74,8 @@ def load_profile(name: str) -> Profile:
     spec = SimpleNamespace(r=lora["r"], alpha=lora["alpha"], dropout=lora["dropout"],
                            target_modules=lora["target_modules"])
     runtime = {k: v["value"] for k, v in settings.get("runtime", {}).items()}
-    speed = {k: runtime[k] for k in ("base_dtype", "fused_kernels", "compile_layers") if k in runtime}
+    speed = {k: runtime[k] for k in ("base_dtype", "fused_kernels", "compile_layers", "lora_elementwise")
+             if k in runtime}
     return Profile(name, spec, int(trl["token_budget"]), float(trl["temperature"]), int(trl["num_generations"]),
                    int(trl["max_completion_length"]), speed)
 

@@ -85,6 +85,8 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
         switches = trainer_speed.Switches(**config.speed.model_dump())
         done = trainer_speed.apply(trainer.model, switches, config.device, autocast=bool(args.bf16))
         log.info("speed switches %s: %s", switches.label, done)
+        if "lora_elementwise_none" in done:
+            log.warning("lora_elementwise is on but changed nothing: %s", done["lora_elementwise_none"])
         sink.emit("speed_switches", switches=switches.label, **done)
     return trainer, shim
 

@@ -234,6 +234,9 @@ def apply(model, switches: Switches, device: str, autocast: bool) -> dict:
     _set_fused_rope(model, switches.fused_kernels == "liger")
     done["liger_modules"] = fuse_liger(model) if switches.fused_kernels == "liger" else 0
     done["lora_elementwise"] = lora_elementwise(model) if switches.lora_elementwise else 0
+    if switches.lora_elementwise and not done["lora_elementwise"]:  # on, yet nothing to fuse: say so, do not hide it
+        done["lora_elementwise_none"] = (f"no plain LoRA layer of rank <= {LORA_ELEMENTWISE_MAX_RANK} (one adapter, "
+                                         "no dropout, DoRA or bias): PEFT's products kept")
     done["compiled_layers"] = compile_layers(model) if switches.compile_layers else 0
     return done
 

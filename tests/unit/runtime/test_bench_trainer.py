@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 
 import pytest
 
@@ -86,6 +87,7 @@ def test_tiny_bench_runs_on_cpu(bench_args, capsys):
     args = bench_args("--device", "cpu", "--speed-rows", SPEED_ROWS)
     assert bench_trainer.run(args) == 0
     report = json.loads(open(args.out).read())
+    assert report["machine"] == platform.machine()  # what the arm64 run under QEMU checks (tests/arm64_switches.py)
     speed = {r["switches"]: r for r in report["speed"]}
     assert set(speed) == {"today", "bf16", "liger", "compile+lora-ew"}
     assert "needs bf16 autocast" in speed["bf16"]["skipped"], "CPU times fp32: a bf16 base is checked, not timed"
@@ -119,3 +121,28 @@ def test_tiny_bench_on_cuda_reports_memory_and_attention_paths(bench_args):
     assert all(r["peak_gib"] > 0 and r["mfu_model"] > 0 for r in report["configs"])
     assert report["attention_choices"]  # `fastest` picked a backend at the first call
     assert {a["backend"] for a in report["attention"] if a["exact"]} >= {"varlen"}
+
+
+def test_a_switch_that_breaks_in_the_exactness_step_is_a_row_not_a_lost_report(monkeypatch):
+    """On arm64 under QEMU, Inductor's C++ compile of the compiled rows failed inside the exactness step and the
+    whole bench exited without a report; such a row now says how it failed, and the other rows are kept."""
+    from grpo_deploy.runtime import bench_report, bench_speed, trainer_speed
+
+    def check_row(label, model, batches, device, reference, today):
+        if "compile" in label:
+            raise RuntimeError("CppCompileError: C++ compile error")
+        return {"switches": label, "loss": 1.0, "vs_fp32": {"loss": 0.0, "grad": 0.0},
+                "vs_today": {"loss": 0.0, "grad": 0.0}, "tolerance": {"loss": 1.0, "grad": 1.0}, "exact": True,
+                "_today": (1.0, None, None)}
+
+    monkeypatch.setattr(bench_speed, "check_batches", lambda samples, budget: [])
+    monkeypatch.setattr(bench_speed, "reference_step", lambda *args: (1.0, None))
+    monkeypatch.setattr(bench_speed, "build_policy", lambda *args, **kwargs: object())
+    monkeypatch.setattr(bench_speed, "check_row", check_row)
+    rows = [trainer_speed.Switches.parse(t) for t in ("today", "compile+lora-ew", "bf16")]
+    report = bench_speed.exactness(None, None, None, [], 128, "cpu", rows)
+    checked = {r["switches"]: r for r in report["rows"]}
+    assert checked["compile+lora-ew"] == {"switches": "compile+lora-ew",
+                                          "failure": "RuntimeError: CppCompileError: C++ compile error"}
+    assert checked["today"]["exact"] and checked["bf16"]["exact"]
+    assert "CppCompileError" in bench_report.exactness_text({**report, "fp32_loss": 1.0})

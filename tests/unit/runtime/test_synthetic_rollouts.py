@@ -13,6 +13,14 @@ def test_profile_supplies_lora_and_budget():
     assert profile.token_budget == 16384 and profile.generations == 8 and profile.completion_max == 3000
 
 
+def test_profile_supplies_every_speed_switch():
+    """The bench's default last row is the profile's own combination: all four switches, lora_elementwise too."""
+    assert synthetic_rollouts.load_profile("h200").speed == {
+        "base_dtype": "bf16", "fused_kernels": "off", "compile_layers": True, "lora_elementwise": True}
+    assert synthetic_rollouts.load_profile("gb10").speed == {
+        "base_dtype": "fp32", "fused_kernels": "off", "compile_layers": False, "lora_elementwise": False}
+
+
 def test_seed_004_workload_lengths():
     workload = synthetic_rollouts.seed_004_workload(synthetic_rollouts.load_profile("h200"), tiny=False)
     lengths = synthetic_rollouts.completion_lengths(workload)

@@ -69,6 +69,19 @@ def test_lora_elementwise_is_the_same_function_as_peft():
         assert ours.abs().sum() > 0
 
 
+def test_lora_elementwise_that_finds_nothing_to_fuse_says_so():
+    """The cpu profile's rank 8 is above the thin-product limit: the switch changes no layer and the result says why
+    (the trainer logs it and its speed_switches event carries it), rather than a silent 0."""
+    from grpo_deploy.runtime import packed_step
+    from grpo_deploy.runtime.synthetic_rollouts import TINY, load_profile
+
+    model = packed_step.build_policy(TINY, None, load_profile("cpu"), False, "cpu")
+    done = trainer_speed.apply(model, Switches(compile_layers=True, lora_elementwise=True), "cpu", autocast=False)
+    assert done["lora_elementwise"] == 0 and "rank <= 4" in done["lora_elementwise_none"]
+    thin = trainer_speed.apply(_policy(), Switches(compile_layers=True, lora_elementwise=True), "cpu", autocast=True)
+    assert thin["lora_elementwise"] == 2 * 7 and "lora_elementwise_none" not in thin
+
+
 def test_compile_keeps_the_state_dict_and_breaks_at_the_shim():
     model = _policy(Switches(compile_layers=True))
     plain = _policy()
