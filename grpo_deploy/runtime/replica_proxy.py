@@ -609,15 +609,21 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+_HOST = re.compile(r"[A-Za-z0-9:][A-Za-z0-9.:_-]{0,252}")  # a name, an IPv4 or (without brackets) an IPv6 literal
+_PRINTABLE_ASCII = re.compile(r"[!-~]{1,2048}")  # no spaces, control characters or non-ASCII look-alikes
+
+
 def listen_address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT with a port from 1 to 65535")
+    host = host.removeprefix("[").removesuffix("]")
+    if not sep or not _HOST.fullmatch(host) or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT (ASCII name or address, port 1-65535)")
     return host, int(port)
 
 
 def replica_url(text: str) -> str:
+    if not _PRINTABLE_ASCII.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a URL: printable ASCII only, no spaces")
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL with a host")
@@ -638,6 +644,8 @@ def replica_url(text: str) -> str:
 def _number(kind, low):
     def parse(text: str):
         try:
+            if not _PRINTABLE_ASCII.fullmatch(text):  # int() and float() accept non-ASCII digits
+                raise ValueError(text)
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None

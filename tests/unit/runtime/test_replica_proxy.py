@@ -570,6 +570,14 @@ def test_the_command_serves_and_stops_on_sigterm():
         (["--replica", "http://a:1", "--imbalance", "x"], "not a number"),
         (["--replica", "http://a:1", "--load-retry-s", "nan"], "finite"),
         (["--replica", "http://a:1", "--load-retry-s", "inf"], "finite"),
+        # hostile values: a newline, non-ASCII digits (int() takes them), a leading '-', a space, '$'
+        (["--replica", "http://a:1", "--listen", "a\nb:1"], "HOST:PORT"),
+        (["--replica", "http://a:1", "--listen", "127.0.0.1:\uff18\uff10"], "HOST:PORT"),
+        (["--replica", "http://a:1", "--listen=-x:80"], "HOST:PORT"),
+        (["--replica", "http://a:1", "--listen", "$HOST:80"], "HOST:PORT"),
+        (["--replica", "http://a:\uff18\uff10"], "printable ASCII"),
+        (["--replica", "http://a b:1"], "printable ASCII"),
+        (["--replica", "http://a:1", "--block-size", "\uff18"], "not a number"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys):
