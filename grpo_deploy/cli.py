@@ -21,6 +21,7 @@ from .render import render_files
 from .render_folder import WriteRefused, diff_tree, write_tree
 from .render_text import RenderError
 from .resolve import Resolved, resolve
+from .runtime.readback import ReadRefused
 from .runtime.table import human_bytes, table
 from .spec import SpecError, load
 
@@ -414,7 +415,8 @@ def main(argv: list[str] | None = None) -> int:
         for problem in exc.problems:
             print(f"  {problem}", file=sys.stderr)
         return EXIT_USAGE
-    except (CliError, InitError, ProfileError, HostError, RenderError, KitDataMissing, OverlayError) as exc:
+    except (CliError, InitError, ProfileError, HostError, RenderError, KitDataMissing, OverlayError,
+            ReadRefused) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except BrokenPipeError:  # output piped into `head` and closed: not an error of the run

@@ -15,7 +15,7 @@ from pathlib import Path
 from .kit_data import FOLDERS, KitDataMissing, kit_dir
 from .names import STATE_DIR
 from .resolve import Resolved
-from .runtime.metrics import event_line, event_record, parse_events
+from .runtime.metrics import event_line, event_record, read_events
 
 STATE_ROOT = Path(STATE_DIR)
 
@@ -53,7 +53,7 @@ class RunState:
             f.write(event_line(event_record(event, **fields)) + "\n")
 
     def deploy_events(self) -> list[dict]:
-        return parse_events(self.deploy_log.read_text()) if self.deploy_log.exists() else []
+        return read_events(str(self.deploy_log)) if self.deploy_log.exists() else []
 
     @contextlib.contextmanager
     def up_lock(self) -> Iterator[None]:

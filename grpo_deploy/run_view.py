@@ -12,7 +12,7 @@ from .deployment import Deployment
 from .hosts.connect import HostError, SshOptions, on_all
 from .resolve import Resolved
 from .run_state import LaunchError
-from .runtime.metrics import parse_events
+from .runtime.metrics import parse_events, read_events
 from .supervise import state_words
 
 STATUS_QUERY_S = 10  # status: the longest one query on a host may take (a busy engine costs seconds, not minutes)
@@ -35,9 +35,9 @@ def run_events(dep: Deployment, live: bool = False) -> list[dict]:
             text = fetch_metrics(dep)
         except HostError:
             text = None
-    if text is None and dep.state.metrics_copy.exists():
-        text = dep.state.metrics_copy.read_text()
-    events = dep.state.deploy_events() + parse_events(text or "")
+    trainer = parse_events(text) if text is not None else \
+        read_events(str(dep.state.metrics_copy)) if dep.state.metrics_copy.exists() else []
+    events = dep.state.deploy_events() + trainer
     starts = [e for e in events if e["event"] == "up_start"]
     return [e for e in events if e["time"] >= starts[-1]["time"]] if starts else events
 

@@ -15,6 +15,8 @@ import time
 import urllib.error
 import urllib.request
 
+from .readback import ReadRefused, read_text
+
 DEFAULT_HEARTBEAT = "/tmp/grpo-deploy-trainer.heartbeat"
 HEARTBEAT_ENV = "GRPO_HEARTBEAT_FILE"
 ROLES = ("server", "trainer", "head", "worker")
@@ -112,9 +114,8 @@ def ray_address(explicit: str | None = None, record: str = RAY_CURRENT_CLUSTER) 
         if value and value != "auto":
             return value.removeprefix("ray://")
     try:
-        with open(record, encoding="utf-8") as handle:
-            recorded = handle.read().strip()
-    except OSError:
+        recorded = read_text(record, 4096, "Ray's cluster record").strip()
+    except ReadRefused:  # none, or not a small regular file: no address known
         return None
     return recorded or None
 

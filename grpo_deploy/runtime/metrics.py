@@ -10,6 +10,8 @@ import threading
 import time
 from typing import Any
 
+from .readback import MiB, read_text
+
 
 def to_json_value(value: Any) -> Any:
     """Plain JSON for a logged value: NaN and infinities become null, tensors and numpy scalars become numbers."""
@@ -96,7 +98,10 @@ def parse_events(text: str) -> list[dict]:
     return events
 
 
+METRICS_READ_LIMIT = 256 * MiB  # ~500,000 steps of events; a larger "metrics file" is not one
+
+
 def read_events(path: str) -> list[dict]:
-    """Every event in a metrics file."""
-    with open(path, encoding="utf-8") as handle:
-        return parse_events(handle.read())
+    """Every event in a metrics file, read through the bounded reader (a link, FIFO, device, huge or non-UTF-8 file
+    is a one-line ReadRefused, never a hang or a traceback)."""
+    return parse_events(read_text(path, METRICS_READ_LIMIT, "a metrics file"))

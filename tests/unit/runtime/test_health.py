@@ -96,3 +96,20 @@ def test_health_imports_only_the_standard_library():
     code = "import sys, grpo_deploy.runtime.health; print(sorted({'torch','yaml','transformers'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_rays_record_is_read_bounded_never_through_a_fifo_or_link(tmp_path, monkeypatch):
+    """A FIFO, a link or a huge file where Ray's cluster record belongs: no address, no hang, no traceback."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    real = tmp_path / "real"
+    real.write_text("10.0.0.1:6379")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    huge = tmp_path / "huge"
+    huge.write_text("1" * 10_000)
+    start = time.monotonic()
+    assert [health.ray_address(None, str(p)) for p in (fifo, link, huge)] == [None, None, None]
+    assert time.monotonic() - start < 5
+    assert health.ray_address(None, str(real)) == "10.0.0.1:6379"

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 
 import pytest
 
@@ -50,3 +51,22 @@ def test_callback_writes_steps_and_summary(tmp_path):
     assert step["event"] == "step" and step["step"] == 7 and step["reward"] == 0.5 and step["ratio"] is None
     assert step["sample/staleness_mean"] == 1.0
     assert summary["event"] == "train_summary" and summary["train_runtime"] == 3.0
+
+
+def test_read_events_refuses_what_is_not_a_metrics_file_in_one_line(tmp_path):
+    """A FIFO, a link, bytes that are not UTF-8: one-line ReadRefused naming the path, never a hang or a traceback."""
+    from grpo_deploy.runtime.readback import ReadRefused
+
+    fifo = tmp_path / "fifo.jsonl"
+    os.mkfifo(fifo)
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"event": "run_start", "time": 1}\n')
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(good)
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b'{"event": "x"}\n\xff\xfe')
+    for path, says in ((fifo, "FIFO"), (link, "symbolic link"), (binary, "not UTF-8")):
+        with pytest.raises(ReadRefused) as refused:
+            read_events(str(path))
+        assert says in str(refused.value) and "\n" not in str(refused.value)
+    assert [e["event"] for e in read_events(str(good))] == ["run_start"]
