@@ -466,15 +466,6 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
             f"{shown(ckpt.dir)} is not under the shared volume {shown(spec.storage.mount)}: a resume on another host "
             "(or after a container restart) would not find it",
         )
-    if spec.storage.nfs is not None:
-        for i, h in enumerate(spec.hosts):
-            if h.shared_dir:
-                add(
-                    ("hosts", i, "shared_dir"),
-                    "both storage.nfs and hosts[].shared_dir name the share: with storage.nfs each container mounts "
-                    "the export itself and shared_dir would be ignored; keep one (storage.nfs: null to use the "
-                    "host's own mount, e.g. the one Ansible's nfs_client role makes at shared_dir)",
-                )
     if spec.storage.nfs is None and len({h.address for h in spec.hosts}) > 1:
         missing = [i for i, h in enumerate(spec.hosts) if not h.shared_dir]
         if missing:

@@ -97,8 +97,6 @@ def test_valid_values_of_the_fields_render(tmp_path):
         work = tmp_path / str(i)
         work.mkdir()
         extra = {("model", "served_name"): "policy"} if valid.startswith("/models") else {}
-        if path[-1] == "shared_dir":  # a host's own mount of the share, in place of storage.nfs (not both)
-            extra = {("storage", "nfs"): None, ("hosts", 1, "shared_dir"): valid}
         run, out = render(work, changed(base, {path: valid, **extra}))
         assert run.code == 0, (path, run.err)
         text = "\n".join(rendered_files(out).values())

@@ -50,15 +50,6 @@ def test_mount_point_differing_between_hosts():
     assert p.key == "hosts[1].mount" and "/mnt/nfs" in p.message and "/shared" in p.message
 
 
-def test_nfs_and_a_hosts_own_shared_dir_together_are_refused():
-    """storage.nfs makes each container mount the export; a host's shared_dir beside it would be silently ignored."""
-    (p,) = _problems(spec_yaml(**{"hosts.1.shared_dir": "/data/share"}))
-    assert p.key == "hosts[1].shared_dir" and "storage.nfs" in p.message and "keep one" in p.message
-    # either one alone is a share
-    resolve.resolve(spec.loads(spec_yaml(**{"storage.nfs": None, "hosts.0.shared_dir": "/data/share",
-                                            "hosts.1.shared_dir": "/data/share"}), source="ok.yaml"))
-
-
 def test_profile_not_matching_engine():
     text = PAIR.replace("profile: gb10", "profile: a100", 1)
     problems = _problems(text)
