@@ -129,7 +129,10 @@ class HostSpec(_Strict):
     mount: OwnPath | None = None
     """Container mount point of the shared volume on this host (must equal storage.mount)."""
     shared_dir: OwnPath | None = None
-    """Host directory where the share is already mounted (bind-mounted at storage.mount)."""
+    """Host directory where the share is already mounted (bind-mounted at storage.mount). With storage.nfs as well,
+    the containers still mount the export themselves; shared_dir then says where the host mounts the same export
+    (Ansible's nfs_client role mounts it there, `grpo-deploy check`'s nfs_mount verifies it, preflight probes what
+    compose mounts)."""
     interface: InterfaceName | None = None
     """verl across hosts: this node's interface for Ray, NCCL and Gloo (e.g. ib0); null = the one SSH reaches.
     Its IPv4 address is the node's address; preflight checks it exists and reaches every other node."""
