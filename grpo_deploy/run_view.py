@@ -35,8 +35,12 @@ def run_events(dep: Deployment, live: bool = False) -> list[dict]:
             text = fetch_metrics(dep)
         except HostError:
             text = None
-    trainer = parse_events(text) if text is not None else \
-        read_events(str(dep.state.metrics_copy)) if dep.state.metrics_copy.exists() else []
+    if text is not None:
+        trainer = parse_events(text)
+    elif dep.state.metrics_copy.exists():
+        trainer = read_events(str(dep.state.metrics_copy))
+    else:
+        trainer = []
     events = dep.state.deploy_events() + trainer
     starts = [e for e in events if e["event"] == "up_start"]
     return [e for e in events if e["time"] >= starts[-1]["time"]] if starts else events

@@ -5,13 +5,14 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from importlib import resources
 from types import SimpleNamespace
 
 import yaml
 
 from . import flops
+from .trainer_speed import Switches
 
 # Qwen2.5-Math-1.5B's architecture (the seed-004 recipe's model), written out so that no download is needed.
 QWEN25_15B = {
@@ -74,8 +75,7 @@ def load_profile(name: str) -> Profile:
     spec = SimpleNamespace(r=lora["r"], alpha=lora["alpha"], dropout=lora["dropout"],
                            target_modules=lora["target_modules"])
     runtime = {k: v["value"] for k, v in settings.get("runtime", {}).items()}
-    speed = {k: runtime[k] for k in ("base_dtype", "fused_kernels", "compile_layers", "lora_elementwise")
-             if k in runtime}
+    speed = {f.name: runtime[f.name] for f in fields(Switches) if f.name in runtime}  # every switch the trainer has
     return Profile(name, spec, int(trl["token_budget"]), float(trl["temperature"]), int(trl["num_generations"]),
                    int(trl["max_completion_length"]), speed)
 
