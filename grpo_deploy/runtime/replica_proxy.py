@@ -20,6 +20,7 @@ import aiohttp
 from aiohttp import web
 
 from .prefix_router import PrefixRouter, prompt_of
+from .storage_faults import ADAPTER_NOT_FOUND
 
 log = logging.getLogger("grpo_deploy.replica_proxy")
 
@@ -34,7 +35,7 @@ STATS = "/proxy/stats"
 
 # vLLM's answer when the adapter folder is not (yet) visible to the server: a mount that lags. FastAPI's own 404
 # {"detail": "Not Found"} (runtime LoRA updating off) does not match and is passed through: TRL words that one.
-LAGGING = re.compile(r"No adapter found|LoRAAdapterNotFound", re.I)
+LAGGING = re.compile(ADAPTER_NOT_FOUND, re.I)
 FIRST_BACKOFF_S, MAX_BACKOFF_S = 0.25, 4.0
 HEALTH_TIMEOUT_S = 5.0
 BROADCAST_TIMEOUT_S = 900.0

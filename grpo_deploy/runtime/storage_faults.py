@@ -21,7 +21,8 @@ KINDS = {errno.EROFS: "read-only", errno.ENOENT: "missing", errno.EACCES: "permi
 RESUME = "then run `grpo-deploy up` again: it resumes from the newest complete checkpoint"
 # vLLM 0.32 answers 404 "Loading lora X failed: No adapter found for <path>" when it cannot open the adapter
 # (safetensors reports EACCES as "No such file"), and 400 with the OSError's text for other read failures.
-SERVER_CANNOT_READ = re.compile(r"No adapter found|Permission denied|Errno 13|EACCES|No such file|Errno 2", re.I)
+ADAPTER_NOT_FOUND = r"No adapter found|LoRAAdapterNotFound"  # vLLM: the folder is not (yet) there for the server
+SERVER_CANNOT_READ = re.compile(ADAPTER_NOT_FOUND + r"|Permission denied|Errno 13|EACCES|No such file|Errno 2", re.I)
 
 
 @dataclass(frozen=True)
