@@ -8,7 +8,6 @@ import argparse
 import asyncio
 import json
 import logging
-import math
 import re
 import sys
 import time
@@ -642,7 +641,7 @@ def replica_url(text: str) -> str:
     return text.rstrip("/")
 
 
-def _number(kind, low):
+def _number(kind, low, high):
     def parse(text: str):
         try:
             if not _PRINTABLE_ASCII.fullmatch(text):  # int() and float() accept non-ASCII digits
@@ -650,8 +649,8 @@ def _number(kind, low):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not low <= value < math.inf:  # also refuses nan
-            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number, at least {low}")
+        if not low <= value <= high:  # also refuses nan and infinities
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number, at least {low} and at most {high:g}")
         return value
 
     return parse
@@ -677,38 +676,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--block-size",
-        type=_number(int, 1),
+        type=_number(int, 1, 4096),
         default=d.block_size,
         help=f"tokens per prefix block (default {d.block_size}, vLLM's)",
     )
     parser.add_argument(
         "--imbalance",
-        type=_number(int, 0),
+        type=_number(int, 0, 100_000),
         default=d.imbalance,
         help=f"requests in flight beyond the least loaded replica before affinity gives way (default {d.imbalance})",
     )
     parser.add_argument(
         "--load-retry-s",
-        type=_number(float, 0.0),
+        type=_number(float, 0.0, 86_400.0),
         default=d.load_retry_s,
         help="how long an adapter load that finds no adapter (a mount that lags) is tried again "
         f"before the answer is 504 (default {d.load_retry_s:g})",
     )
     parser.add_argument(
         "--connect-timeout-s",
-        type=_number(float, 0.01),
+        type=_number(float, 0.01, 3_600.0),
         default=d.connect_timeout_s,
         help=f"connect timeout to a replica (default {d.connect_timeout_s:g})",
     )
     parser.add_argument(
         "--health-interval-s",
-        type=_number(float, 0.01),
+        type=_number(float, 0.01, 3_600.0),
         default=d.health_interval_s,
         help=f"seconds between health probes of each replica (default {d.health_interval_s:g})",
     )
     parser.add_argument(
         "--max-blocks",
-        type=_number(int, 1),
+        type=_number(int, 1, 100_000_000),
         default=d.max_blocks,
         help=f"prefix blocks remembered, least recently used dropped (default {d.max_blocks})",
     )

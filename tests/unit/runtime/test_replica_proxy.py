@@ -578,6 +578,8 @@ def test_the_command_serves_and_stops_on_sigterm():
         (["--replica", "http://a:\uff18\uff10"], "printable ASCII"),
         (["--replica", "http://a b:1"], "printable ASCII"),
         (["--replica", "http://a:1", "--block-size", "\uff18"], "not a number"),
+        (["--replica", "http://a:1", "--imbalance", "1" + "0" * 22], "at most"),
+        (["--replica", "http://a:1", "--load-retry-s", "1e300"], "at most"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys):
