@@ -207,8 +207,8 @@ def main() -> int:
     if args.fake_replicas:
         fake_replicas(args.fake_replicas)
         return 0
-    if args.requests < 10 or args.warmup < 0:
-        parser.error("--requests must be at least 10 and --warmup at least 0")
+    if not (10 <= args.requests <= 1_000_000 and 0 <= args.warmup <= 100_000):
+        parser.error("--requests must be from 10 to 1,000,000 and --warmup from 0 to 100,000")
     measure(args.requests, args.warmup)
     return 0
 
