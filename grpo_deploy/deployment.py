@@ -21,6 +21,9 @@ class Deployment:
     state: RunState = field(init=False)
     hosts: dict[str, Host] = field(default_factory=dict)
     projects: dict[str, RemoteProject] = field(default_factory=dict)
+    returning: dict[tuple[str, str], float] = field(default_factory=dict)
+    """(host, service) -> when it was started again: a role restarted alone while the run goes on (a vLLM replica),
+    not seen ready yet."""
 
     def __post_init__(self):
         self.state = RunState(self.res)

@@ -9,6 +9,8 @@ RUN_LABEL = f"{LABEL_PREFIX}.run"
 """On every container of a run: its run name (`docker ps --filter label=...` finds them)."""
 ROLE_LABEL = f"{LABEL_PREFIX}.role"
 """On every container of a run: the role it runs."""
+REPLICA_LABEL = f"{LABEL_PREFIX}.replica"
+"""On a vLLM server replica beyond a host's first: its number on that host (2, 3, ...)."""
 MANAGED_BY_LABEL = f"{LABEL_PREFIX}.managed-by"
 MANAGED_BY = "grpo-deploy"
 MANAGED = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
@@ -27,6 +29,9 @@ COMPOSE_VERL = "compose.verl.yaml"
 COMPOSE_VERL_CLUSTER = "compose.verl-cluster.yaml"
 COMPOSE_INFINIBAND = "compose.infiniband.yaml"
 COMPOSE_FILES = (COMPOSE_BASE, COMPOSE_NFS, COMPOSE_BIND, COMPOSE_VERL, COMPOSE_VERL_CLUSTER, COMPOSE_INFINIBAND)
+
+PROXY_SERVICE = "proxy"
+"""The compose service of the replica proxy (beside the trainer when a run has several vLLM server replicas)."""
 
 STATE_DIR = ".grpo-deploy"
 """The deployer's state folder: in the working directory for local runs, in the login user's HOME on remote hosts."""

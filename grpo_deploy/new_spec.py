@@ -54,8 +54,8 @@ def _hosts(engine: str, addresses: list[str]) -> list[dict[str, Any]]:
             raise InitError(f"--hosts: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
     most = sum(limit for _, limit in info.role_counts.values())
     if len(addresses) > most:
-        raise InitError(f"{engine} takes at most {most} hosts; more server replicas need the broadcast proxy, "
-                        "which is not built yet")
+        raise InitError(f"{engine} takes at most {most} hosts (its roles' limits); give a host several server "
+                        "replicas with hosts[].replicas instead")
     if len(addresses) == 1:
         return [{"name": host_name(addresses[0]), "address": addresses[0], "roles": list(info.single_host_roles)}]
     first, rest = info.multi_host_roles

@@ -243,10 +243,9 @@ def make_plan(res: Resolved, free_bytes: int | None = None, filesystem: str = "?
     warnings = []
     hosts = []
     for host in res.spec.hosts:
-        profile = res.profiles[host.name]
-        gpus = "none" if profile.accelerator == "none" else \
-            "; ".join(f"{role} {','.join(map(str, ids))}" for role, ids in res.engine_info.gpu_split(res, host).items())
-        hosts.append(RolePlan(host.name, host.address, profile.name, list(host.roles), gpus, _memory(res, arch, host)))
+        engine = res.engine_info
+        hosts.append(RolePlan(host.name, host.address, res.profiles[host.name].name, engine.roles_words(res, host),
+                              engine.gpu_words(res, host), _memory(res, arch, host)))
     disk = None
     if arch is None:
         warnings.append(f"model {res.settings.model.path!r} is not in grpo_deploy/models.yaml: set model.architecture "

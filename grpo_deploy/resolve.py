@@ -97,28 +97,18 @@ class Resolved:
     def main_identity(self) -> Identity:
         return self.identities[self.engine_info.main_role]
 
-    @property
-    def server_url(self) -> str:
-        return self.server_url_for()
-
-    def server_url_for(self, resolved: dict[str, str] | None = None) -> str:
-        """The URL the trainer reaches the server by: the compose service on a shared host; else the server's IP as
-        the deployer resolved it on the trainer's host (*resolved*: containers do not see /etc/hosts or ssh_config
-        aliases), else the address in the spec."""
-        server = self.host_for("server")
-        trainer = self.host_for("trainer")
-        if server is None:
-            return ""
-        port = self.settings.vllm.port
-        if trainer is not None and trainer.name == server.name:
-            return f"http://server:{port}"  # the compose service name, same host
-        if resolved and server.name in resolved:
-            host = resolved[server.name]
-        elif server.address == "local":
-            host = server.name
+    def reach(self, name: str, resolved: dict[str, str] | None = None) -> str:
+        """How a container on the trainer's host names host *name* in a URL: its IP as the deployer resolved it on
+        the trainer's host (*resolved*: containers do not see /etc/hosts or ssh_config aliases), else the address
+        in the spec (an IPv6 literal in brackets)."""
+        host = next(h for h in self.spec.hosts if h.name == name)
+        if resolved and name in resolved:
+            found = resolved[name]
+        elif host.address == "local":
+            found = name
         else:
-            host = parse_address(server.address).host
-        return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+            found = parse_address(host.address).host
+        return f"[{found}]" if ":" in found else found
 
     @property
     def checkpoint_dir(self) -> str:

@@ -50,6 +50,7 @@ Role = Literal[ALL_ROLES]
 # Environment variables whose values are credentials: a spec holding one of their values is refused.
 SECRET_ENV_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY", "MLFLOW_TRACKING_PASSWORD")
 SECRET_ENV_WORDS = SECRET_WORDS  # the kit's one list of credential words (runtime.values)
+MAX_REPLICAS_PER_HOST = 16  # server replicas on one host: one per GPU of the largest node, twice over
 SECRET_MIN_LEN = 6  # a planted value this short is still caught; shorter ones match too much ordinary text
 
 
@@ -139,6 +140,11 @@ class HostSpec(_Strict):
     infiniband: bool = False
     """verl across hosts: pass /dev/infiniband into the container (NCCL over RDMA, not TCP).
     Preflight refuses a host that has /dev/infiniband without it, or this set on a host without one."""
+    replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS_PER_HOST)
+    """vLLM server replicas on this host (trl-async); null = 1.
+    Each is its own container and, on a GPU host, has its own share of the server's GPUs. With more than one replica
+    in the run, the trainer talks to the kit's replica proxy beside it, which broadcasts adapter loads to every
+    replica and routes completions by prompt prefix."""
     publish: IpAddress | None = None
     """IP on this host the vLLM port is published on; null = the address the trainer reaches it by (never all
     interfaces unless 0.0.0.0 is written here: vLLM's LoRA and dev endpoints have no authentication)."""
@@ -433,6 +439,10 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
                 f"(storage.mount) elsewhere: the adapter path the trainer sends must resolve to the same "
                 f"absolute path in every container. Remove hosts[{i}].mount or make them equal",
             )
+        if host.replicas is not None and engine.replica_role not in host.roles:
+            add(("hosts", i, "replicas"), f"replicas count {engine.replica_role or 'server'} replicas and host "
+                f"{host.name} runs no {engine.replica_role or 'server'} role"
+                f"{'' if engine.replica_role else f' (engine {spec.engine} has none)'}: remove hosts[{i}].replicas")
         for role in host.gpus or {}:
             if role not in host.roles:
                 add(("hosts", i, "gpus", role), f"GPUs given for role {role!r} which this host does not run")

@@ -90,7 +90,8 @@ def supervise(state: RunState, log: Callable[[str], None], since: float, restart
         try:
             return follow(since)
         except RoleDied as died:
-            what = {"server": "the vLLM server", "worker": "a Ray worker"}.get(died.role, "the trainer")
+            what = {"server": "the vLLM server", "worker": "a Ray worker",
+                    "replica": "a vLLM server replica"}.get(died.role, "the trainer")
             if used >= restarts:
                 raise LaunchError(f"{what} exited with {exit_words(died.exit_code)} at step {died.step}; "
                                   f"{restarts} restart(s) allowed (--restarts) are used up; its last lines: "
@@ -98,9 +99,13 @@ def supervise(state: RunState, log: Callable[[str], None], since: float, restart
             used += 1
             state.emit("role_died", role=died.role, exit_code=died.exit_code, step=died.step, restart=used)
             again = {"server": "the server and the trainer", "worker": "the Ray cluster"}.get(died.role, "the trainer")
-            log(f"{what} exited with {exit_words(died.exit_code)} at step {died.step}: restarting {again}; the "
-                f"trainer resumes from its newest complete checkpoint (restart {used} of {restarts})")
-            since = time.time()  # steps from here on are the resumed trainer's (those before were printed)
+            if died.role == "replica":
+                log(f"{what} exited with {exit_words(died.exit_code)} at step {died.step}: restarting it; the trainer "
+                    f"goes on with the other replicas (restart {used} of {restarts})")
+            else:
+                log(f"{what} exited with {exit_words(died.exit_code)} at step {died.step}: restarting {again}; the "
+                    f"trainer resumes from its newest complete checkpoint (restart {used} of {restarts})")
+            since = time.time()  # the steps before were printed (those of a resumed trainer, or of one going on)
             ready_s = restart(died.role)
             state.emit("role_restarted", role=died.role, seconds=round(ready_s, 2), restart=used)
 

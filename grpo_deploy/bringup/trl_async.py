@@ -10,13 +10,15 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from .. import run_view
 from ..deployment import Deployment
 from ..hosts import facts as host_facts
 from ..hosts import oneoff
 from ..hosts.connect import HostError
-from ..names import READY_TIMEOUT_S
+from ..engines.trl_async import ServerReplica, host_services, replica_urls, server_replicas, server_url
+from ..names import PROXY_SERVICE, READY_TIMEOUT_S
 from ..resolve import Resolved
 from ..run_state import LaunchError
 from ..runtime.metrics import parse_events
@@ -25,67 +27,106 @@ from ..supervise import EnginePatience, RoleDied, view_words
 from . import POLL_S, STOPPED, container, follow_steps, main_exit
 
 NOTE_EVERY_S = 15.0  # a line while the server loads
+REPLICA = "replica"  # RoleDied's role when some vLLM replicas died and others still serve
 
 
 def hosts(dep: Deployment) -> list[str]:
-    """The hosts this bring-up starts containers on."""
-    return list(dict.fromkeys((dep.role_host("server"), dep.role_host("trainer"))))
+    """The hosts this bring-up starts containers on: every server host, then the trainer's."""
+    return list(dict.fromkeys([h.name for h in dep.res.hosts_with("server")] + [dep.role_host("trainer")]))
 
 
 def addresses(dep: Deployment, ctx=None) -> dict[str, str]:
-    """The server host's IP as the trainer's host resolves its address (a name is looked up there): where the
-    server publishes its port ({} on one host: loopback)."""
+    """Each server host's IP as the trainer's host resolves its address (a name is looked up there): where that
+    server publishes its ports ({} when every server shares the trainer's host: loopback)."""
     res = dep.res
-    server, trainer = res.host_for("server"), res.host_for("trainer")
-    if server is None or trainer is None or server.name == trainer.name or server.publish:
-        return {}
-    host = parse_address(server.address).host if server.address != "local" else None
-    if host is None:
-        return {}
-    literal = ip_literal(host)
-    if literal:
-        return {server.name: literal}
-    ip = host_facts.resolve_ipv4(dep.hosts[trainer.name], host)
-    if ip is None:
-        raise HostError(trainer.name, f"cannot resolve the server's address {host!r} there",
-                        "use an IP address in hosts[].address, or add the name to that host's /etc/hosts")
-    return {server.name: ip}
+    trainer = res.host_for("trainer")
+    out = {}
+    for server in res.hosts_with("server"):
+        if trainer is None or server.name == trainer.name or server.publish or server.address == "local":
+            continue
+        host = parse_address(server.address).host
+        literal = ip_literal(host) or host_facts.resolve_ipv4(dep.hosts[trainer.name], host)
+        if literal is None:
+            raise HostError(trainer.name, f"cannot resolve the server's address {host!r} there",
+                            "use an IP address in hosts[].address, or add the name to that host's /etc/hosts")
+        out[server.name] = literal
+    return out
 
 
 def addresses_words(ips: dict[str, str]) -> str:
     return f"the server publishes on {ips or 'loopback (same host)'}"
 
 
+def _replicas(dep: Deployment) -> list[ServerReplica]:
+    return server_replicas(dep.res)
+
+
+def _where(replicas: list[ServerReplica]) -> str:
+    """The replicas in words: `host` for one, else `host (server, server-2), other (server)`."""
+    if len(replicas) == 1:
+        return replicas[0].host
+    by_host: dict[str, list[str]] = {}
+    for r in replicas:
+        by_host.setdefault(r.host, []).append(r.service)
+    return ", ".join(f"{host} ({', '.join(services)})" for host, services in by_host.items())
+
+
+def _up_servers(dep: Deployment, replicas: list[ServerReplica]) -> None:
+    """Start *replicas*, one compose call per host."""
+    by_host: dict[str, list[str]] = {}
+    for r in replicas:
+        by_host.setdefault(r.host, []).append(r.service)
+    for host, services in by_host.items():
+        dep.project(host).up(*services)
+
+
+def _up_trainer(dep: Deployment) -> None:
+    """The trainer, after the replica proxy when the run has one (its base URL is the proxy)."""
+    trainer_host = dep.role_host("trainer")
+    dep.project(trainer_host).up(*[s for s in host_services(dep.res, dep.res.host_for("trainer"))
+                                   if s in (PROXY_SERVICE, "trainer")])
+
+
 def start(dep: Deployment, log: Callable[[str], None], ips: dict[str, str], since: float) -> None:
     """Start the server and the trainer (`--no-deps`: compose would otherwise hold the trainer until the server is
     healthy, +15 s to the first step), then wait for readiness — the gate: if it fails, `up` rolls both back."""
-    server_host, trainer_host = dep.role_host("server"), dep.role_host("trainer")
-    log(f"starting the vLLM server on {server_host} and the trainer on {trainer_host} (the trainer builds its "
+    replicas, trainer_host = _replicas(dep), dep.role_host("trainer")
+    what = "the vLLM server" if len(replicas) == 1 else f"{len(replicas)} vLLM server replicas"
+    proxy = f" behind the replica proxy beside the trainer" if len(replicas) > 1 else ""
+    log(f"starting {what} on {_where(replicas)}{proxy} and the trainer on {trainer_host} (the trainer builds its "
         "model while the server loads)")
-    dep.project(server_host).up("server")
-    dep.project(trainer_host).up("trainer")
+    _up_servers(dep, replicas)
+    _up_trainer(dep)
     dep.state.emit("trainer_started")
     ready_s = wait_server(dep, log, since)
-    dep.state.emit("server_ready", seconds=round(ready_s, 2))
-    if server_host == trainer_host:
+    dep.state.emit("server_ready", seconds=round(ready_s, 2), replicas=len(replicas))
+    remote = [r for r in replicas if r.host != trainer_host]
+    if not remote:
         first_completion(dep)
-        log(f"server ready in {ready_s:.1f} s (served model listed in /v1/models); progress per optimizer step:")
+        log(f"{'server' if len(replicas) == 1 else 'every replica'} ready in {ready_s:.1f} s (served model listed in "
+            "/v1/models); progress per optimizer step:")
     else:
-        log(f"server ready in {ready_s:.1f} s; from {trainer_host}: {check_from_trainer(dep, ips)}; progress per "
-            "optimizer step:")
+        log(f"{'server' if len(replicas) == 1 else 'every replica'} ready in {ready_s:.1f} s; from {trainer_host}: "
+            f"{check_from_trainer(dep, ips, remote)}; progress per optimizer step:")
 
 
 def restart(dep: Deployment, log: Callable[[str], None], role: str) -> float:
-    """Start again what a dead *role* needs: the trainer alone, or (the server died) the trainer stopped and both
-    started; the server's new ready time."""
-    server_host, trainer_host = dep.role_host("server"), dep.role_host("trainer")
+    """Start again what a dead *role* needs: the trainer alone; a dead replica alone (the others keep serving, the
+    proxy gives it the current adapter before routing to it); or (every server died) the trainer stopped and all
+    started again. The servers' new ready time."""
+    trainer_host = dep.role_host("trainer")
     if role == "trainer":
         dep.project(trainer_host).up("trainer")
         return 0.0
-    dep.project(trainer_host).compose("stop", "trainer")
     restart_at = time.time()
-    dep.project(server_host).up("server")
-    dep.project(trainer_host).up("trainer")
+    if role == REPLICA:  # started, not waited for: the trainer goes on with the others; follow says when it is back
+        dead = [r for r in _replicas(dep) if _stopped(dep, r)]
+        _up_servers(dep, dead)
+        dep.returning.update({(r.host, r.service): restart_at for r in dead})
+        return 0.0
+    dep.project(trainer_host).compose("stop", "trainer")
+    _up_servers(dep, _replicas(dep))
+    _up_trainer(dep)
     ready_s = wait_server(dep, log, restart_at)
     log(f"server ready again in {ready_s:.1f} s; progress per optimizer step:")
     return ready_s
@@ -96,15 +137,31 @@ def after_failure(dep: Deployment) -> None:
     note_server_view(dep)
 
 
-def _server_ready(dep: Deployment) -> bool:
-    """True once the server's health check passes (model listed); LaunchError when the server exited, or the trainer
-    exited with an error while the server was loading (a bad config fails at once, not after the server is up)."""
-    server = dep.role_project("server")
-    c = container(server, "server")
-    if c["state"] in STOPPED:
-        raise LaunchError(f"the vLLM server exited on {server.host.name} before it was ready "
-                          f"(exit {c['exit_code']}):\n{server.tail(c['id'])}")
-    if c["health"] == "healthy":
+def _replica_container(dep: Deployment, r: ServerReplica) -> dict:
+    """A replica's container (running or stopped); LaunchError when it is gone."""
+    c = dep.project(r.host).service(r.service, strict=True)
+    if c is None:
+        raise LaunchError(f"the {r.service} container is gone on {r.host}")
+    return c
+
+
+def _stopped(dep: Deployment, r: ServerReplica) -> bool:
+    c = dep.project(r.host).service(r.service)
+    return c is None or c["state"] in STOPPED
+
+
+def _server_ready(dep: Deployment, replicas: list[ServerReplica] | None = None) -> bool:
+    """True once every replica's health check passes (model listed); LaunchError when one exited, or the trainer
+    exited with an error while the servers were loading (a bad config fails at once, not after they are up)."""
+    ready = True
+    for r in replicas or _replicas(dep):
+        c = _replica_container(dep, r)
+        if c["state"] in STOPPED:
+            name = "the vLLM server" if r.service == "server" else f"vLLM replica {r.service}"
+            raise LaunchError(f"{name} exited on {r.host} before it was ready "
+                              f"(exit {c['exit_code']}):\n{dep.project(r.host).tail(c['id'])}")
+        ready = ready and c["health"] == "healthy"
+    if ready:
         return True
     trainer = dep.role_project("trainer")
     t = trainer.container("trainer", strict=True)
@@ -121,12 +178,14 @@ def _last_server_line(dep: Deployment) -> str:
     return lines[-1][-110:] if lines else ""
 
 
-def wait_server(dep: Deployment, log: Callable[[str], None], since: float) -> float:
-    """Seconds from *since* until the server is ready; a line every NOTE_EVERY_S with its last log line."""
+def wait_server(dep: Deployment, log: Callable[[str], None], since: float,
+                replicas: list[ServerReplica] | None = None) -> float:
+    """Seconds from *since* until every replica (or those given) is ready; a line every NOTE_EVERY_S with the
+    first server's last log line."""
     patience = EnginePatience("waiting for the server")
     last_note = 0.0
-    where = dep.role_host("server")
-    while not patience.poll(lambda: _server_ready(dep), pause_s=POLL_S):
+    where = _where(replicas or _replicas(dep))
+    while not patience.poll(lambda: _server_ready(dep, replicas), pause_s=POLL_S):
         elapsed = time.time() - since
         if elapsed > READY_TIMEOUT_S:
             raise LaunchError(f"the server was not ready after {READY_TIMEOUT_S} s (model not listed in /v1/models)")
@@ -138,24 +197,30 @@ def wait_server(dep: Deployment, log: Callable[[str], None], since: float) -> fl
     return time.time() - since
 
 
-def _health_argv(res: Resolved, host: str) -> list[str]:
-    """From the trainer's side: the server lists the model and generates one token."""
+def _health_argv(res: Resolved, host: str, port: int | None = None) -> list[str]:
+    """From the trainer's side: the server (or the proxy) lists the model and generates one token."""
     return ["python3", "-m", "grpo_deploy.runtime.health", "--role", "server", "--host", host,
-            "--port", str(res.settings.vllm.port), "--model", res.settings.model.served_name, "--complete"]
+            "--port", str(port or res.settings.vllm.port), "--model", res.settings.model.served_name, "--complete"]
 
 
-def check_from_trainer(dep: Deployment, ips: dict[str, str]) -> str:
-    """Server and trainer on two hosts: from the trainer's host, in a throw-away container of the trainer image, the
-    server lists the model and generates — the gate before any training (a firewall or a wrong address fails here)."""
+def check_from_trainer(dep: Deployment, ips: dict[str, str], remote: list[ServerReplica]) -> str:
+    """Servers on other hosts than the trainer: from the trainer's host, in a throw-away container of the trainer
+    image, each of them lists the model and generates — the gate before any training (a firewall or a wrong
+    address fails here)."""
     res = dep.res
     trainer = dep.role_host("trainer")
-    url = res.server_url_for(ips)
-    argv = _health_argv(res, parse_address(url.split("//", 1)[1]).host)
-    r = oneoff.run(dep.hosts[trainer], res.image_for("trainer"), argv, network="bridge", timeout=400)
-    if not r.ok:
-        raise LaunchError(f"the trainer's host {trainer} cannot use the server at {url}: {r.line()} "
-                          "(a firewall, a wrong hosts[].publish, or the server's address resolving elsewhere there)")
-    return r.out.strip().splitlines()[-1] if r.out.strip() else "ok"
+    said = []
+    for r, url in zip(_replicas(dep), replica_urls(res, ips)):
+        if r not in remote:
+            continue
+        where = urlsplit(url)
+        argv = _health_argv(res, where.hostname, where.port)
+        done = oneoff.run(dep.hosts[trainer], res.image_for("trainer"), argv, network="bridge", timeout=400)
+        if not done.ok:
+            raise LaunchError(f"the trainer's host {trainer} cannot use the server at {url}: {done.line()} (a "
+                              "firewall, a wrong hosts[].publish, or the server's address resolving elsewhere there)")
+        said.append(done.out.strip().splitlines()[-1] if done.out.strip() else "ok")
+    return said[0] if len(said) == 1 else f"{len(said)} replicas generate ({said[-1]})"
 
 
 def first_completion(dep: Deployment) -> threading.Thread:
@@ -167,7 +232,8 @@ def first_completion(dep: Deployment) -> threading.Thread:
     def run() -> None:
         start = time.time()
         c = project.container("trainer")
-        r = project.host.run(["docker", "exec", c["id"], *_health_argv(dep.res, "server")], timeout=300) if c else None
+        host = urlsplit(server_url(dep.res)).hostname  # the one server, or the proxy in front of the replicas
+        r = project.host.run(["docker", "exec", c["id"], *_health_argv(dep.res, host)], timeout=300) if c else None
         ok = r is not None and r.ok
         said = {} if ok else {"error": (r.line() if r is not None else "no trainer container")[:200]}
         dep.state.emit("server_first_completion", ok=not said, seconds=round(time.time() - start, 2), **said)
@@ -177,26 +243,42 @@ def first_completion(dep: Deployment) -> threading.Thread:
     return thread
 
 
-def _snapshot(dep: Deployment) -> tuple[dict, str, dict | None]:
-    """The trainer's container, its metrics text and the server's container, read once."""
+def _snapshot(dep: Deployment) -> tuple[dict, str, list[dict | None]]:
+    """The trainer's container, its metrics text and each replica's container, read once."""
     trainer = dep.role_project("trainer")
     c = container(trainer, "trainer")
     text = trainer.read(c["id"], f"{dep.res.run_dir}/metrics.jsonl") or ""
-    return c, text, dep.role_project("server").container("server", strict=True)
+    return c, text, [dep.project(r.host).service(r.service, strict=True) for r in _replicas(dep)]
 
 
-def _judge(c: dict, server: dict | None, last_step: int) -> int | None:
-    """The trainer's exit code once it stopped; RoleDied when the server's container exits while the trainer has
-    not finished cleanly, or the trainer is killed."""
+def _judge(c: dict, servers: list[dict | None], last_step: int) -> int | None:
+    """The trainer's exit code once it stopped; RoleDied while the trainer has not finished cleanly: "server" when
+    every replica's container has exited (the trainer is restarted with them), REPLICA when some have (they are
+    restarted alone; the proxy serves from the others), "trainer" when it is killed."""
     trainer_done = c["state"] in STOPPED and int(c["exit_code"] or 0) == 0
-    if (server is None or server["state"] in STOPPED) and not trainer_done:
-        raise RoleDied("server", int(server["exit_code"] or 1) if server else -1, last_step)
+    dead = [s for s in servers if s is None or s["state"] in STOPPED]
+    if dead and not trainer_done:
+        code = int(dead[0]["exit_code"] or 1) if dead[0] else -1
+        raise RoleDied("server" if len(dead) == len(servers) else REPLICA, code, last_step)
     return main_exit(c, last_step)
 
 
 def follow(dep: Deployment, log: Callable[[str], None], since: float) -> int:
-    """Progress per step until the trainer exits (its exit code); RoleDied (see _judge) for supervision."""
-    return follow_steps(dep, log, since, "the trainer", lambda: _snapshot(dep), _judge)
+    """Progress per step until the trainer exits (its exit code); RoleDied (see _judge) for supervision; a line
+    (and a `replica_ready` event) when a restarted replica is ready again."""
+
+    def judge(c: dict, servers: list[dict | None], last_step: int) -> int | None:
+        for r, s in zip(_replicas(dep), servers):
+            started = dep.returning.get((r.host, r.service))
+            if started is not None and s is not None and s["health"] == "healthy":
+                del dep.returning[(r.host, r.service)]
+                seconds = round(time.time() - started, 1)
+                dep.state.emit("replica_ready", host=r.host, service=r.service, seconds=seconds, step=last_step)
+                log(f"replica {r.service} on {r.host} ready again after {seconds:.0f} s; the proxy gives it the "
+                    "current adapter before routing to it")
+        return _judge(c, servers, last_step)
+
+    return follow_steps(dep, log, since, "the trainer", lambda: _snapshot(dep), judge)
 
 
 def note_server_view(dep: Deployment) -> None:

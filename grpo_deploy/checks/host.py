@@ -122,28 +122,37 @@ def arch_verdict(host, profile, found: dict[str, Any]) -> Result:
     return Result("arch", host.name, OK, f"{machine}, {len(gpus)} x {gpus[0].name} (sm {gpus[0].compute_capability})")
 
 
-@check("port", "The vLLM server's published port is free on the server host")
+@check("port", "The vLLM servers' published ports are free on each server host")
 
 
 def check_port(ctx: Context) -> list[Result]:
     res = ctx.res
-    server = res.host_for("server")
-    if server is None:
+    servers = res.hosts_with("server")
+    if not servers:
         return [Result("port", "-", SKIP, f"{res.engine} has no server role")]
-    port = res.settings.vllm.port
-    found = ctx.facts_of(server)
-    if isinstance(found, HostError):
-        return []
-    if found.get("running"):
-        return [Result("port", server.name, FAIL, f"run {res.spec.run.name} already has running containers there "
-                       f"({', '.join(found['running'])})", "grpo-deploy down, or grpo-deploy status")]
-    if found.get("listening"):
-        return [Result("port", server.name, FAIL, f"something already listens on port {port} there",
-                       "stop it, or set overrides: {vllm: {port: 8100}}")]
-    if found.get("listening") is None:
-        return [Result("port", server.name, WARN, f"cannot tell whether port {port} is free there (`ss -ltn` did not "
-                       "answer)", "install iproute2 there")]
-    return [Result("port", server.name, OK, f"port {port} is free")]
+    out = []
+    for server in servers:
+        found = ctx.facts_of(server)
+        if isinstance(found, HostError):
+            continue
+        ports = found.get("listening") or {}
+        taken = [p for p, on in ports.items() if on]
+        unknown = [p for p, on in ports.items() if on is None]
+        words = f"port {min(ports)}" if len(ports) == 1 else f"ports {min(ports)}-{max(ports)}" if ports else "ports"
+        if found.get("running"):
+            out.append(Result("port", server.name, FAIL, f"run {res.spec.run.name} already has running containers "
+                              f"there ({', '.join(found['running'])})", "grpo-deploy down, or grpo-deploy status"))
+        elif taken:
+            out.append(Result("port", server.name, FAIL, f"something already listens on port "
+                              f"{', '.join(map(str, taken))} there" + (f" (the replicas publish {words})"
+                                                                        if len(ports) > 1 else ""),
+                              "stop it, or set overrides: {vllm: {port: 8100}}"))
+        elif unknown:
+            out.append(Result("port", server.name, WARN, f"cannot tell whether {words} {'is' if len(ports) == 1 else 'are'}"
+                              " free there (`ss -ltn` did not answer)", "install iproute2 there"))
+        else:
+            out.append(Result("port", server.name, OK, f"{words} {'is' if len(ports) == 1 else 'are'} free"))
+    return out
 
 
 @check("driver", "The NVIDIA driver on each GPU host runs the CUDA its images are built with (CUDA 13: R580+)")

@@ -102,8 +102,8 @@ def _gather(ctx: Context, host, conn: Host) -> dict[str, Any]:
     if "server" in host.roles or host.name in cluster:
         ps = conn.run(["docker", "ps", "--format", "{{.Names}}", "--filter", f"label={RUN_LABEL}={res.spec.run.name}"])
         out["running"] = ps.out.split()
-    if "server" in host.roles:
-        out["listening"] = host_facts.listening(conn, res.settings.vllm.port)
+    if ports := res.engine_info.published_ports(res, host):  # e.g. each vLLM replica's
+        out["listening"] = {port: host_facts.listening(conn, port) for port in ports}
     if host.name in cluster:  # a Ray node of several hosts: its addresses, Ray's ports, InfiniBand
         out["interfaces"] = host_facts.ipv4_addresses(conn)
         out["listening_ports"] = host_facts.listening_ports(conn)

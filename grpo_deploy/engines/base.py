@@ -61,6 +61,8 @@ class Engine:
     """section -> the role whose host profile supplies it; a section not named here comes from the main role's."""
     unsupported: dict[str, str] = field(default_factory=dict)
     """What the engine does not support yet -> the one-line reason a user asking for it is given."""
+    replica_role: str | None = None
+    """The role a host may run several of (hosts[].replicas), behind the kit's replica proxy; None: no such role."""
     unreadable_share: str = ""
     """What the engine's reader would do with a file on the share it cannot read (the shared-volume probe says it)."""
 
@@ -145,6 +147,20 @@ class Engine:
         for role in host.roles:
             given.setdefault(role, list(range(n)))
         return given
+
+    def published_ports(self, res: Resolved, host) -> list[int]:
+        """TCP ports the run publishes on *host* (preflight checks they are free); this default: none."""
+        return []
+
+    def roles_words(self, res: Resolved, host) -> list[str]:
+        """Plan's roles column for *host*: its roles."""
+        return list(host.roles)
+
+    def gpu_words(self, res: Resolved, host) -> str:
+        """Plan's GPU column for *host*: each role's GPU indices (gpu_split), or "none" without an accelerator."""
+        if res.profiles[host.name].accelerator == "none":
+            return "none"
+        return "; ".join(f"{role} {','.join(map(str, ids))}" for role, ids in self.gpu_split(res, host).items())
 
     def compose_files(self, res: Resolved, host, first: str) -> list[str]:
         """The compose files of *host*'s env file: the engine's own (*first*), then the shared volume's override

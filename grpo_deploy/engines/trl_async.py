@@ -5,11 +5,12 @@ values for Kubernetes, the memory of both roles and TRL's checkpoint size (grpo_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from .. import diagnose
 from ..architecture import Architecture
-from ..names import COMPOSE_BASE, project_name
+from ..names import COMPOSE_BASE, PROXY_SERVICE, REPLICA_LABEL, project_name
 from ..render_text import dump_yaml, template
 from ..runtime.config import RunConfig, SpeedSwitches, config_text
 from ..runtime.values import ip_literal, parse_address
@@ -74,9 +75,15 @@ class TrlAsync(Engine):
         if vllm.max_model_len is not None and vllm.max_model_len < need_len:
             problem(_override("vllm", "max_model_len"),
                     f"max_model_len={vllm.max_model_len} < max_prompt_length + max_completion_length = {need_len}")
-        if s.trl.max_inflight_tasks > vllm.max_num_seqs * 4:
+        n = replica_count(res)
+        inflight = s.trl.max_inflight_tasks
+        if n > 1:
+            _check_replicas(self, res, problem)
+            inflight = _scale_with_replicas(res, n, derived)
+        if inflight > vllm.max_num_seqs * 4 * n:
             problem(_override("trl", "max_inflight_tasks"),
-                    "max_inflight_tasks is more than 4x the server's max_num_seqs: requests would only queue")
+                    f"max_inflight_tasks is more than 4x the server's max_num_seqs{f' x {n} replicas' if n > 1 else ''}"
+                    ": requests would only queue")
         if s.runtime.device == "cpu" and (s.trl.bf16 or s.trl.fp16):
             problem(_override("trl", "bf16" if s.trl.bf16 else "fp16"),
                     "mixed precision cannot be used with runtime.device cpu: remove it, or run on cuda")
@@ -94,7 +101,10 @@ class TrlAsync(Engine):
         spec, s = res.spec, res.settings
         common = dict(run_name=spec.run.name, model_path=s.model.path, served_name=s.model.served_name,
                       vllm=_vllm_context(res), device=s.runtime.device)
+        proxy = {"config/proxy.args": template("proxy.args.j2", args=proxy_args(res, publish_ips), **common)} \
+            if replica_count(res) > 1 else {}
         return {
+            **proxy,
             "config/server.args": template("server.args.j2", args=server_arg_lines(res), **common),
             "config/server.env": template("server.env.j2", umask=res.identities["server"].umask, **common),
             "config/trainer.env": template(
@@ -115,26 +125,52 @@ class TrlAsync(Engine):
         if gpu:
             compose_files.append(f"{config_dir.rsplit('/config', 1)[0]}/hosts/{host.name}.gpu.yaml")
             files[f"hosts/{host.name}.gpu.yaml"] = self._gpu_override(res, host)
-        services = [r for r in self.roles if r in host.roles]
+        if (host.replicas or 1) > 1:
+            compose_files.append(f"{config_dir.rsplit('/config', 1)[0]}/hosts/{host.name}.replicas.yaml")
+            files[f"hosts/{host.name}.replicas.yaml"] = replicas_override(res, host)
+        services = host_services(res, host)
         files[f"hosts/{host.name}.env"] = template(
             "host.env.j2", host=host, run_name=spec.run.name, project=project_name(spec.run.name),
             profile=profile.name, compose_files=compose_files,
             services=services, images=res.images, identities=res.identities, mount=spec.storage.mount,
             volume=spec.storage.volume, config_dir=config_dir, port=res.settings.vllm.port,
-            publish=publish_address(res, res.host_for("server"), publish_ips),
+            publish=publish_address(res, host if "server" in host.roles else res.host_for("server"), publish_ips),
             shm_size="16g" if gpu else "1g", nfs=spec.storage.nfs, shared_dir=host.shared_dir,
+            proxy=PROXY_SERVICE in services,
         )
         return files
+
+    def published_ports(self, res: Resolved, host) -> list[int]:
+        """The ports *host*'s vLLM replicas publish: vllm.port, then one more for each further replica."""
+        return [res.settings.vllm.port + k for k in range(host.replicas or 1)] if "server" in host.roles else []
+
+    def roles_words(self, res: Resolved, host) -> list[str]:
+        """Its roles, the server with its replica count when more than one (`server x2`), and the proxy beside the
+        trainer when the run has one."""
+        n = host.replicas or 1
+        words = [f"server x{n}" if role == "server" and n > 1 else role for role in host.roles]
+        return words + ([PROXY_SERVICE] if "trainer" in host.roles and replica_count(res) > 1 else [])
+
+    def gpu_words(self, res: Resolved, host) -> str:
+        """Each replica's GPUs by its service (`server 0; server-2 1; trainer 2,3`) when the host has several."""
+        if (host.replicas or 1) == 1 or res.profiles[host.name].accelerator == "none":
+            return super().gpu_words(res, host)
+        words = [f"{r.service} {','.join(map(str, r.gpus))}" for r in server_replicas(res) if r.host == host.name]
+        split = self.gpu_split(res, host)
+        return "; ".join(words + ([f"trainer {','.join(map(str, split['trainer']))}"] if "trainer" in split else []))
 
     def _gpu_override(self, res: Resolved, host) -> str:
         """The compose override reserving each service's GPUs on *host*."""
         profile = res.profiles[host.name]
         services: dict[str, Any] = {}
         split = self.gpu_split(res, host)
-        for role in (r for r in self.roles if r in host.roles):
-            services[role] = {
+        reserved = {r.service: list(r.gpus) for r in server_replicas(res) if r.host == host.name}
+        if "trainer" in host.roles:
+            reserved["trainer"] = split["trainer"]
+        for service, ids in reserved.items():
+            services[service] = {
                 "deploy": {"resources": {"reservations": {"devices": [
-                    {"driver": "nvidia", "device_ids": [str(i) for i in split[role]], "capabilities": ["gpu"]}
+                    {"driver": "nvidia", "device_ids": [str(i) for i in ids], "capabilities": ["gpu"]}
                 ]}}},
                 "ipc": "host",
             }
@@ -194,6 +230,131 @@ class TrlAsync(Engine):
         return max(res.settings.trl.max_steps, 0)
 
 
+@dataclass(frozen=True)
+class ServerReplica:
+    """One vLLM server of the run: its host, its compose service, its place on that host (its published port is
+    vllm.port + place) and its GPUs (none on a CPU host)."""
+
+    host: str
+    service: str
+    place: int
+    gpus: tuple[int, ...] = ()
+
+
+def replica_service(place: int) -> str:
+    """The compose service of a host's replica at *place*: `server` first (one replica: today's service), then
+    `server-2`, `server-3`, ..."""
+    return "server" if place == 0 else f"server-{place + 1}"
+
+
+def server_replicas(res: Resolved) -> list[ServerReplica]:
+    """Every vLLM server of the run, host by host in spec order; a host's server GPUs shared out evenly."""
+    out = []
+    for host in res.hosts_with("server"):
+        n = host.replicas or 1
+        gpus = TRL_ASYNC.gpu_split(res, host).get("server", [])
+        share = len(gpus) // n
+        out += [ServerReplica(host.name, replica_service(k), k, tuple(gpus[k * share:(k + 1) * share]))
+                for k in range(n)]
+    return out
+
+
+def replica_count(res: Resolved) -> int:
+    """vLLM servers in the run; more than one puts the replica proxy between them and the trainer."""
+    return sum(h.replicas or 1 for h in res.hosts_with("server"))
+
+
+def server_url(res: Resolved, resolved: dict[str, str] | None = None) -> str:
+    """The URL the trainer reaches the vLLM server by: the replica proxy beside it when the run has several; the
+    compose service when the one server shares its host; else the server's host as Resolved.reach says."""
+    server, trainer = res.host_for("server"), res.host_for("trainer")
+    if server is None:
+        return ""
+    port = res.settings.vllm.port
+    if replica_count(res) > 1:
+        return f"http://{PROXY_SERVICE}:{port}"
+    if trainer is not None and trainer.name == server.name:
+        return f"http://server:{port}"
+    return f"http://{res.reach(server.name, resolved)}:{port}"
+
+
+def host_services(res: Resolved, host) -> list[str]:
+    """The compose services *host* runs, in start order: its server replicas, then the replica proxy (beside the
+    trainer, when the run has several replicas) and the trainer."""
+    out = [r.service for r in server_replicas(res) if r.host == host.name]
+    if "trainer" in host.roles:
+        out += [PROXY_SERVICE, "trainer"] if replica_count(res) > 1 else ["trainer"]
+    return out
+
+
+def replica_urls(res: Resolved, resolved: dict[str, str] | None = None) -> list[str]:
+    """Where the proxy (on the trainer's host) reaches each replica: a replica beside it by its compose service,
+    one on another host by that host's address and the replica's published port."""
+    trainer, port = res.host_for("trainer"), res.settings.vllm.port
+    out = []
+    for r in server_replicas(res):
+        if trainer is not None and r.host == trainer.name:
+            out.append(f"http://{r.service}:{port}")
+        else:
+            out.append(f"http://{res.reach(r.host, resolved)}:{port + r.place}")
+    return out
+
+
+def proxy_args(res: Resolved, resolved: dict[str, str] | None = None) -> list[str]:
+    """The replica proxy's command line, one argument per line of config/proxy.args (argparse's @file): it
+    listens on vLLM's port in its own container, where the trainer's base URL points."""
+    return ["--listen", f"0.0.0.0:{res.settings.vllm.port}",
+            *(arg for url in replica_urls(res, resolved) for arg in ("--replica", url))]
+
+
+def replicas_override(res: Resolved, host) -> str:
+    """hosts/<host>.replicas.yaml: each replica after the first a service like `server` (compose's extends), with
+    its own published port and labels."""
+    port, services = res.settings.vllm.port, {}
+    for r in (r for r in server_replicas(res) if r.host == host.name and r.place):
+        services[r.service] = {
+            "extends": {"file": COMPOSE_BASE, "service": "server"},
+            "ports": [f"${{GRPO_SERVER_PUBLISH:-127.0.0.1}}:{port + r.place}:{port}"],
+            "labels": {REPLICA_LABEL: str(r.place + 1)},
+        }
+    header = (f"# vLLM server replicas of host {host.name} beyond the first, rendered by grpo-deploy: each like "
+              "`server`, on its own published port.\n")
+    return dump_yaml(header, {"services": services}).replace("ports:\n", "ports: !override\n")
+
+
+def _scale_with_replicas(res: Resolved, n: int, derived: list) -> int:
+    """TRL's in-flight cap and queue are one for all replicas together (HF's third replica added nothing at the old
+    cap): unless the spec sets them, the profile's (or TRL's automatic) value is taken per replica and multiplied by
+    *n*. The in-flight cap the run gets."""
+    trl, inflight = res.settings.trl, res.settings.trl.max_inflight_tasks
+    for key in ("max_inflight_tasks", "queue_maxsize"):
+        origin = res.origins["trl"].get(key)
+        if origin is not None and origin.source in ("spec", "override"):
+            continue
+        value = getattr(trl, key)
+        if value == -1:  # TRL's automatic cap: max(max_staleness, 1) x samples per step (one trainer process)
+            value = max(trl.max_staleness, 1) * trl.per_device_train_batch_size * trl.gradient_accumulation_steps
+            source = f"TRL's automatic {value} (max_staleness x samples per step)"
+        else:
+            source = f"{value} ({origin.source if origin else 'default'})"
+        derived.append(("trl", key, value * n, f"{source} per replica x {n} replicas: TRL's cap is one for all "
+                        "replicas together (HF's third replica added nothing at the old cap)"))
+        if key == "max_inflight_tasks":
+            inflight = value * n
+    return inflight
+
+
+def _check_replicas(engine: TrlAsync, res: Resolved, problem) -> None:
+    """Several replicas: on a GPU host each replica needs GPUs of its own, as many each."""
+    for i, host in enumerate(res.spec.hosts):
+        n = host.replicas or 1
+        gpus = engine.gpu_split(res, host).get("server")
+        if n > 1 and gpus is not None and (len(gpus) < n or len(gpus) % n):
+            problem(("hosts", i, "replicas"), f"{n} replicas on host {host.name} need their own GPUs, as many each: "
+                    f"its server has {len(gpus)} ({gpus}); set hosts[{i}].gpus.server to {n} GPUs (or a multiple), "
+                    f"or replicas to {len(gpus) or 1}")
+
+
 def _check_gpus(engine: TrlAsync, res: Resolved, problem) -> None:
     """Both roles on one host need GPUs of their own (unless the memory is unified)."""
     for i, host in enumerate(res.spec.hosts):
@@ -239,7 +400,7 @@ def trainer_config(res: Resolved, publish_ips: dict[str, str] | None = None) -> 
     """The trainer entrypoint's config (grpo_deploy.runtime.config's schema, validated here as in the container);
     async_grpo goes to TRL's AsyncGRPOConfig."""
     s, spec = res.settings, res.spec
-    kit = {"output_dir": res.checkpoint_dir, "vllm_server_base_url": res.server_url_for(publish_ips),
+    kit = {"output_dir": res.checkpoint_dir, "vllm_server_base_url": server_url(res, publish_ips),
            "seed": spec.run.seed,
            "report_to": _report_to(spec.logger.kind), "vllm_server_timeout": s.trl.vllm_server_timeout}
     if spec.logger.kind != "none" and s.trl.run_name is None:
@@ -305,7 +466,8 @@ TRL_ASYNC = TrlAsync(
     progress=(("staleness", "sample/staleness_mean", ".2f"), ("ratio", "ratio", ".4f"),
               ("queue", "sample/rollout_queue_size", ".0f")),
     role_images={"server": "server", "trainer": "trainer"},
-    role_counts={"trainer": (1, 1), "server": (1, 1)},
+    role_counts={"trainer": (1, 1), "server": (1, 16)},
+    replica_role="server",
     sections=COMMON_SECTIONS + ("trl", "vllm", "runtime"),
     checkpoint_layout="trl",
     reader_role="server",
@@ -314,7 +476,7 @@ TRL_ASYNC = TrlAsync(
     multi_host_roles=(("trainer",), ("server",)),
     settings_roles={"vllm": "server"},
     unsupported={
-        "several server hosts": "several vLLM server replicas need a proxy that broadcasts adapter loads to every "
-                                "replica (TRL takes one base URL); that proxy is not built yet: use one server host",
+        "several trainer hosts": "a trainer across hosts (accelerate with FSDP2, one process group over the trainer "
+                                 "hosts) is not built yet: use one trainer host",
     },
 )

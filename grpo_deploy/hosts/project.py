@@ -13,6 +13,7 @@ from ..names import COMPOSE_FILES, ROLE_LABEL, RUN_LABEL, project_name
 from .connect import Host, HostError, Result
 
 ENV_FILE_LABEL = "com.docker.compose.project.environment_file"  # compose's label: the env file a container came from
+SERVICE_LABEL = "com.docker.compose.service"  # compose's label: the service a container runs
 
 
 def compose_files() -> dict[str, str]:
@@ -63,10 +64,10 @@ class RemoteProject:
     def compose(self, *args: str, timeout: float = 600) -> Result:
         return self.host.run(self.compose_argv(*args), timeout=timeout)
 
-    def up(self, service: str) -> None:
-        r = self.compose("up", "-d", "--no-build", "--no-deps", service)
+    def up(self, *services: str) -> None:
+        r = self.compose("up", "-d", "--no-build", "--no-deps", *services)
         if not r.ok:
-            raise HostError(self.host.name, f"docker compose up {service} failed: {r.line()}",
+            raise HostError(self.host.name, f"docker compose up {' '.join(services)} failed: {r.line()}",
                             f"see grpo-deploy logs; the compose project is {self.root}/compose")
 
     def down(self, volumes: bool = False) -> Result:
@@ -91,20 +92,25 @@ class RemoteProject:
             return []
         fmt = "\t".join(["{{json .Id}}", "{{json .Name}}", '{{json (index .Config.Labels "' + ROLE_LABEL + '")}}',
                          "{{json .State.Status}}", "{{json .State.ExitCode}}", "{{json (index .State \"Health\")}}",
-                         '{{json (index .Config.Labels "' + ENV_FILE_LABEL + '")}}'])
+                         '{{json (index .Config.Labels "' + ENV_FILE_LABEL + '")}}',
+                         '{{json (index .Config.Labels "' + SERVICE_LABEL + '")}}'])
         r = self.host.run(["docker", "inspect", "--format", fmt, *ids])
         if strict and not r.ok and not r.out.strip():  # one container gone since ps is not a failure
             raise HostError(self.host.name, f"docker inspect: {r.line()}", "check the host's Docker engine")
         out = []
         for line in r.out.strip().splitlines():
-            cid, name, role, status, code, health, env_file = (json.loads(p) for p in line.split("\t"))
+            cid, name, role, status, code, health, env_file, service = (json.loads(p) for p in line.split("\t"))
             out.append({"id": cid, "name": name.lstrip("/"), "role": role, "state": status, "exit_code": code,
-                        "health": (health or {}).get("Status"), "env_file": env_file})
+                        "health": (health or {}).get("Status"), "env_file": env_file, "service": service})
         return out
 
     def container(self, role: str, strict: bool = False) -> dict | None:
         found = [c for c in self.containers(strict) if c["role"] == role]
         return found[0] if found else None
+
+    def service(self, name: str, strict: bool = False) -> dict | None:
+        """The container of compose service *name* (a server replica: `server`, `server-2`, ...), or None."""
+        return next((c for c in self.containers(strict) if c["service"] == name), None)
 
     def read(self, container_id: str, path: str) -> str | None:
         """A file's text from a running or stopped container (docker cp to stdout), or None."""

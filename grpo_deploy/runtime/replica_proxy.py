@@ -19,6 +19,7 @@ import aiohttp
 from aiohttp import web
 
 from .prefix_router import PrefixRouter, prompt_of
+from .readback import ReadRefused, read_text
 from .storage_faults import ADAPTER_NOT_FOUND
 
 log = logging.getLogger("grpo_deploy.replica_proxy")
@@ -26,11 +27,15 @@ log = logging.getLogger("grpo_deploy.replica_proxy")
 # What TRL 1.16's async GRPO (vllm_client.py, async_rollout_worker.py) and the kit (adapters.py, trl_hooks.py) call.
 ROUTED = ("/v1/completions", "/v1/chat/completions")
 LOAD, UNLOAD = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
+# The union over the replicas: a stale-adapter sweep through the proxy sees what any replica holds (its unloads are
+# broadcast), and a name one replica lacks still shows.
+MODELS = "/v1/models"
 BROADCAST = ("/pause", "/resume", "/reset_prefix_cache")
 FAN_IN = ("/health", "/ping")
 # TRL's merged (NCCL) sync sizes its group from one server and would reach one replica: refused, not forwarded.
 WEIGHT_TRANSFER = ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update")
 STATS = "/proxy/stats"
+ARGS_FILE_LIMIT = 64 * 1024  # an @FILE of arguments: a few hundred lines at most
 
 # vLLM's answer when the adapter folder is not (yet) visible to the server: a mount that lags. FastAPI's own 404
 # {"detail": "Not Found"} (runtime LoRA updating off) does not match and is passed through: TRL words that one.
@@ -197,6 +202,8 @@ class ReplicaProxy:
             return _response(self._health())
         if path == STATS:
             return web.json_response(self.stats())
+        if path == MODELS and request.method == "GET":
+            return _response(await self._models(request))
         if path in WEIGHT_TRANSFER:
             return _response(
                 _error(
@@ -553,6 +560,30 @@ class ReplicaProxy:
             return _error(502, f"unload {name}: no replica could be reached: {self._health_text()}", "BadGateway")
         return Answer(200, f"Success: LoRA adapter '{name}' removed from every replica.".encode(), "text/plain")
 
+    async def _models(self, request: web.Request) -> Answer:
+        """GET /v1/models of every healthy replica, merged by model id (first seen kept), each entry's replicas
+        counted in `grpo_replicas`; the first error when none answers 200."""
+        headers = _forwarded(request.headers)
+        targets = [self.replicas[i] for i in self._healthy()]
+        answers = await asyncio.gather(*(self._call(r, "GET", MODELS, b"", headers, HEALTH_TIMEOUT_S) for r in targets))
+        merged: dict[str, dict] = {}
+        good = 0
+        for answer in answers:
+            if answer is None or answer.status != 200:
+                continue
+            try:
+                entries = json.loads(answer.body)["data"]
+            except (ValueError, KeyError, TypeError):
+                continue
+            good += 1
+            for entry in entries:
+                if isinstance(entry, dict) and isinstance(entry.get("id"), str):
+                    merged.setdefault(entry["id"], {**entry, "grpo_replicas": 0})["grpo_replicas"] += 1
+        if not good:
+            failed = next((a for a in answers if a is not None), None)
+            return failed or _error(502, f"GET {MODELS}: no replica answered: {self._health_text()}", "BadGateway")
+        return Answer(200, json.dumps({"object": "list", "data": list(merged.values())}).encode(), "application/json")
+
     # ---- stats
 
     def stats(self) -> dict:
@@ -658,7 +689,11 @@ def _number(kind, low, high):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     d = Settings()
-    parser = _Parser(prog="python3 -m grpo_deploy.runtime.replica_proxy", description=__doc__)
+    parser = _Parser(
+        prog="python3 -m grpo_deploy.runtime.replica_proxy",
+        description=__doc__,
+        epilog="@FILE reads more arguments from FILE, one per line (# comments skipped): the kit's config/proxy.args.",
+    )
     parser.add_argument(
         "--listen",
         type=listen_address,
@@ -711,10 +746,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=d.max_blocks,
         help=f"prefix blocks remembered, least recently used dropped (default {d.max_blocks})",
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_expanded(parser, sys.argv[1:] if argv is None else argv))
     if len(set(args.replica)) != len(args.replica):
         parser.error("--replica: the same URL is given twice")
     return args
+
+
+def _expanded(parser: _Parser, argv: list[str]) -> list[str]:
+    """*argv* with each @FILE replaced by its lines (one argument each; blank lines and # comments skipped), the file
+    read bounded, no link followed (grpo_deploy.runtime.readback); not recursive."""
+    out: list[str] = []
+    for arg in argv:
+        if not arg.startswith("@"):
+            out.append(arg)
+            continue
+        try:
+            text = read_text(arg[1:], ARGS_FILE_LIMIT, "the proxy's arguments file")
+        except ReadRefused as refused:
+            parser.error(str(refused))
+        out += [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    return out
 
 
 def settings_of(args: argparse.Namespace) -> Settings:

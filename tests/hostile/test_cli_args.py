@@ -25,7 +25,7 @@ INIT = ["init", "--profile", "gb10", "--engine", "trl-async"]
     ("a b", ("not a host name",)),
     ("spark1;id", ("not a host name",)),
     ("$(id)", ("not a host name",)),
-    ("spark1,spark2,spark3", ("at most 2 hosts",)),
+    (",".join(f"s{i}" for i in range(18)), ("at most 17 hosts",)),
     ("a,a", ("same SSH host and port",)),
     ("user@a,other@a:22", ("same SSH host and port",)),
 ])

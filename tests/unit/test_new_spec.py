@@ -16,6 +16,11 @@ def test_verl_hosts_head_then_workers():
     assert [h.roles for h in s.hosts] == [["head"], ["worker"], ["worker"]]
 
 
+def test_three_trl_hosts_are_a_trainer_and_two_server_replicas_behind_the_proxy():
+    s = spec.loads(new_spec.spec_text("gb10", "trl-async", ["t", "s1", "s2"])).spec
+    assert [h.roles for h in s.hosts] == [["trainer"], ["server"], ["server"]]
+
+
 def test_embedded_default_is_the_local_cpu_rehearsal():
     s = new_spec.embedded_default().spec
     assert s.engine == "trl-async" and s.run.name == "rehearsal"
@@ -25,7 +30,7 @@ def test_embedded_default_is_the_local_cpu_rehearsal():
 @pytest.mark.parametrize("profile,engine,hosts,match", [
     ("a100", "trl-async", [], "does not support engine"),
     ("cpu", "sglang", [], "unknown engine"),
-    ("gb10", "trl-async", ["a", "b", "c"], "proxy"),
+    ("gb10", "trl-async", [f"h{i}" for i in range(18)], "at most 17 hosts .*hosts\\[\\]\\.replicas"),
     ("nope", "verl", [], "unknown profile"),
 ])
 def test_init_errors(profile, engine, hosts, match):

@@ -123,16 +123,19 @@ def test_context_uses_the_client_it_is_given(monkeypatch):
 def test_port_check_refuses_a_run_with_running_containers():
     """The verdict from the server host's gathered facts (the gathering runs in every real preflight: integration)."""
     ctx = ctx_for(CPU)
-    ctx._facts = {"local": {"running": ["grpo-rehearsal-server-1"], "listening": True}}
+    ctx._facts = {"local": {"running": ["grpo-rehearsal-server-1"], "listening": {8000: True}}}
     (r,) = _only(ctx, "port")
     assert r.verdict == "fail" and "grpo-rehearsal-server-1" in r.fact and "grpo-deploy down" in r.hint
-    ctx._facts = {"local": {"running": [], "listening": True}}
+    ctx._facts = {"local": {"running": [], "listening": {8000: True}}}
     (r,) = _only(ctx, "port")
     assert r.verdict == "fail" and "already listens on port 8000" in r.fact
-    ctx._facts = {"local": {"running": [], "listening": None}}
+    ctx._facts = {"local": {"running": [], "listening": {8000: None}}}
     assert _only(ctx, "port")[0].verdict == "warn"
-    ctx._facts = {"local": {"running": [], "listening": False}}
+    ctx._facts = {"local": {"running": [], "listening": {8000: False}}}
     assert _only(ctx, "port")[0].verdict == "ok"
+    ctx._facts = {"local": {"running": [], "listening": {8000: False, 8001: True}}}  # a second replica's port
+    (r,) = _only(ctx, "port")
+    assert r.verdict == "fail" and "already listens on port 8001 there (the replicas publish ports 8000-8001)" in r.fact
 
 
 def test_checkpoint_headroom_warns_below_one_checkpoint_plus_margin():

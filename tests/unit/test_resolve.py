@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from grpo_deploy import profiles, resolve, settings, spec
+from grpo_deploy.engines.trl_async import server_url
 from tests.specs import loaded
 
 
@@ -48,8 +49,8 @@ def test_verl_divisibility():
 
 
 def test_server_url_same_host_uses_service_name_else_host():
-    assert _res("h200", hosts=("h",)).server_url == "http://server:8000"
-    assert _res().server_url == "http://b:8000"
+    assert server_url(_res("h200", hosts=("h",))) == "http://server:8000"
+    assert server_url(_res()) == "http://b:8000"
 
 
 def test_identity_defaults_to_run_uid():

@@ -83,9 +83,9 @@ def test_unknown_trl_override_rejected():
     assert p.key == "overrides.trl.learnin_rate"
 
 
-def test_several_servers_need_the_proxy():
-    text = PAIR.replace("roles: [trainer]", "roles: [trainer, server]")
-    assert any("proxy" in p.message for p in _problems(text))
+def test_two_trainer_hosts_are_refused_with_the_engine_s_reason():
+    text = PAIR.replace("roles: [server]", "roles: [server, trainer]")
+    assert any("a trainer across hosts" in p.message and "not built yet" in p.message for p in _problems(text))
 
 
 def test_yaml_syntax_error_names_line():

@@ -348,6 +348,24 @@ def test_everything_else_goes_to_one_healthy_replica():
     run(scenario())
 
 
+def test_models_are_the_union_of_the_replicas_so_a_stale_sweep_sees_every_adapter():
+    async def scenario():
+        async with rig() as r:
+            r.fakes[1].adapters["trl-policy-v3"] = "/adapters/trl-policy-v3"  # left on one replica by a dead run
+            status, text = await r.get(rp.MODELS)
+            listed = {e["id"]: e["grpo_replicas"] for e in json.loads(text)["data"]}
+            assert status == 200 and listed == {BASE: 2, "trl-policy-v3": 1}
+            assert all(rp.MODELS in f.paths("GET") for f in r.fakes)
+            status, _ = await r.post(rp.UNLOAD, {"lora_name": "trl-policy-v3"})  # the sweep's unload reaches it
+            assert status == 200 and "trl-policy-v3" not in r.fakes[1].adapters
+            await r.fakes[0].stop()
+            await until(lambda: not r.proxy.replicas[0].healthy, what="replica 0 marked down")
+            status, text = await r.get(rp.MODELS)
+            assert status == 200 and [e["id"] for e in json.loads(text)["data"]] == [BASE]
+
+    run(scenario())
+
+
 # ---------------------------------------------------------------- health, dead and returning replicas
 
 
@@ -588,6 +606,22 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1 and "Traceback" not in err and "secret" not in err
+
+
+def test_arguments_come_from_a_file_bounded_and_never_through_a_link(tmp_path, capsys):
+    args = tmp_path / "proxy.args"
+    args.write_text("# the kit's render\n--listen\n0.0.0.0:8000\n\n--replica\nhttp://server:8000\n")
+    parsed = rp.parse_args([f"@{args}", "--replica", "http://server-2:8000"])
+    assert parsed.listen == ("0.0.0.0", 8000) and parsed.replica == ["http://server:8000", "http://server-2:8000"]
+    link = tmp_path / "link.args"
+    link.symlink_to(args)
+    huge = tmp_path / "huge.args"
+    huge.write_text("--replica\n" * 20_000)
+    for bad, says in ((link, "symbolic link"), (huge, "at most 65536 bytes"), (tmp_path / "none", "no such file")):
+        with pytest.raises(SystemExit) as stop:
+            rp.parse_args([f"@{bad}"])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and says in err and err.count("\n") == 1, err
 
 
 def test_good_arguments_become_settings():
