@@ -293,7 +293,8 @@ def _status_once(res: Resolved, args) -> tuple[int, str]:
     else:
         if hosts:
             print(table(["host", "role", "container", "health"],
-                        [[h["host"], h["role"], h["state"], h["health"] or "-"] for h in hosts]) + "\n")
+                        [[h["host"], h.get("service", h["role"]), h["state"], h["health"] or "-"]
+                         for h in hosts]) + "\n")
         print(status.summary_text(summary))
         print(checks.headroom_text(disk))
         if args.plot:

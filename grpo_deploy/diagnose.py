@@ -336,9 +336,11 @@ def _generation_knobs(ev: dict[str, Any], hint: Mapping[str, Any]) -> list[Knob]
     if isinstance(seqs, int) and isinstance(new_cap, int) and seqs < new_cap:
         knobs.append(Knob("overrides.vllm.max_num_seqs", str(new_cap),
                           f"vLLM batches at most {seqs} sequences; requests beyond that wait in its queue"))
-    knobs.append(Knob("hosts[] with roles [server]", "one more server replica (not built yet)",
-                      "HF removed this bottleneck with a third vLLM replica; several replicas need the broadcast "
-                      "proxy for adapter loads, which the kit does not have yet"))
+    replicas = hint.get("replicas") or 1
+    knobs.append(Knob("hosts[].replicas (or another host with roles [server])", f"{replicas + 1} replicas",
+                      "HF removed this bottleneck with a third vLLM replica; the kit puts its replica proxy in front "
+                      "and scales the in-flight cap with the count (raise the cap first while it binds: with 3 "
+                      "replicas at the old cap the third added nothing)"))
     return knobs
 
 

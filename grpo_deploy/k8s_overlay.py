@@ -73,6 +73,11 @@ def problems(overlay: Path) -> list[str]:
     out: list[str] = []
     if overlay.resolve().name in CI_OVERLAYS:
         out.append(f"{overlay}: a CI-only overlay (the cpu rehearsal); apply one of the GPU overlays")
+    many = [h.name for h in res.spec.hosts if (h.replicas or 1) > 1] if res.engine_info.replica_role else []
+    if many or len(res.hosts_with(res.engine_info.replica_role or "")) > 1:
+        out.append(f"{spec_file}: several vLLM server replicas ({', '.join(many) or 'several server hosts'}): the "
+                   "Kubernetes overlays run one server and no replica proxy yet; use one server host with "
+                   "replicas: 1 here, or `grpo-deploy up` over SSH for replicas")
     nfs = res.spec.storage.nfs
     if nfs is not None and placeholder_host(nfs.server):
         out.append(f"{spec_file}: storage.nfs.server {nfs.server} is the placeholder documentation address: set your "

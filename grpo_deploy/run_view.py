@@ -47,17 +47,18 @@ def run_events(dep: Deployment, live: bool = False) -> list[dict]:
 
 
 def host_states(dep: Deployment) -> list[dict]:
-    """Per host and role: container state and health (for status); a host whose engine did not answer is a row
-    saying so."""
+    """Per host and container: its role, its compose service (a vLLM replica's own name: server-2, ...), state and
+    health (for status); a host whose engine did not answer is a row saying so."""
     rows = []
     for name, result in on_all(list(dep.hosts.values()), lambda h: dep.project(h.name).containers(strict=True)).items():
         if isinstance(result, HostError):
             rows.append({"host": name, "role": "-", "state": "unreachable", "health": str(result)})
             continue
-        for c in sorted(result, key=lambda c: c["role"] or "") or [{"role": "-", "state": "no containers",
-                                                                     "health": None}]:
+        ordered = sorted(result, key=lambda c: (c["role"] or "", c.get("service") or ""))
+        for c in ordered or [{"role": "-", "state": "no containers", "health": None}]:
             state = state_words(c["state"], c.get("exit_code")) if c["role"] != "-" else c["state"]
-            rows.append({"host": name, "role": c["role"], "state": state, "health": c["health"]})
+            rows.append({"host": name, "role": c["role"], "service": c.get("service") or c["role"], "state": state,
+                         "health": c["health"]})
     return rows
 
 

@@ -139,6 +139,7 @@ def check_port(ctx: Context) -> list[Result]:
         taken = [p for p, on in ports.items() if on]
         unknown = [p for p, on in ports.items() if on is None]
         words = f"port {min(ports)}" if len(ports) == 1 else f"ports {min(ports)}-{max(ports)}" if ports else "ports"
+        verb = "is" if len(ports) == 1 else "are"
         if found.get("running"):
             out.append(Result("port", server.name, FAIL, f"run {res.spec.run.name} already has running containers "
                               f"there ({', '.join(found['running'])})", "grpo-deploy down, or grpo-deploy status"))
@@ -148,10 +149,10 @@ def check_port(ctx: Context) -> list[Result]:
                                                                         if len(ports) > 1 else ""),
                               "stop it, or set overrides: {vllm: {port: 8100}}"))
         elif unknown:
-            out.append(Result("port", server.name, WARN, f"cannot tell whether {words} {'is' if len(ports) == 1 else 'are'}"
-                              " free there (`ss -ltn` did not answer)", "install iproute2 there"))
+            out.append(Result("port", server.name, WARN, f"cannot tell whether {words} {verb} free there (`ss -ltn` "
+                              "did not answer)", "install iproute2 there"))
         else:
-            out.append(Result("port", server.name, OK, f"{words} {'is' if len(ports) == 1 else 'are'} free"))
+            out.append(Result("port", server.name, OK, f"{words} {verb} free"))
     return out
 
 

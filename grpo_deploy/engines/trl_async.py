@@ -179,7 +179,8 @@ class TrlAsync(Engine):
 
     def diagnose(self, events, res: Resolved):
         """Seed 004's rules over TRL's async metrics (grpo_deploy.diagnose)."""
-        return diagnose.diagnose(events, diagnose.settings_hint(res)), diagnose.LABELS
+        hint = {**diagnose.settings_hint(res), "replicas": replica_count(res)}
+        return diagnose.diagnose(events, hint), diagnose.LABELS
 
     def k8s_params(self, res: Resolved) -> dict[str, Any]:
         return {"served_model": res.settings.model.served_name, "server_port": res.settings.vllm.port}

@@ -87,6 +87,16 @@ def test_check_walks_the_user_through_what_to_set(tmp_path, capsys):
     assert "ready" in capsys.readouterr().out
 
 
+def test_check_refuses_replicas_the_overlays_cannot_run(tmp_path, capsys):
+    overlay = copy_overlay(tmp_path, "h200")
+    def two_replicas(d):
+        d["hosts"][0]["roles"] = ["trainer"]
+        d["hosts"].append({"name": "s", "address": "10.0.0.2", "profile": "h200", "roles": ["server"], "replicas": 2})
+    edit_spec(overlay, two_replicas)
+    err = one_line_refusal(capsys, ["k8s", "check", str(overlay)])
+    assert "several vLLM server replicas" in err and "run one server and no replica proxy yet" in err
+
+
 def test_check_says_the_ci_overlay_is_not_for_users(tmp_path, capsys):
     err = one_line_refusal(capsys, ["k8s", "check", str(copy_overlay(tmp_path, "cpu"))])
     assert "CI-only overlay" in err
