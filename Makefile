@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 BENCH_REPEAT ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-verl test-verl-cluster test-replicas-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-shipping bench-split bench-cluster bench-proxy render-defaults clean
+.PHONY: help setup demo test test-verl test-verl-cluster test-replicas-hosts test-faults-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-shipping bench-split bench-cluster bench-proxy render-defaults clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-20s %s\n", $$1, $$2}'
@@ -16,7 +16,7 @@ demo: setup ## THE MAIN JOB: the CPU rehearsal (real vLLM server + real TRL asyn
 	grpo-deploy up --fresh
 
 test: setup ## run every test this machine can run (unit, static, integration and faults with real containers, the verl rehearsal; the CUDA image builds when their inputs changed)
-	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu and not verl_cluster and not arm64_switches and not replicas_hosts" -rs --durations=30 $(PYTEST_ARGS)
+	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu and not verl_cluster and not arm64_switches and not replicas_hosts and not faults_hosts" -rs --durations=30 $(PYTEST_ARGS)
 
 test-cuda-images: setup ## the air-gapped x86_64 CUDA server and trainer images built and checked (~8 min cold, the 3.8 GB wheel download included); run it when `make test` says their inputs changed: it records images/cuda/amd64-verified.txt (commit it)
 	GRPO_NO_SKIPS=1 GRPO_IMAGE_TESTS=always $(PYTHON) -m pytest -m amd64_build tests/integration/test_cuda_images.py -rs $(PYTEST_ARGS)
@@ -44,6 +44,9 @@ test-verl-cluster: setup ## verl across two SSH test hosts: a Ray cluster trains
 
 test-replicas-hosts: setup ## trl-async with a vLLM replica on each of two SSH test hosts behind the replica proxy, 24 steps (~10 min; not in make test: CI time)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m replicas_hosts tests/integration/test_replicas_hosts.py -rs $(PYTEST_ARGS)
+
+test-faults-hosts: setup ## the vLLM server SIGKILLed on its own SSH test host mid-run, restarted over SSH, the trainer resumed (~9 min; not in make test: CI time)
+	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m faults_hosts tests/faults/test_server_kill_split.py -rs $(PYTEST_ARGS)
 
 test-integration: ## the real rehearsal in containers, the seed-004 preflight refusal
 	$(PYTHON) -m pytest tests/integration -q

@@ -14,10 +14,10 @@ from urllib.parse import urlsplit
 
 from .. import run_view
 from ..deployment import Deployment
+from ..engines.trl_async import ServerReplica, host_services, replica_urls, server_replicas, server_url
 from ..hosts import facts as host_facts
 from ..hosts import oneoff
 from ..hosts.connect import HostError
-from ..engines.trl_async import ServerReplica, host_services, replica_urls, server_replicas, server_url
 from ..names import PROXY_SERVICE, READY_TIMEOUT_S
 from ..resolve import Resolved
 from ..run_state import LaunchError
@@ -92,7 +92,7 @@ def start(dep: Deployment, log: Callable[[str], None], ips: dict[str, str], sinc
     healthy, +15 s to the first step), then wait for readiness — the gate: if it fails, `up` rolls both back."""
     replicas, trainer_host = _replicas(dep), dep.role_host("trainer")
     what = "the vLLM server" if len(replicas) == 1 else f"{len(replicas)} vLLM server replicas"
-    proxy = f" behind the replica proxy beside the trainer" if len(replicas) > 1 else ""
+    proxy = " behind the replica proxy beside the trainer" if len(replicas) > 1 else ""
     log(f"starting {what} on {_where(replicas)}{proxy} and the trainer on {trainer_host} (the trainer builds its "
         "model while the server loads)")
     _up_servers(dep, replicas)
@@ -210,7 +210,7 @@ def check_from_trainer(dep: Deployment, ips: dict[str, str], remote: list[Server
     res = dep.res
     trainer = dep.role_host("trainer")
     said = []
-    for r, url in zip(_replicas(dep), replica_urls(res, ips)):
+    for r, url in zip(_replicas(dep), replica_urls(res, ips), strict=True):
         if r not in remote:
             continue
         where = urlsplit(url)
@@ -268,7 +268,7 @@ def follow(dep: Deployment, log: Callable[[str], None], since: float) -> int:
     (and a `replica_ready` event) when a restarted replica is ready again."""
 
     def judge(c: dict, servers: list[dict | None], last_step: int) -> int | None:
-        for r, s in zip(_replicas(dep), servers):
+        for r, s in zip(_replicas(dep), servers, strict=True):
             started = dep.returning.get((r.host, r.service))
             if started is not None and s is not None and s["health"] == "healthy":
                 del dep.returning[(r.host, r.service)]

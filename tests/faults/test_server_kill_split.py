@@ -2,7 +2,11 @@
 (tests/testhosts.py: server on spark2, trainer on spark1, one host directory standing in for the NFS share). `status`
 must show it within seconds, read over SSH; `up` restarts the server on spark2 and the trainer on spark1, which
 resumes from its newest complete checkpoint and loads adapters on the new server; no more than one checkpoint
-interval is lost."""
+interval is lost.
+
+About 9 minutes on 2 cores: NOT in `make test` (CI's 60-minute budget; the same restart path runs in CI on one host,
+tests/faults/test_server_kill.py, and the split run itself in tests/integration/test_multihost.py);
+`make test-faults-hosts` runs it (marker faults_hosts)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from tests.testhosts import test_hosts
 from .conftest import MAX_STEPS, SAVE_EVERY
 from .running import cli, resumed_after_kill, up_with_fault
 
+pytestmark = [pytest.mark.docker, pytest.mark.faults_hosts]
 RUN = "faults-split"
 KILL_AT_STEP = 6  # saves at 4, 8, 12, 16: the kill lands two steps past a checkpoint
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from grpo_deploy.runtime.metrics import parse_events
+from tests.clirun import run_cli
 from tests.specs import split_spec
 from tests.testhosts import test_hosts
 
@@ -51,10 +52,7 @@ def cluster_spec(path: Path, run: str = RUN, **changes) -> Path:
 
 
 def cli(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
-    print(f"$ grpo-deploy {' '.join(args)}  -> exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}")
-    return proc
+    return run_cli(*args, cwd=cwd, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

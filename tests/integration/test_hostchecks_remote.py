@@ -16,6 +16,7 @@ from grpo_deploy import new_spec
 from grpo_deploy.hosts.connect import SshHost, SshOptions
 from grpo_deploy.hosts.ship import ship
 from tests.check_output import check_lines
+from tests.clirun import run_cli as cli
 from tests.testhosts import SHARED_DIR, hosts_fixture
 
 pytestmark = pytest.mark.docker
@@ -24,15 +25,6 @@ hosts = hosts_fixture(2)
 HOST_CHECKS = ("shared_dir_present", "shared_dir_owner", "shared_dir_mode", "login_user_can_use_docker",
                "docker_engine_answers", "compose_v2_answers", "checkpoint_disk_headroom")
 SKIPPED = ("nfs_mount", "nvidia_runtime", "gpus_visible")  # no storage.nfs; the cpu profile wants no CUDA
-
-
-def cli(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
-    print(f"$ grpo-deploy {' '.join(args)}  -> exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
 
 
 @pytest.fixture(scope="module")

@@ -14,19 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.clirun import run_cli as cli
 from tests.interrupt import sigint_default
 from tests.specs import split_spec
 from tests.testhosts import SMALL_DIR, test_hosts
 
 pytestmark = pytest.mark.docker
 RUN = "split"
-
-
-def cli(*args: str, cwd: Path, timeout: float = 1800) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
-    print(f"$ grpo-deploy {' '.join(args)}  -> exit {proc.returncode}\n{proc.stdout[-5000:]}\n{proc.stderr[-3000:]}")
-    return proc
 
 
 @pytest.fixture(scope="module")

@@ -8,24 +8,15 @@ would break; `make test-replicas-hosts` runs it (marker replicas_hosts)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.clirun import run_cli as cli
 from tests.specs import split_spec
 from tests.testhosts import test_hosts
 
 pytestmark = [pytest.mark.docker, pytest.mark.replicas_hosts]
 RUN = "replicas"
-
-
-def cli(*args: str, cwd: Path, timeout: float = 2400) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout)
-    print(f"$ grpo-deploy {' '.join(args)}  -> exit {proc.returncode}\n{proc.stdout[-6000:]}\n{proc.stderr[-3000:]}")
-    return proc
 
 
 @pytest.fixture(scope="module")

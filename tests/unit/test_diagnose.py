@@ -129,7 +129,8 @@ def test_generation_bound_raises_max_num_seqs_with_the_inflight_cap():
 
 def test_generation_bound_below_the_inflight_cap_skips_raising_it():
     d = diagnose.diagnose(_events("h200_generation_bound"), {**H200_BEFORE_RUN5, "max_inflight_tasks": 384})
-    assert [k.setting for k in d.next_knobs] == ["overrides.vllm.max_num_seqs", "hosts[].replicas (or another host with roles [server])"]
+    assert [k.setting for k in d.next_knobs] == ["overrides.vllm.max_num_seqs",
+                                                 "hosts[].replicas (or another host with roles [server])"]
     assert d.next_knobs[0].value == "384"
 
 
