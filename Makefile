@@ -42,7 +42,7 @@ test-verl: setup ## the real verl rehearsal through `up` (verl + Ray + vLLM CPU 
 test-verl-cluster: setup ## verl across two SSH test hosts: a Ray cluster trains 20 steps through a worker kill and a head kill, then the cluster refusals (~20 min; not in make test: CI time)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m verl_cluster tests/faults/test_verl_cluster.py -rs $(PYTEST_ARGS)
 
-test-replicas-hosts: setup ## trl-async with a vLLM replica on each of two SSH test hosts behind the replica proxy, 24 steps (~10 min; not in make test: CI time)
+test-replicas-hosts: setup ## trl-async with a vLLM replica on each of two SSH test hosts behind the replica proxy, 24 steps (10-16 min; not in make test: CI time)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m replicas_hosts tests/integration/test_replicas_hosts.py -rs $(PYTEST_ARGS)
 
 test-faults-hosts: setup ## the vLLM server SIGKILLed on its own SSH test host mid-run, restarted over SSH, the trainer resumed (~9 min; not in make test: CI time)
