@@ -347,8 +347,12 @@ def _scale_with_replicas(res: Resolved, n: int, derived: list) -> int:
 
 def _check_replicas(engine: TrlAsync, res: Resolved, problem) -> None:
     """Several replicas: on a GPU host each replica needs GPUs of its own, as many each."""
+    port = res.settings.vllm.port
     for i, host in enumerate(res.spec.hosts):
         n = host.replicas or 1
+        if port + n - 1 > 65535:
+            problem(_override("vllm", "port"), f"{n} replicas on host {host.name} publish ports {port}-{port + n - 1}, "
+                    f"past 65535: set overrides.vllm.port to {65536 - n} or lower")
         gpus = engine.gpu_split(res, host).get("server")
         if n > 1 and gpus is not None and (len(gpus) < n or len(gpus) % n):
             problem(("hosts", i, "replicas"), f"{n} replicas on host {host.name} need their own GPUs, as many each: "

@@ -97,6 +97,13 @@ def test_hostile_replica_counts_are_refused_at_the_door(value, words):
         spec.loads(spec_yaml("cpu", "trl-async", ("a",), **{"hosts.0.replicas": value}), source="s.yaml")
 
 
+def test_replica_ports_past_65535_are_refused():
+    with pytest.raises(spec.SpecError, match=r"overrides\.vllm\.port: 3 replicas on host a publish ports "
+                                             r"65534-65536, past 65535: set overrides\.vllm\.port to 65533"):
+        _res(**{"hosts.0.replicas": 3, "overrides.vllm": {"port": 65534}})
+    assert _res(**{"hosts.0.replicas": 3, "overrides.vllm": {"port": 65533}}).settings.vllm.port == 65533
+
+
 def test_replicas_on_a_host_without_the_server_role_or_under_verl_are_refused():
     with pytest.raises(spec.SpecError, match=r"hosts\[0\]\.replicas: .*host t runs no server role"):
         spec.loads(spec_yaml("gb10", "trl-async", ("t", "s"), **{"hosts.0.replicas": 2}), source="s.yaml")
