@@ -396,9 +396,10 @@ def _check_names_and_ports(res: Resolved, problem) -> None:
     for i, host in enumerate(res.spec.hosts):
         last = port + (host.replicas or 1) - 1
         if "server" in host.roles and last > MAX_PORT:
-            problem(("hosts", i, "replicas"), f"{host.replicas} replicas on host {host.name} publish ports {port}-{last}"
-                    f" (vllm.port, then one more each) and the last port is {MAX_PORT}: lower overrides.vllm.port "
-                    f"to {MAX_PORT - (host.replicas or 1) + 1} or below, or the replicas")
+            problem(("hosts", i, "replicas"),
+                    f"{host.replicas} replicas on host {host.name} publish ports {port}-{last} (vllm.port, then one "
+                    f"more each) and the last port is {MAX_PORT}: lower overrides.vllm.port to "
+                    f"{MAX_PORT - (host.replicas or 1) + 1} or below, or the replicas")
 
 
 def _check_replicas(engine: TrlAsync, res: Resolved, problem) -> None:

@@ -290,7 +290,6 @@ VERL = Verl(
     sections=COMMON_SECTIONS + ("verl",),
     checkpoint_layout="verl",
     reader_role="worker",
-    unread_keys={"model.served_name": "its rollout is a vLLM engine inside its workers, which serves no name"},
     logger_keys={"project": ("wandb", "tensorboard", "mlflow"), "entity": ()},  # no entity reaches verl's W&B
     single_host_roles=("head",),
     multi_host_roles=(("head",), ("worker",)),
