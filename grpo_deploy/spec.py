@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass
@@ -403,6 +404,28 @@ def loads(text: str, source: str = "<spec>") -> LoadedSpec:
     return parse(doc)
 
 
+THIS_MACHINE = ("<this machine>", 0)
+"""The machine of a host with address 'local', and of one whose SSH address is loopback on port 22."""
+
+
+def _machine(address: str) -> tuple[str, int]:
+    """The machine a host address names, as (host, SSH port): the user does not make another machine."""
+    if address == "local":
+        return THIS_MACHINE
+    target = parse_address(address)
+    host, port = target.host.lower().rstrip("."), target.port or 22
+    literal = host if host != "localhost" else "127.0.0.1"
+    try:
+        loopback = ipaddress.ip_address(literal).is_loopback
+    except ValueError:
+        loopback = False
+    return THIS_MACHINE if loopback and port == 22 else (host, port)
+
+
+def _under(path: str, mount: str) -> bool:
+    return path == mount or path.startswith(mount.rstrip("/") + "/")
+
+
 def check_consistency(loaded: LoadedSpec) -> list[Problem]:
     """Cross-field rules that do not need the profiles' values (those are checked when resolving)."""
     spec, problems = loaded.spec, []
@@ -410,6 +433,22 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
 
     def add(path: tuple[Any, ...], message: str) -> None:
         problems.append(Problem(loaded.doc.where(path), key_str(path), message))
+
+    def add_publish(i: int, host: HostSpec) -> None:
+        """hosts[].publish: only a host whose server the main role reaches over the network publishes anywhere."""
+        served, main = engine.published_role, engine.main_role
+        if served not in host.roles:
+            add(("hosts", i, "publish"), f"host {host.name} runs no {served or 'server'} role, so nothing of it is "
+                f"published{'' if served else f' (engine {spec.engine} publishes no port)'}: remove "
+                f"hosts[{i}].publish")
+        elif main in host.roles:
+            add(("hosts", i, "publish"), f"host {host.name} runs the {main} too: its {served} is reached over the "
+                "compose network and published on loopback only, so publish would be ignored; remove "
+                f"hosts[{i}].publish")
+        elif ipaddress.ip_address(host.publish).is_loopback:
+            add(("hosts", i, "publish"), f"{host.publish} is loopback and the {main} runs on another host, which "
+                f"cannot reach it there: remove hosts[{i}].publish (the {served} then publishes on the address the "
+                f"{main} uses), or write this host's IP (0.0.0.0 for all interfaces)")
 
     names_seen: set[str] = set()
     local_hosts = 0
@@ -446,19 +485,38 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
         for role in host.gpus or {}:
             if role not in host.roles:
                 add(("hosts", i, "gpus", role), f"GPUs given for role {role!r} which this host does not run")
+        if host.gpus and profile.accelerator != "cuda":
+            add(("hosts", i, "gpus"), f"profile {profile.name} has no GPUs (accelerator {profile.accelerator}): the "
+                f"kit reserves none and the GPUs listed would be ignored; remove hosts[{i}].gpus or use a GPU profile")
+        if host.publish is not None:
+            add_publish(i, host)
     if local_hosts > 1:
         add(("hosts",), "more than one host has address 'local'")
     machines: dict[tuple[str, int], int] = {}
     for i, host in enumerate(spec.hosts):
-        if host.address == "local":
-            continue
-        target = parse_address(host.address)
-        machine = (target.host.lower().rstrip("."), target.port or 22)  # the user does not make another machine
+        machine = _machine(host.address)
         first = machines.setdefault(machine, i)
-        if first != i and spec.hosts[first].name != host.name:  # (a duplicate name says enough)
+        if first == i or spec.hosts[first].name == host.name:  # (a duplicate name says enough)
+            continue
+        if machine == THIS_MACHINE:
+            if host.address == spec.hosts[first].address == "local":
+                continue  # (more than one 'local' is said above)
+            at, other = (i, first) if host.address != "local" else (first, i)
+            add(("hosts", at, "address"), f"{shown(spec.hosts[at].address)} is this machine, and so is hosts[{other}] "
+                f"(address {shown(spec.hosts[other].address)}): two hosts of a spec are two machines (each would "
+                "claim the same GPUs, and a container's loopback is not the host's); put both roles on one host "
+                "entry instead")
+        else:
             add(("hosts", i, "address"), f"the same SSH host and port as hosts[{first}]: two hosts of a spec are two "
                 "machines (the server would publish on loopback while the trainer is told the remote name); put "
                 "both roles on one host entry instead")
+
+    running = {role for h in spec.hosts for role in h.roles}
+    for role in spec.run.roles:
+        if role not in running:
+            add(("run", "roles", role), f"no host of this spec runs role {role!r} (engine {spec.engine}, roles run: "
+                f"{', '.join(r for r in engine.roles if r in running)}): its identity would never be used; remove "
+                f"run.roles.{role}")
 
 
     for path, message in engine.foreign_keys(spec):
@@ -479,6 +537,19 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
             f"{shown(ckpt.dir)} is not under the shared volume {shown(spec.storage.mount)}: a resume on another host "
             "(or after a container restart) would not find it",
         )
+    if ckpt.resume not in (None, "auto", "never") and not _under(ckpt.resume, spec.storage.mount):
+        add(
+            ("checkpoints", "resume"),
+            f"{shown(ckpt.resume)} is not under the shared volume {shown(spec.storage.mount)}: the containers see the "
+            "share only there, and every checkpoint the kit writes is on it; give the checkpoint's path under "
+            f"{shown(spec.storage.mount)}",
+        )
+    for key in ("project", "entity"):
+        kinds = engine.logger_keys.get(key, ())
+        if getattr(spec.logger, key) is not None and spec.logger.kind not in kinds:
+            add(("logger", key), f"logger.kind {spec.logger.kind} reads no {key} on engine {spec.engine} (read by: "
+                f"{', '.join(kinds) or 'none of its loggers'}), so it would be ignored: remove logger.{key}"
+                + (f", or set logger.kind to {' or '.join(kinds)}" if kinds else ""))
     if spec.storage.nfs is None and len({h.address for h in spec.hosts}) > 1:
         missing = [i for i, h in enumerate(spec.hosts) if not h.shared_dir]
         if missing:

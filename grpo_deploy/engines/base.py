@@ -65,6 +65,13 @@ class Engine:
     """The role a host may run several of (hosts[].replicas), behind the kit's replica proxy; None: no such role."""
     unreadable_share: str = ""
     """What the engine's reader would do with a file on the share it cannot read (the shared-volume probe says it)."""
+    published_role: str | None = None
+    """The role whose port the run publishes on its host (hosts[].publish says on which IP); None: no role's is."""
+    unread_keys: dict[str, str] = field(default_factory=dict)
+    """Spec keys (dotted) the engine never reads -> why: refused at the door when set, not silently dropped."""
+    logger_keys: dict[str, tuple[str, ...]] = field(default_factory=lambda: {
+        "project": ("wandb", "tensorboard", "mlflow"), "entity": ("wandb",)})
+    """logger.<key> -> the logger kinds that read it on this engine (a key set for any other kind is refused)."""
 
     # ------------------------------------------------------------------ what it is
 
@@ -108,7 +115,8 @@ class Engine:
 
     def foreign_keys(self, spec) -> list[tuple[tuple[str, ...], str]]:
         """(spec key, why) for each engine-specific key of *spec* that names another engine's part: an image the
-        engine runs no role with, an overrides section it never reads. Refused at the door, not ignored."""
+        engine runs no role with, an overrides section or another spec key it never reads. Refused at the door, not
+        ignored."""
         out = []
         for key in type(spec.images).model_fields:
             if key != "build" and getattr(spec.images, key) is not None and key not in self.image_roles:
@@ -118,6 +126,13 @@ class Engine:
             if section not in self.sections:
                 out.append((("overrides", section), f"engine {self.name} never reads the {section} settings (it "
                                                     f"reads: {', '.join(self.sections)}): remove overrides.{section}"))
+        for dotted, why in self.unread_keys.items():
+            path = tuple(dotted.split("."))
+            node = spec
+            for part in path:
+                node = getattr(node, part)
+            if node is not None:
+                out.append((path, f"engine {self.name} never reads it ({why}): remove {dotted}"))
         if not self.spans_hosts(spec):
             for i, host in enumerate(spec.hosts):
                 for key in ("interface", "infiniband"):

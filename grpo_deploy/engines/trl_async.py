@@ -12,8 +12,9 @@ from .. import diagnose
 from ..architecture import Architecture
 from ..names import COMPOSE_BASE, PROXY_SERVICE, REPLICA_LABEL, project_name
 from ..render_text import dump_yaml, template
+from ..runtime.adapters import POLICY_PREFIX
 from ..runtime.config import RunConfig, SpeedSwitches, config_text
-from ..runtime.values import ip_literal, parse_address
+from ..runtime.values import MAX_PORT, ip_literal, parse_address
 from ..settings import SECTIONS, SERVER_PORT, VLLM_KIT_FLAGS, VLLM_LORA_RANKS, KitFlag, vllm_flags
 from . import trl_sizes
 from .base import COMMON_SECTIONS, GB, Engine, Resolved, human
@@ -87,6 +88,11 @@ class TrlAsync(Engine):
         if s.runtime.device == "cpu" and (s.trl.bf16 or s.trl.fp16):
             problem(_override("trl", "bf16" if s.trl.bf16 else "fp16"),
                     "mixed precision cannot be used with runtime.device cpu: remove it, or run on cuda")
+        elif s.trl.bf16 and s.trl.fp16:
+            problem(_override("trl", "fp16"), "trl.bf16 is true as well: TRL takes at most one of fp16 and bf16 "
+                    "(it would refuse to start); remove one")
+        _check_trainer_switches(res, problem)
+        _check_names_and_ports(res, problem)
         if s.data.dataset != "brevity" and s.data.path is None:
             derived.append(("data", "path", f"{res.spec.storage.mount}/data/{s.data.dataset}/train.jsonl",
                             "default: the dataset's JSONL file on the shared volume (set dataset.path to change)"))
@@ -345,14 +351,61 @@ def _scale_with_replicas(res: Resolved, n: int, derived: list) -> int:
     return inflight
 
 
-def _check_replicas(engine: TrlAsync, res: Resolved, problem) -> None:
-    """Several replicas: on a GPU host each replica needs GPUs of its own, as many each."""
+def _fix_at(res: Resolved, *keys: tuple[str, str]) -> tuple[Any, ...]:
+    """The spec key to name for a broken pair of settings (section, key): the first the spec overrides, else the
+    first."""
+    for section, key in keys:
+        origin = res.origins[section].get(key)
+        if origin is not None and origin.source == "override":
+            return _override(section, key)
+    return _override(*keys[0])
+
+
+def _check_trainer_switches(res: Resolved, problem) -> None:
+    """The trainer's speed switches against its precision and device (the trainer config's own rules, said at the
+    door with the key to change rather than as a traceback at render)."""
+    trl, rt = res.settings.trl, res.settings.runtime
+    cpu = rt.device == "cpu"
+    autocast = not cpu and (trl.bf16 if trl.bf16 is not None else not trl.fp16)  # as trainer_config sets bf16
+    if rt.base_dtype != "fp32" and not autocast:
+        cause, why = (("runtime", "device"), "runtime.device is cpu") if cpu else \
+            (("trl", "fp16"), "trl.fp16 is true") if trl.bf16 is None else (("trl", "bf16"), "trl.bf16 is false")
+        problem(_fix_at(res, ("runtime", "base_dtype"), cause),
+                f"runtime.base_dtype {rt.base_dtype} needs bf16 autocast and {why}: set overrides.runtime.base_dtype "
+                f"to fp32, or {'run on cuda' if cpu else 'train in bf16'}")
+    if rt.fused_kernels != "off" and rt.device != "cuda":
+        problem(_fix_at(res, ("runtime", "fused_kernels"), ("runtime", "device")),
+                f"runtime.fused_kernels {rt.fused_kernels} (Triton kernels) needs runtime.device cuda and it is "
+                f"{rt.device}: set overrides.runtime.fused_kernels to off, or run on cuda")
+    if rt.lora_elementwise and not rt.compile_layers:
+        problem(_fix_at(res, ("runtime", "lora_elementwise"), ("runtime", "compile_layers")),
+                "runtime.lora_elementwise needs runtime.compile_layers (eager, its broadcasts would be materialised): "
+                "set overrides.runtime.lora_elementwise to false, or compile_layers to true")
+
+
+def _check_names_and_ports(res: Resolved, problem) -> None:
+    """The served model's name is not one of the trainer's adapter names; every replica's published port exists."""
+    served = res.settings.model.served_name
+    if served and served.startswith(POLICY_PREFIX):
+        origin = res.origins["model"].get("served_name")
+        path = origin.path if origin is not None and origin.path else ("model", "served_name")
+        problem(path, f"{served!r} starts with {POLICY_PREFIX!r}, the prefix of the trainer's adapter names: the "
+                "stale-adapter sweep would take the base model for an adapter to unload; set model.served_name to "
+                "another name")
     port = res.settings.vllm.port
     for i, host in enumerate(res.spec.hosts):
+        last = port + (host.replicas or 1) - 1
+        if "server" in host.roles and last > MAX_PORT:
+            problem(("hosts", i, "replicas"),
+                    f"{host.replicas} replicas on host {host.name} publish ports {port}-{last} (vllm.port, then one "
+                    f"more each) and the last port is {MAX_PORT}: lower overrides.vllm.port to "
+                    f"{MAX_PORT - (host.replicas or 1) + 1} or below, or the replicas")
+
+
+def _check_replicas(engine: TrlAsync, res: Resolved, problem) -> None:
+    """Several replicas: on a GPU host each replica needs GPUs of its own, as many each."""
+    for i, host in enumerate(res.spec.hosts):
         n = host.replicas or 1
-        if port + n - 1 > 65535:
-            problem(_override("vllm", "port"), f"{n} replicas on host {host.name} publish ports {port}-{port + n - 1}, "
-                    f"past 65535: set overrides.vllm.port to {65536 - n} or lower")
         gpus = engine.gpu_split(res, host).get("server")
         if n > 1 and gpus is not None and (len(gpus) < n or len(gpus) % n):
             problem(("hosts", i, "replicas"), f"{n} replicas on host {host.name} need their own GPUs, as many each: "
@@ -412,7 +465,7 @@ def trainer_config(res: Resolved, publish_ips: dict[str, str] | None = None) -> 
         kit["run_name"] = spec.run.name
     if s.runtime.device == "cpu":
         kit.update(use_cpu=True, bf16=False)
-    elif s.trl.bf16 is None:
+    elif s.trl.bf16 is None and not s.trl.fp16:
         kit["bf16"] = True
     grpo = dict(sorted({**s.trl.model_dump(exclude_unset=True), **kit}.items()))
     lora = s.lora.model_dump(exclude_unset=True)
@@ -473,6 +526,9 @@ TRL_ASYNC = TrlAsync(
     role_images={"server": "server", "trainer": "trainer"},
     role_counts={"trainer": (1, 1), "server": (1, 16)},
     replica_role="server",
+    published_role="server",
+    unread_keys={"dataset.size": "its steps are overrides.trl.max_steps, not a count of prompts"},
+    logger_keys={"project": ("wandb",), "entity": ("wandb",)},  # WANDB_PROJECT/ENTITY: TRL's other loggers read none
     sections=COMMON_SECTIONS + ("trl", "vllm", "runtime"),
     checkpoint_layout="trl",
     reader_role="server",

@@ -290,6 +290,7 @@ VERL = Verl(
     sections=COMMON_SECTIONS + ("verl",),
     checkpoint_layout="verl",
     reader_role="worker",
+    logger_keys={"project": ("wandb", "tensorboard", "mlflow"), "entity": ()},  # no entity reaches verl's W&B
     single_host_roles=("head",),
     multi_host_roles=(("head",), ("worker",)),
     saves_last_step=True,

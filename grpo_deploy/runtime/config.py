@@ -123,6 +123,7 @@ KIT_OWNED_TRL = {
     "save_strategy": "checkpoints.save_every",
     "save_steps": "checkpoints.save_every",
     "save_total_limit": "checkpoints.keep",
+    "resume_from_checkpoint": "checkpoints.resume",
 }
 
 

@@ -330,7 +330,8 @@ Finite = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
 Count = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=MAX_INT)]
 NonNegative = Annotated[int, BeforeValidator(_no_bool), Field(ge=0, le=MAX_INT)]
 LogSteps = Annotated[int | float, BeforeValidator(_log_steps)]
-Port = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=65535)]
+MAX_PORT = 65535
+Port = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=MAX_PORT)]
 
 
 def describe_error(err: dict) -> str:

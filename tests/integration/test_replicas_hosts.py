@@ -2,8 +2,8 @@
 kit's replica proxy beside the replica of spark1, the other replica reached over the network on spark2's published
 port. The run trains to the end with every adapter load OK on both replicas, and both serve rollouts.
 
-10-16 minutes on 2 cores (938 s beside a CI run) (two vLLM CPU servers and the trainer share them): NOT in `make test`, whose budget it
-would break; `make test-replicas-hosts` runs it (marker replicas_hosts)."""
+10-16 minutes on 2 cores (938 s beside a CI run; two vLLM CPU servers and the trainer share them): NOT in
+`make test`, whose budget it would break; `make test-replicas-hosts` runs it (marker replicas_hosts)."""
 
 from __future__ import annotations
 

@@ -98,8 +98,8 @@ def test_hostile_replica_counts_are_refused_at_the_door(value, words):
 
 
 def test_replica_ports_past_65535_are_refused():
-    with pytest.raises(spec.SpecError, match=r"overrides\.vllm\.port: 3 replicas on host a publish ports "
-                                             r"65534-65536, past 65535: set overrides\.vllm\.port to 65533"):
+    with pytest.raises(spec.SpecError, match=r"hosts\[0\]\.replicas: 3 replicas on host a publish ports "
+                                             r"65534-65536 .*lower overrides\.vllm\.port to 65533 or below"):
         _res(**{"hosts.0.replicas": 3, "overrides.vllm": {"port": 65534}})
     assert _res(**{"hosts.0.replicas": 3, "overrides.vllm": {"port": 65533}}).settings.vllm.port == 65533
 
