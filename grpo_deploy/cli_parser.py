@@ -193,7 +193,8 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
                                                          "(default: resume from the newest complete checkpoint)")
     p.add_argument("--restarts", type=_restart_count, default=UP_RESTARTS, metavar="N",
                    help="when the vLLM server dies mid-run, restart the server and the trainer (which resumes from "
-                        f"its newest complete checkpoint) up to N times (0-10, default {UP_RESTARTS})")
+                        "its newest complete checkpoint); a dead vLLM replica or replica proxy alone, while the "
+                        f"trainer goes on; up to N restarts in all (0-10, default {UP_RESTARTS})")
     p.set_defaults(fn=verbs["up"])
 
     p = sub.add_parser("status", help="steps, reward, adapter syncs, staleness, start-up times of a run",

@@ -106,7 +106,8 @@ def logs(dep: Deployment, roles: list[str], follow: bool = False, tail: int = 20
 
     def follow_one(name: str) -> None:
         project = dep.project(name)
-        for line in dep.hosts[name].lines(project.compose_argv(*project.logs_args(roles, tail, follow=True))):
+        argv = project.compose_argv(*project.logs_args(project.services_of(roles), tail, follow=True))
+        for line in dep.hosts[name].lines(argv):
             with printing:
                 print(f"{name} | {line}", flush=True)
 

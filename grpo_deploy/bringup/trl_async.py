@@ -1,7 +1,9 @@
-"""The trl-async engine's bring-up on its hosts: the vLLM server and the trainer started together (the trainer builds
-its model while the server loads), readiness (model listed; one token generated, from the trainer's side), progress
-per optimizer step until the trainer exits, the restarts supervision asks for (a dead server: trainer stopped, both
-started again), and what a failed run leaves to look at (the server's view of an adapter it could not read)."""
+"""The trl-async engine's bring-up on its hosts: the vLLM server (or its replicas, with the replica proxy beside the
+trainer) and the trainer started together (the trainer builds its model while the servers load), readiness (every
+replica lists the model; one token generated, from the trainer's side), progress per optimizer step until the
+trainer exits, the restarts supervision asks for (no server left: trainer stopped, all started again; a dead replica
+or proxy: started again alone while the trainer goes on), and what a failed run leaves to look at (the server's view
+of an adapter it could not read)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import json
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from .. import run_view
@@ -28,6 +31,7 @@ from . import POLL_S, STOPPED, container, follow_steps, main_exit
 
 NOTE_EVERY_S = 15.0  # a line while the server loads
 REPLICA = "replica"  # RoleDied's role when some vLLM replicas died and others still serve
+PROXY = "proxy"  # RoleDied's role when the replica proxy died (started again alone)
 
 
 def hosts(dep: Deployment) -> list[str]:
@@ -115,8 +119,8 @@ def restart(dep: Deployment, log: Callable[[str], None], role: str) -> float:
     proxy gives it the current adapter before routing to it); or (every server died) the trainer stopped and all
     started again. The servers' new ready time."""
     trainer_host = dep.role_host("trainer")
-    if role == "trainer":
-        dep.project(trainer_host).up("trainer")
+    if role in ("trainer", PROXY):  # the proxy as well: up is a no-op for the one still running
+        _up_trainer(dep)
         return 0.0
     restart_at = time.time()
     if role == REPLICA:  # started, not waited for: the trainer goes on with the others; follow says when it is back
@@ -125,6 +129,7 @@ def restart(dep: Deployment, log: Callable[[str], None], role: str) -> float:
         dep.returning.update({(r.host, r.service): restart_at for r in dead})
         return 0.0
     dep.project(trainer_host).compose("stop", "trainer")
+    dep.returning.clear()
     _up_servers(dep, _replicas(dep))
     _up_trainer(dep)
     ready_s = wait_server(dep, log, restart_at)
@@ -146,7 +151,7 @@ def _replica_container(dep: Deployment, r: ServerReplica) -> dict:
 
 
 def _stopped(dep: Deployment, r: ServerReplica) -> bool:
-    c = dep.project(r.host).service(r.service)
+    c = dep.project(r.host).service(r.service, strict=True)
     return c is None or c["state"] in STOPPED
 
 
@@ -243,23 +248,45 @@ def first_completion(dep: Deployment) -> threading.Thread:
     return thread
 
 
-def _snapshot(dep: Deployment) -> tuple[dict, str, list[dict | None]]:
-    """The trainer's container, its metrics text and each replica's container, read once."""
+@dataclass
+class Servers:
+    """What follow reads of the serving side each poll: each replica's container (None: gone), whether it was
+    restarted and is not ready yet, and the replica proxy's container (None: none expected or gone)."""
+
+    replicas: list[dict | None]
+    returning: list[bool]
+    proxy: dict | None = None
+    proxy_expected: bool = False
+
+
+def _snapshot(dep: Deployment) -> tuple[dict, str, Servers]:
+    """The trainer's container, its metrics text and the serving side, read once."""
     trainer = dep.role_project("trainer")
     c = container(trainer, "trainer")
     text = trainer.read(c["id"], f"{dep.res.run_dir}/metrics.jsonl") or ""
-    return c, text, [dep.project(r.host).service(r.service, strict=True) for r in _replicas(dep)]
+    replicas = _replicas(dep)
+    many = len(replicas) > 1
+    return c, text, Servers([dep.project(r.host).service(r.service, strict=True) for r in replicas],
+                            [(r.host, r.service) in dep.returning for r in replicas],
+                            trainer.service(PROXY_SERVICE, strict=True) if many else None, many)
 
 
-def _judge(c: dict, servers: list[dict | None], last_step: int) -> int | None:
+def _judge(c: dict, servers: Servers, last_step: int) -> int | None:
     """The trainer's exit code once it stopped; RoleDied while the trainer has not finished cleanly: "server" when
-    every replica's container has exited (the trainer is restarted with them), REPLICA when some have (they are
-    restarted alone; the proxy serves from the others), "trainer" when it is killed."""
+    no replica is left serving (every one exited, or the rest are restarting: the trainer is restarted with them),
+    REPLICA when some exited and another serves (they are restarted alone), PROXY when the replica proxy exited,
+    "trainer" when it is killed."""
     trainer_done = c["state"] in STOPPED and int(c["exit_code"] or 0) == 0
-    dead = [s for s in servers if s is None or s["state"] in STOPPED]
-    if dead and not trainer_done:
-        code = int(dead[0]["exit_code"] or 1) if dead[0] else -1
-        raise RoleDied("server" if len(dead) == len(servers) else REPLICA, code, last_step)
+    if not trainer_done:
+        up = [s is not None and s["state"] not in STOPPED for s in servers.replicas]
+        dead = [s for s, alive in zip(servers.replicas, up, strict=True) if not alive]
+        if dead:
+            code = int(dead[0]["exit_code"] or 1) if dead[0] else -1
+            serving = any(alive and not back for alive, back in zip(up, servers.returning, strict=True))
+            raise RoleDied(REPLICA if serving else "server", code, last_step)
+        proxy = servers.proxy
+        if servers.proxy_expected and (proxy is None or proxy["state"] in STOPPED):
+            raise RoleDied(PROXY, int(proxy["exit_code"] or 1) if proxy else -1, last_step)
     return main_exit(c, last_step)
 
 
@@ -267,8 +294,8 @@ def follow(dep: Deployment, log: Callable[[str], None], since: float) -> int:
     """Progress per step until the trainer exits (its exit code); RoleDied (see _judge) for supervision; a line
     (and a `replica_ready` event) when a restarted replica is ready again."""
 
-    def judge(c: dict, servers: list[dict | None], last_step: int) -> int | None:
-        for r, s in zip(_replicas(dep), servers, strict=True):
+    def judge(c: dict, servers: Servers, last_step: int) -> int | None:
+        for r, s in zip(_replicas(dep), servers.replicas, strict=True):
             started = dep.returning.get((r.host, r.service))
             if started is not None and s is not None and s["health"] == "healthy":
                 del dep.returning[(r.host, r.service)]

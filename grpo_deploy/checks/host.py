@@ -70,6 +70,7 @@ def check_docker(ctx: Context) -> list[Result]:
     for host, found in reached(ctx):
         version, compose = found["docker"][0], found["compose"]
         out.append(engine_problem(host.name, found["docker"]) or compose_problem(host.name, version, compose)
+                   or replicas_compose_problem(host, compose)
                    or Result("docker", host.name, OK, f"engine {version}, compose {compose}",
                              data={"server_version": version, "compose": compose}))
     return out
@@ -93,6 +94,23 @@ def compose_problem(host_name: str, engine: str | None, compose: str | None) -> 
     return Result("docker", host_name, FAIL, f"engine {engine or '?'} but no `docker compose` (Compose v2)",
                   "install the docker-compose-plugin package there (or the compose binary in ~/.docker/cli-plugins; "
                   "`make setup` on this machine)")
+
+
+REPLICAS_COMPOSE = (2, 24, 4)  # `!override` (a further replica's own ports) arrived in Compose 2.24.4
+
+
+def replicas_compose_problem(host, compose: str) -> Result | None:
+    """Several vLLM replicas on *host* render `extends` with `ports: !override`: an older Compose fails on the tag
+    or merges the ports (a further replica would publish the first one's port too)."""
+    if (getattr(host, "replicas", None) or 1) < 2:
+        return None
+    found = tuple(int(x) for x in re.findall(r"\d+", compose or "")[:3])
+    if len(found) == 3 and found >= REPLICAS_COMPOSE:
+        return None
+    need = ".".join(map(str, REPLICAS_COMPOSE))
+    return Result("docker", host.name, FAIL, f"compose {compose} is older than {need}, which {host.replicas} replicas "
+                  "on this host need (`ports: !override` in the rendered replicas file)",
+                  f"upgrade the docker-compose-plugin there to {need} or newer")
 
 
 @check("arch", "Each host's machine type and accelerator match its profile")

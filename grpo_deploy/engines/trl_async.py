@@ -1,7 +1,9 @@
-"""The trl-async engine: TRL's async GRPO trainer and a vLLM server, adapters handed over through the shared volume.
-It owns the rules that tie the two (adapter slots, LoRA rank slots, context length, the GPU split of a shared host),
-the server's arguments and the trainer's config, each host's compose environment and GPU reservation, the server's
-values for Kubernetes, the memory of both roles and TRL's checkpoint size (grpo_deploy.engines.trl_sizes)."""
+"""The trl-async engine: TRL's async GRPO trainer and one or more vLLM servers (replicas behind the kit's replica
+proxy), adapters handed over through the shared volume. It owns the rules that tie them (adapter slots, LoRA rank
+slots, context length, the GPU split of a shared host, GPUs and ports per replica, the in-flight cap scaled with the
+replicas), the servers' arguments, the proxy's and the trainer's config, each host's compose environment, replica
+services and GPU reservation, the server's values for Kubernetes, the memory of both roles and TRL's checkpoint size
+(grpo_deploy.engines.trl_sizes)."""
 
 from __future__ import annotations
 

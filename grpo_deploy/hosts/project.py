@@ -71,19 +71,27 @@ class RemoteProject:
                             f"see grpo-deploy logs; the compose project is {self.root}/compose")
 
     def down(self, volumes: bool = False) -> Result:
-        return self.compose("down", "--remove-orphans", *(["--volumes"] if volumes else []))
+        # every profile: compose leaves a service of an inactive profile (the replica proxy) running otherwise
+        return self.compose("--profile", "*", "down", "--remove-orphans", *(["--volumes"] if volumes else []))
 
     @staticmethod
     def logs_args(roles: list[str], tail: int, follow: bool = False) -> list[str]:
         return ["logs", "--no-color", "--timestamps", "--tail", str(tail), *(["--follow"] if follow else []), *roles]
 
     def logs(self, tail: int = 200, roles: list[str] | None = None) -> str:
-        r = self.compose(*self.logs_args(roles or [], tail))
+        r = self.compose(*self.logs_args(self.services_of(roles or []), tail))
         return r.out + r.err
 
+    def services_of(self, roles: list[str]) -> list[str]:
+        """The compose services of this run's containers here that run one of *roles* (a role's replicas:
+        server, server-2, ...); [] for no roles (compose: every service)."""
+        if not roles:
+            return []
+        return sorted({c["service"] for c in self.containers() if c["role"] in roles and c["service"]}) or roles
+
     def containers(self, strict: bool = False) -> list[dict]:
-        """This run's containers on the host: {id, name, role, state, health, exit_code, env_file}. A query that fails
-        counts as none, or raises HostError when *strict* (status says the engine did not answer)."""
+        """This run's containers on the host: {id, name, role, state, health, exit_code, env_file, service}. A query
+        that fails counts as none, or raises HostError when *strict* (status says the engine did not answer)."""
         r = self.host.run(["docker", "ps", "-a", "-q", "--no-trunc", "--filter", f"label={RUN_LABEL}={self.run_name}"])
         ids = r.out.split()
         if strict and not r.ok:

@@ -1,6 +1,7 @@
 """The replica proxy: one vLLM base URL in front of N vLLM servers for TRL's async GRPO with adapter sync. It owns the
 routing of completions by prompt-prefix affinity, the broadcast of adapter loads (all-or-nothing), unloads, pause,
-resume and prefix-cache resets, the fan-in of health, each replica's health and adapter resync, and `/proxy/stats`."""
+resume and prefix-cache resets, the fan-in of health and of the model list, each replica's health and adapter resync,
+`/proxy/stats`, and its command line (arguments also from an @FILE, read bounded)."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from grpo_deploy import committed, new_spec, render, resolve, spec
+from tests.specs import spec_yaml
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose"
 
@@ -71,6 +72,34 @@ def test_rendered_host_env_files_are_accepted(tmp_path, profile, hosts):
             for role in roles:
                 devices = cfg["services"][role]["deploy"]["resources"]["reservations"]["devices"]
                 assert devices[0]["capabilities"] == ["gpu"]
+
+
+def _render_to(tmp_path: Path, res) -> None:
+    for rel, text in render.render_files(res, config_dir=str(tmp_path / "config")).items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+
+
+@pytest.mark.parametrize("profile,gpus", [("cpu", None), ("h200", {"server": [0, 1], "trainer": [2, 3]})])
+def test_replicas_render_services_compose_accepts_each_with_its_own_port_and_gpus(tmp_path, profile, gpus):
+    changes = {"hosts.0.replicas": 3 if profile == "cpu" else 2, **({"hosts.0.gpus": gpus} if gpus else {})}
+    res = resolve.resolve(spec.loads(spec_yaml(profile, "trl-async", ("h",), **changes)))
+    _render_to(tmp_path, res)
+    cfg = compose_config(tmp_path / "hosts" / "h.env")  # with the env file's COMPOSE_PROFILES: the proxy too
+    services = cfg["services"]
+    replicas = ["server", "server-2", "server-3"][: changes["hosts.0.replicas"]]
+    assert set(services) == {*replicas, "proxy", "trainer"}
+    ports = [[p["published"] for p in services[name]["ports"]] for name in replicas]
+    assert ports == [[str(8000 + k)] for k in range(len(replicas))]  # each its own port, none merged
+    for name in replicas:
+        assert services[name]["user"] == services["trainer"]["user"] == "1000:1000"
+        assert services[name]["labels"]["org.grpo-deploy.role"] == "server"
+        assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" in services[name]["environment"]
+    assert services["proxy"]["command"][-1] == "@/etc/grpo-deploy/proxy.args"
+    if gpus:
+        ids = {n: services[n]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for n in services
+               if "deploy" in services[n]}
+        assert ids == {"server": ["0"], "server-2": ["1"], "trainer": ["2", "3"]}
 
 
 def test_nfs_override_requires_its_variables():

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from grpo_deploy import render, resolve, spec
-from grpo_deploy.bringup.trl_async import REPLICA, _judge
+from grpo_deploy.bringup.trl_async import PROXY, REPLICA, Servers, _judge
 from grpo_deploy.engines.trl_async import (
     proxy_args,
     replica_count,
@@ -115,12 +115,43 @@ def _c(state="running", code=0):
     return {"state": state, "exit_code": code}
 
 
+def _servers(*replicas, returning=None, proxy=None, many=True):
+    return Servers(list(replicas), returning or [False] * len(replicas), proxy, many)
+
+
 def test_a_dead_replica_among_live_ones_is_restarted_alone_and_all_dead_restarts_the_trainer_too():
     with pytest.raises(RoleDied) as one:
-        _judge(_c(), [_c(), _c("exited", 137)], 7)
+        _judge(_c(), _servers(_c(), _c("exited", 137), proxy=_c()), 7)
     assert (one.value.role, one.value.exit_code, one.value.step) == (REPLICA, 137, 7)
     with pytest.raises(RoleDied) as every:
-        _judge(_c(), [_c("exited", 137), None], 7)
+        _judge(_c(), _servers(_c("exited", 137), None, proxy=_c()), 7)
     assert every.value.role == "server"
-    assert _judge(_c("exited", 0), [_c(), _c("exited", 137)], 40) == 0  # the trainer finished: nothing to restart
-    assert _judge(_c(), [_c(), _c()], 3) is None
+    finished = _c("exited", 0)
+    assert _judge(finished, _servers(_c(), _c("exited", 137), proxy=_c()), 40) == 0  # nothing to restart
+    assert _judge(_c(), _servers(_c(), _c(), proxy=_c()), 3) is None
+
+
+def test_a_replica_still_coming_back_does_not_count_as_serving():
+    with pytest.raises(RoleDied) as died:  # server-2 is restarting, then server dies: no replica serves
+        _judge(_c(), _servers(_c("exited", 137), _c(), returning=[False, True], proxy=_c()), 9)
+    assert died.value.role == "server"
+
+
+def test_a_dead_proxy_is_restarted_and_one_server_needs_none():
+    with pytest.raises(RoleDied) as died:
+        _judge(_c(), _servers(_c(), _c(), proxy=_c("exited", 137)), 4)
+    assert (died.value.role, died.value.exit_code) == (PROXY, 137)
+    with pytest.raises(RoleDied):
+        _judge(_c(), _servers(_c(), _c(), proxy=None), 4)
+    assert _judge(_c(), _servers(_c(), many=False), 4) is None
+
+
+def test_several_replicas_need_a_compose_that_knows_override():
+    from grpo_deploy.checks.host import replicas_compose_problem
+
+    res = _res(**{"hosts.0.replicas": 2})
+    host = res.spec.hosts[0]
+    assert replicas_compose_problem(host, "2.24.4") is None and replicas_compose_problem(host, "v5.6.1") is None
+    old = replicas_compose_problem(host, "2.20.2")
+    assert old.verdict == "fail" and "older than 2.24.4" in old.fact and "upgrade" in old.hint
+    assert replicas_compose_problem(_res().spec.hosts[0], "2.20.2") is None  # one server: no override rendered
