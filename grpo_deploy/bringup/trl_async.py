@@ -69,18 +69,20 @@ def _where(replicas: list[ServerReplica]) -> str:
     """The replicas in words: `host` for one, else `host (server, server-2), other (server)`."""
     if len(replicas) == 1:
         return replicas[0].host
-    by_host: dict[str, list[str]] = {}
+    return ", ".join(f"{host} ({', '.join(services)})" for host, services in _by_host(replicas).items())
+
+
+def _by_host(replicas: list[ServerReplica]) -> dict[str, list[str]]:
+    """host -> the compose services of its replicas among *replicas*, in order."""
+    out: dict[str, list[str]] = {}
     for r in replicas:
-        by_host.setdefault(r.host, []).append(r.service)
-    return ", ".join(f"{host} ({', '.join(services)})" for host, services in by_host.items())
+        out.setdefault(r.host, []).append(r.service)
+    return out
 
 
 def _up_servers(dep: Deployment, replicas: list[ServerReplica]) -> None:
     """Start *replicas*, one compose call per host."""
-    by_host: dict[str, list[str]] = {}
-    for r in replicas:
-        by_host.setdefault(r.host, []).append(r.service)
-    for host, services in by_host.items():
+    for host, services in _by_host(replicas).items():
         dep.project(host).up(*services)
 
 

@@ -274,17 +274,12 @@ def replica_count(res: Resolved) -> int:
 
 
 def server_url(res: Resolved, resolved: dict[str, str] | None = None) -> str:
-    """The URL the trainer reaches the vLLM server by: the replica proxy beside it when the run has several; the
-    compose service when the one server shares its host; else the server's host as Resolved.reach says."""
-    server, trainer = res.host_for("server"), res.host_for("trainer")
-    if server is None:
-        return ""
-    port = res.settings.vllm.port
-    if replica_count(res) > 1:
-        return f"http://{PROXY_SERVICE}:{port}"
-    if trainer is not None and trainer.name == server.name:
-        return f"http://server:{port}"
-    return f"http://{res.reach(server.name, resolved)}:{port}"
+    """The URL the trainer reaches the vLLM server by: the replica proxy beside it when the run has several, else
+    where the proxy would reach the one server (replica_urls)."""
+    urls = replica_urls(res, resolved)
+    if len(urls) > 1:
+        return f"http://{PROXY_SERVICE}:{res.settings.vllm.port}"
+    return urls[0] if urls else ""
 
 
 def host_services(res: Resolved, host) -> list[str]:

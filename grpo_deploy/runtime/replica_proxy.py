@@ -659,6 +659,10 @@ def replica_url(text: str) -> str:
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise argparse.ArgumentTypeError(f"{text!r} is not an http:// or https:// URL with a host")
+    if not _HOST.fullmatch(parts.hostname):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: the host is not a name or an IP address (letters, digits, . - _ :)"
+        )
     if parts.username or parts.password:
         raise argparse.ArgumentTypeError(
             f"{parts.hostname}: credentials do not belong on a command line; "
@@ -765,7 +769,12 @@ def _expanded(parser: _Parser, argv: list[str]) -> list[str]:
             text = read_text(arg[1:], ARGS_FILE_LIMIT, "the proxy's arguments file")
         except ReadRefused as refused:
             parser.error(str(refused))
-        out += [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+        lines = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+        for n, line in enumerate(lines):  # options and their values only; a stray line is never echoed back
+            if not line.startswith("--") and (n == 0 or not lines[n - 1].startswith("--")):
+                parser.error(f"{arg[1:]}: not an arguments file (line {n + 1} of its arguments is neither an option "
+                             "nor an option's value)")
+        out += lines
     return out
 
 

@@ -595,6 +595,7 @@ def test_the_command_serves_and_stops_on_sigterm():
         (["--replica", "http://a:1", "--listen", "$HOST:80"], "HOST:PORT"),
         (["--replica", "http://a:\uff18\uff10"], "printable ASCII"),
         (["--replica", "http://a b:1"], "printable ASCII"),
+        (["--replica", "http://a$b:1"], "not a name or an IP address"),
         (["--replica", "http://a:1", "--block-size", "\uff18"], "not a number"),
         (["--replica", "http://a:1", "--imbalance", "1" + "0" * 22], "at most"),
         (["--replica", "http://a:1", "--load-retry-s", "1e300"], "at most"),
@@ -617,11 +618,14 @@ def test_arguments_come_from_a_file_bounded_and_never_through_a_link(tmp_path, c
     link.symlink_to(args)
     huge = tmp_path / "huge.args"
     huge.write_text("--replica\n" * 20_000)
-    for bad, says in ((link, "symbolic link"), (huge, "at most 65536 bytes"), (tmp_path / "none", "no such file")):
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$y$j9T$planted-hash-value:19000:0:99999:7:::\n")
+    for bad, says in ((link, "symbolic link"), (huge, "at most 65536 bytes"), (tmp_path / "none", "no such file"),
+                      (secret, "not an arguments file")):
         with pytest.raises(SystemExit) as stop:
             rp.parse_args([f"@{bad}"])
         err = capsys.readouterr().err
-        assert stop.value.code == 2 and says in err and err.count("\n") == 1, err
+        assert stop.value.code == 2 and says in err and err.count("\n") == 1 and "planted" not in err, err
 
 
 def test_good_arguments_become_settings():
