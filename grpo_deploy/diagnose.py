@@ -318,9 +318,16 @@ def _trainer_knobs(ev: dict[str, Any], hint: Mapping[str, Any]) -> list[Knob]:
         knobs.append(Knob("overrides.trl.gradient_checkpointing", "false (if memory allows)",
                           f"{known}recomputation costs about one extra forward: +40% on a Spark (peak 66 GB of 128 "
                           "for 1.5B), 5.6 -> 4.6 s on H200"))
-    knobs.append(Knob("hosts[].gpus.trainer", "more GPUs (not built yet)",
-                      "split forward/backward over more trainer GPUs with FSDP2 (on one-GPU hosts such as a Spark, a "
-                      "second trainer host); the kit starts one trainer process today"))
+    processes = hint.get("trainer_processes") or 1
+    if hint.get("device") == "cpu":
+        knobs.append(Knob("overrides.runtime.trainer_processes", str(processes + 1),
+                          "more trainer processes (FSDP2 over gloo) split each step's samples; each needs its own "
+                          "cores"))
+    else:
+        knobs.append(Knob("hosts[].gpus.trainer", f"{processes + 1} GPUs (one trainer process each)",
+                          "FSDP2 splits each step's samples over the trainer GPUs (HF's H200 recipe: 2 trainer GPUs "
+                          "beside 2 replicas); on one-GPU hosts such as a Spark that needs a second trainer host, "
+                          "which the kit does not run yet"))
     return knobs
 
 
@@ -411,15 +418,19 @@ def _speed_knobs(speed: Mapping[str, Any] | None) -> list[Knob]:
 
 def settings_hint(res) -> dict[str, Any]:
     """The settings `diagnose` cannot read from events, from a resolved spec (grpo_deploy.resolve.Resolved)."""
+    from .engines.trl_async import replica_count, trainer_processes
+
     trl, vllm = res.settings.trl, res.settings.vllm
     trainer = res.host_for("trainer")
     hardware = res.profiles[trainer.name].hardware if trainer is not None else {}
     inflight = trl.max_inflight_tasks
-    if inflight <= 0:  # TRL's automatic value (reference §1.3), one trainer process
-        inflight = max(trl.max_staleness, 1) * trl.per_device_train_batch_size * trl.gradient_accumulation_steps
+    if inflight <= 0:  # TRL's automatic value (reference §1.3): samples per step count every trainer process
+        inflight = max(trl.max_staleness, 1) * trl.per_device_train_batch_size * trl.gradient_accumulation_steps \
+            * trainer_processes(res)
     hint = {"queue_maxsize": trl.queue_maxsize, "max_inflight_tasks": inflight, "max_num_seqs": vllm.max_num_seqs,
             "weight_sync_steps": trl.weight_sync_steps, "token_budget": trl.token_budget,
-            "gradient_checkpointing": trl.gradient_checkpointing}
+            "gradient_checkpointing": trl.gradient_checkpointing, "replicas": replica_count(res),
+            "trainer_processes": trainer_processes(res), "device": res.settings.runtime.device}
     runtime = res.settings.runtime
     if runtime.device == "cuda":  # the speed switches apply to a CUDA trainer only
         hint["speed"] = {k: getattr(runtime, k) for k, _, _ in SPEED_KNOBS}

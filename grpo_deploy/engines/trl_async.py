@@ -94,6 +94,7 @@ class TrlAsync(Engine):
             problem(_override("trl", "fp16"), "trl.bf16 is true as well: TRL takes at most one of fp16 and bf16 "
                     "(it would refuse to start); remove one")
         _check_trainer_switches(res, problem)
+        _check_trainer_processes(self, res, problem, derived)
         _check_names_and_ports(res, problem)
         if s.data.dataset != "brevity" and s.data.path is None:
             derived.append(("data", "path", f"{res.spec.storage.mount}/data/{s.data.dataset}/train.jsonl",
@@ -336,8 +337,9 @@ def _scale_with_replicas(res: Resolved, n: int, derived: list) -> int:
         if origin is not None and origin.source in ("spec", "override"):
             continue
         value = getattr(trl, key)
-        if value == -1:  # TRL's automatic cap: max(max_staleness, 1) x samples per step (one trainer process)
-            value = max(trl.max_staleness, 1) * trl.per_device_train_batch_size * trl.gradient_accumulation_steps
+        if value == -1:  # TRL's automatic cap: max(max_staleness, 1) x samples per step (of every trainer process)
+            value = max(trl.max_staleness, 1) * trl.per_device_train_batch_size * trl.gradient_accumulation_steps \
+                * trainer_processes(res)
             source = f"TRL's automatic {value} (max_staleness x samples per step)"
         else:
             source = f"{value} ({origin.source if origin else 'default'})"
@@ -378,6 +380,35 @@ def _check_trainer_switches(res: Resolved, problem) -> None:
         problem(_fix_at(res, ("runtime", "lora_elementwise"), ("runtime", "compile_layers")),
                 "runtime.lora_elementwise needs runtime.compile_layers (eager, its broadcasts would be materialised): "
                 "set overrides.runtime.lora_elementwise to false, or compile_layers to true")
+
+
+def trainer_gpus(res: Resolved) -> list[int] | None:
+    """The trainer's GPUs on its host (None on a CPU profile)."""
+    host = res.host_for("trainer")
+    return TRL_ASYNC.gpu_split(res, host).get("trainer") if host is not None else None
+
+
+def trainer_processes(res: Resolved) -> int:
+    """Trainer processes: runtime.trainer_processes, else one per trainer GPU on cuda, else 1."""
+    given = res.settings.runtime.trainer_processes
+    if given is not None:
+        return given
+    gpus = trainer_gpus(res) if res.settings.runtime.device == "cuda" else None
+    return len(gpus) if gpus else 1
+
+
+def _check_trainer_processes(engine: TrlAsync, res: Resolved, problem, derived: list) -> None:
+    """On cuda one trainer process per trainer GPU (FSDP2 ranks own one GPU each); on cpu any count (gloo)."""
+    given, n = res.settings.runtime.trainer_processes, trainer_processes(res)
+    gpus = trainer_gpus(res) if res.settings.runtime.device == "cuda" else None
+    if given is None and n > 1:
+        derived.append(("runtime", "trainer_processes", n, f"one per trainer GPU ({len(gpus or [])})"))
+    if gpus is not None and given is not None and given != len(gpus):
+        host = res.host_for("trainer")
+        problem(_override("runtime", "trainer_processes"),
+                f"runtime.trainer_processes is {given} but the trainer on {host.name} has {len(gpus)} GPU(s) "
+                f"({gpus}): FSDP2 runs one process per GPU; remove it (one per GPU) or give the trainer {given} GPU(s) "
+                "(hosts[].gpus.trainer)")
 
 
 def _check_names_and_ports(res: Resolved, problem) -> None:
@@ -482,6 +513,7 @@ def trainer_config(res: Resolved, publish_ips: dict[str, str] | None = None) -> 
         "unload_stale_adapters": True,
         "disk_watchdog": TRL_ASYNC.disk_watchdog(res),
         **({"speed": speed} if (speed := _speed(res)) else {}),
+        **({"processes": n} if (n := trainer_processes(res)) > 1 else {}),
         "async_grpo": grpo,
     })
 

@@ -98,6 +98,34 @@ def incomplete_reason(path: str) -> str | None:
         return f"unreadable {STATE_FILE}: {str(error).split(': ', 1)[-1]}"
     except ValueError:
         return f"unreadable {STATE_FILE}: not JSON"
+    return sharded_incomplete(path)
+
+
+FSDP_MODEL_DIR, FSDP_OPTIMIZER_DIR = "pytorch_model_fsdp_0", "optimizer_0"  # a trainer of several processes (FSDP2)
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint writes it once every rank's shard is written
+DCP_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$", re.ASCII)
+RNG_STATE = re.compile(r"^rng_state(_\d+)?\.pth$", re.ASCII)
+
+
+def sharded_incomplete(path: str) -> str | None:
+    """Why a sharded (FSDP2) TRL checkpoint is not whole, or None (also for a checkpoint of one process): both shard
+    folders with their metadata, one model shard and one RNG state per rank (the ranks write their RNG state after
+    rank 0 may have written trainer_state.json)."""
+    model_dir = os.path.join(path, FSDP_MODEL_DIR)
+    if not os.path.lexists(model_dir):
+        return None
+    ranks = {int(m.group(1)) for n in _listdir(model_dir) if (m := DCP_SHARD.match(n))}
+    for folder in (FSDP_MODEL_DIR, FSDP_OPTIMIZER_DIR):
+        if not _is_dir(os.path.join(path, folder)):
+            return f"no {folder}/ folder (half-written sharded checkpoint)"
+        if not os.path.isfile(os.path.join(path, folder, DCP_METADATA)) or \
+                _is_link(os.path.join(path, folder, DCP_METADATA)):
+            return f"no {folder}/{DCP_METADATA} (half-written sharded checkpoint)"
+    rng = sum(1 for n in _listdir(path) if RNG_STATE.match(n))
+    if not ranks or ranks != set(range(len(ranks))):
+        return f"{FSDP_MODEL_DIR}/ holds shards of ranks {sorted(ranks)}, not 0..n-1 (half-written sharded checkpoint)"
+    if rng != len(ranks):
+        return f"{rng} RNG state file(s) for {len(ranks)} ranks (half-written sharded checkpoint)"
     return None
 
 
@@ -266,7 +294,7 @@ def shape_of(path: str, layout: str) -> Shape:
     if layout == "trl":
         adapter = _json(os.path.join(path, "adapter_config.json"))
         modules = adapter.get("target_modules")
-        ranks = [n for n in _listdir(path) if re.fullmatch(r"rng_state(_\d+)?\.pth", n)]
+        ranks = [n for n in _listdir(path) if RNG_STATE.match(n)]
         return Shape(adapter.get("r") if isinstance(adapter.get("r"), int) else None,
                      tuple(sorted(modules)) if isinstance(modules, list) else None, len(ranks) or None)
     actor = os.path.join(path, "actor")

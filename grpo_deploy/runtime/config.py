@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, TypeAda
 from . import rewards as rewards_module
 from .adapters import LORA_SUBDIR
 from .data import DatasetSpec
+from .processes import MAX_PROCESSES
 from .shown import shown, shown_key
 from .strict import Strict
 from .values import (
@@ -104,6 +105,9 @@ class RuntimeSettings(Strict):
     """Regional torch.compile of each decoder layer, the attention shim left eager."""
     lora_elementwise: bool = False
     """LoRA's rank <= 4 products as broadcasts and sums for the compiler to fuse (needs compile_layers)."""
+    trainer_processes: Count | None = Field(None, le=MAX_PROCESSES)
+    """Trainer processes on the trainer host (FSDP2 under accelerate launch, sharded checkpoints): null = one per
+    trainer GPU on cuda, 1 on cpu; on cuda it must equal the trainer's GPUs, on cpu any count from 1 (gloo)."""
 
 
 @cache
@@ -261,6 +265,8 @@ class RunConfig(Strict):
     heartbeat_path: AbsPath | None = None
     disk_watchdog: DiskWatchdogConfig | None = None
     speed: SpeedSwitches = SpeedSwitches()
+    processes: Count = Field(1, le=MAX_PROCESSES)
+    """Trainer processes (ranks of one FSDP2 group); above 1 the entrypoint re-executes itself under accelerate."""
     async_grpo: AsyncGrpoArgs
     source: str = Field("<config>", exclude=True)
 

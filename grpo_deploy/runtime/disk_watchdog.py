@@ -13,6 +13,7 @@ from transformers import TrainerCallback
 
 from .checkpoints import list_checkpoints
 from .config import DiskWatchdogConfig
+from .processes import agree
 
 log = logging.getLogger("grpo_deploy.disk_watchdog")
 
@@ -65,14 +66,17 @@ class DiskWatchdog(TrainerCallback):
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
-        if not control.should_save or not state.is_world_process_zero:
+        """Rank 0 judges; every rank of a trainer of several processes stops with it (processes.agree), or the
+        others would wait for it in the next collective."""
+        if not control.should_save:
             return control
-        verdict = judge(self.output_dir, self.config, self.free)
-        if not verdict.fits:
+        verdict = judge(self.output_dir, self.config, self.free) if state.is_world_process_zero else None
+        if agree(verdict is not None and not verdict.fits):
             control.should_save = False
             control.should_training_stop = True
-            self.tripped = verdict
-            log.error(verdict.message)
-            self.emit("disk_watchdog_stop", step=state.global_step, free_bytes=verdict.free_bytes,
-                      need_bytes=verdict.need_bytes, message=verdict.message)
+            if verdict is not None:
+                self.tripped = verdict
+                log.error(verdict.message)
+                self.emit("disk_watchdog_stop", step=state.global_step, free_bytes=verdict.free_bytes,
+                          need_bytes=verdict.need_bytes, message=verdict.message)
         return control

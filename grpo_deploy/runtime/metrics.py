@@ -85,6 +85,18 @@ class MetricsSink:
         self.close()
 
 
+class NullSink:
+    """A sink that writes nothing: trainer ranks other than 0 (rank 0 speaks for the group)."""
+
+    unwritten = 0
+
+    def emit(self, event: str, /, **fields: Any) -> dict:
+        return event_record(event, **fields)
+
+    def close(self) -> None:
+        pass
+
+
 def parse_events(text: str) -> list[dict]:
     """Events from JSONL text, skipping a torn last line (the writer may have died mid-line) and non-events."""
     events = []

@@ -12,13 +12,13 @@ import os
 import signal
 import sys
 
-from . import checkpoints
+from . import checkpoints, processes
 from .adapters import AdapterPublisher, resume_server, safe_keep, unload_stale
 from .config import ConfigError, RunConfig, build_grpo_kwargs, build_lora_config, load_config, response_template
 from .data import build_dataset
 from .health import Heartbeat, heartbeat_path
 from .identity import apply_umask, identity
-from .metrics import MetricsSink
+from .metrics import MetricsSink, NullSink
 from .rewards import build_reward_funcs
 
 log = logging.getLogger("grpo_deploy.runtime.train")
@@ -57,6 +57,8 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
     log.info(shim)
     if config.device == "cpu":
         trl_hooks.neutralise_peak_flops()
+        if config.processes > 1:
+            processes.fsdp_on_cpu()
     try:
         args = AsyncGRPOConfig(**build_grpo_kwargs(config))
     except TypeError as error:
@@ -70,15 +72,19 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
         peft_config=build_lora_config(config),
         callbacks=[MetricsCallback(sink)],
     )
+    processes.check_group(trainer, config.processes)
+    main = processes.is_main_rank()
     if config.disk_watchdog is not None:
         trainer.add_callback(DiskWatchdog(config.output_dir, config.disk_watchdog, sink.emit))
     guard = storage_faults.ShareGuard(os.path.dirname(os.path.abspath(config.metrics_path)), os.getuid(), os.getgid(),
                                       newest=lambda: newest_complete(config))
-    trainer.add_callback(ShareGuardCallback(guard.check))
+    if main:  # rank 0 checks the share; its failure ends the group (the launcher stops the other ranks)
+        trainer.add_callback(ShareGuardCallback(guard.check))
     publisher = AdapterPublisher(sink.emit, config.lora_dir, safe_keep(config.adapters.keep, config.max_staleness),
-                                 before_save=guard.check)
+                                 before_save=guard.check if main else None)
     trl_hooks.instrument_adapter_sync(trainer, publisher)
-    trl_hooks.install_failpoints(trainer, config.output_dir, sink.emit)
+    if main:
+        trl_hooks.install_failpoints(trainer, config.output_dir, sink.emit)
     if config.speed != config.speed.__class__():
         from . import trainer_speed
 
@@ -96,7 +102,7 @@ def resume_shape(config: RunConfig) -> checkpoints.Shape:
     all-linear out as the module names it found)."""
     modules = config.lora.target_modules
     return checkpoints.Shape(config.lora.r, tuple(sorted(modules)) if isinstance(modules, list) else None,
-                             int(os.environ.get("WORLD_SIZE", "1")))
+                             config.processes)
 
 
 def newest_complete(config: RunConfig) -> str | None:
@@ -121,15 +127,18 @@ def run(config: RunConfig, sink: MetricsSink) -> int:
     trainer, status, error, resumed_from = None, "ok", None, None
     try:
         try:
-            resumed_from, quarantined = checkpoints.resolve_resume(config.output_dir, config.resume,
-                                                                   expect=resume_shape(config))
+            if processes.launched():  # the launcher resolved it once, before the ranks started
+                resumed_from, quarantined = os.environ.get(processes.RESUME_ENV) or None, []
+            else:
+                resumed_from, quarantined = checkpoints.resolve_resume(config.output_dir, config.resume,
+                                                                       expect=resume_shape(config))
         finally:
             sink.emit("run_start", run_name=config.run_name, **identity(), pid=os.getpid(), resumed_from=resumed_from)
         for item in quarantined:
             log.warning(f"quarantined half-written checkpoint {item.path} -> {item.moved_to}: {item.reason}")
             sink.emit("checkpoint_quarantine", path=item.path, moved_to=item.moved_to, reason=item.reason)
         trainer, shim = build_trainer(config, sink)
-        if config.unload_stale_adapters:
+        if config.unload_stale_adapters and processes.is_main_rank():
             unloaded = unload_stale(config.server_url)
             if unloaded:
                 log.info(f"unloaded stale adapters from the server: {unloaded}")
@@ -152,7 +161,7 @@ def run(config: RunConfig, sink: MetricsSink) -> int:
             sink.emit("storage_fault", kind=fault.kind, path=fault.path, message=fault.message,
                       step=trainer.state.global_step if trainer is not None else 0)
         log.error(f"run failed: {error}")
-        if trainer is not None and resume_server(config.server_url):
+        if trainer is not None and processes.is_main_rank() and resume_server(config.server_url):
             log.info("sent POST /resume so that the server is not left paused")
         if not isinstance(exc, Exception | Terminated | KeyboardInterrupt):
             raise
@@ -176,12 +185,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {error}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _on_sigterm)
+    if config.processes > 1 and not processes.launched():
+        return launch(config, args.config)
+    if not processes.is_main_rank():  # one voice: rank 0 writes the events and the heartbeat
+        logging.getLogger().setLevel(logging.WARNING)
+        return run(config, NullSink())
     heartbeat = Heartbeat(heartbeat_path(config.heartbeat_path)).start()
     try:
         with MetricsSink(config.metrics_path) as sink:
             return run(config, sink)
     finally:
         heartbeat.stop()
+
+
+def launch(config: RunConfig, config_path: str) -> int:
+    """Several processes: resolve the resume target once (quarantining half-written checkpoints before any rank
+    starts), then become `accelerate launch` of the ranks (processes.launch_argv). A refused resume ends here, with
+    the run_start/run_end events the single-process path writes."""
+    with MetricsSink(config.metrics_path) as sink:
+        try:
+            resumed_from, quarantined = checkpoints.resolve_resume(config.output_dir, config.resume,
+                                                                   expect=resume_shape(config))
+        except (checkpoints.ResumeError, checkpoints.CheckpointRefused) as exc:
+            log.error(f"run failed: {exc}")
+            sink.emit("run_start", run_name=config.run_name, **identity(), pid=os.getpid(), resumed_from=None)
+            sink.emit("run_end", status="error", error=f"{type(exc).__name__}: {exc}", steps=0)
+            return 1
+        for item in quarantined:
+            log.warning(f"quarantined half-written checkpoint {item.path} -> {item.moved_to}: {item.reason}")
+            sink.emit("checkpoint_quarantine", path=item.path, moved_to=item.moved_to, reason=item.reason)
+    argv = processes.launch_argv(config.processes, config_path)
+    log.info(f"launching {config.processes} trainer processes (FSDP2"
+             f"{', gloo on the CPU' if config.device == 'cpu' else ''}): {' '.join(argv[1:])}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(argv[0], argv, processes.launch_env(config.processes, config.device, resumed_from))
 
 
 if __name__ == "__main__":

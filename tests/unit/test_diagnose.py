@@ -52,7 +52,8 @@ def test_spark_baseline_is_trainer_bound_with_the_seeds_figures():
                                                  "hosts[].gpus.trainer"]
     assert d.next_knobs[0].value == "16384"
     assert "if memory allows" in d.next_knobs[1].value and "128 GB" in d.next_knobs[1].why
-    assert "not built yet" in d.next_knobs[2].value
+    assert d.next_knobs[2].value == "2 GPUs (one trainer process each)"  # a Spark: one GPU, one process
+    assert "a second trainer host, which the kit does not run yet" in d.next_knobs[2].why
     assert any("max_inflight_tasks" in n and "not now" in n for n in d.notes)
     assert d.not_recorded == []
 
@@ -184,7 +185,8 @@ def test_the_cpu_rehearsal_stream_is_trainer_bound_by_backpressure():
     assert ev["completion_length_last"] < ev["completion_length_first"]  # the brevity reward shortens answers
     assert "blocked on a full queue" in d.reason
     assert d.next_knobs[0].setting == "overrides.trl.token_budget"  # packing is off on the cpu profile
-    assert [k.setting for k in d.next_knobs][1:] == ["hosts[].gpus.trainer"]  # checkpointing is already off
+    # checkpointing is already off; on the CPU the next knob is a second trainer process (gloo)
+    assert [(k.setting, k.value) for k in d.next_knobs][1:] == [("overrides.runtime.trainer_processes", "2")]
     assert any("dropped as stale" in n for n in d.notes)
 
 
@@ -204,12 +206,16 @@ def test_text_and_json():
 def test_settings_hint_from_resolved_specs():
     cpu = diagnose.settings_hint(resolve.resolve(new_spec.embedded_default()))
     assert cpu == {"queue_maxsize": 16, "max_inflight_tasks": 8, "max_num_seqs": 32, "weight_sync_steps": 1,
-                   "token_budget": 0, "gradient_checkpointing": False}  # 0 GB per GPU on cpu: no memory figure
+                   "token_budget": 0, "gradient_checkpointing": False, "replicas": 1, "trainer_processes": 1,
+                   "device": "cpu"}  # 0 GB per GPU on cpu: no memory figure
     gb10 = diagnose.settings_hint(resolve.resolve(specs.loaded("gb10", "trl-async", ("a", "b"))))
     assert gb10["queue_maxsize"] == 512 and gb10["trainer_memory_gb"] == 128 and gb10["token_budget"] == 16384
     auto = diagnose.settings_hint(resolve.resolve(specs.loaded(
         "gb10", "trl-async", ("a", "b"), **{"overrides.trl.max_inflight_tasks": -1})))
     assert auto["max_inflight_tasks"] == 4 * 1 * 12  # TRL's auto: max_staleness x batch x accumulation x 1 process
+    hf = diagnose.settings_hint(resolve.resolve(specs.loaded("h200", "trl-async", ("t", "s"),
+                                                             **{"hosts.1.replicas": 2})))
+    assert (hf["trainer_processes"], hf["replicas"], hf["device"]) == (2, 2, "cuda")  # HF's recipe
 
 
 # (f) the trainer's speed switches (issue 24): a CUDA trainer that leaves them off is told what bench trainer measured

@@ -174,3 +174,46 @@ def test_command_line_list_verify_prune(tmp_path, capsys):
     pruned = json.loads(capsys.readouterr().out)
     assert pruned["removed"] == [] and [q["path"] for q in pruned["quarantined"]] == [str(tmp_path / "checkpoint-2")]
     assert checkpoints._main(["verify", str(tmp_path)]) == 0
+
+
+def sharded_checkpoint(output_dir, step, ranks=2, drop=(), complete=True):
+    """A checkpoint-N as TRL writes it from a trainer of several processes (FSDP2, SHARDED_STATE_DICT): DCP shards per
+    rank in pytorch_model_fsdp_0/ and optimizer_0/, each with its .metadata, an RNG state per rank, no adapter file."""
+    path = output_dir / f"checkpoint-{step}"
+    for folder in ("pytorch_model_fsdp_0", "optimizer_0"):
+        (path / folder).mkdir(parents=True)
+        (path / folder / ".metadata").write_bytes(b"m")
+        for rank in range(ranks):
+            (path / folder / f"__{rank}_0.distcp").write_bytes(b"s" * 100)
+    (path / "scheduler.pt").write_bytes(b"s")
+    for rank in range(ranks):
+        (path / f"rng_state_{rank}.pth").write_bytes(b"r")
+    for name in drop:
+        os.remove(path / name)
+    if complete:
+        (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return path
+
+
+@pytest.mark.parametrize(("drop", "reason"), [
+    ((), None),
+    (("rng_state_1.pth",), "1 RNG state file(s) for 2 ranks"),
+    (("optimizer_0/.metadata",), "no optimizer_0/.metadata"),
+    (("pytorch_model_fsdp_0/.metadata",), "no pytorch_model_fsdp_0/.metadata"),
+    (("pytorch_model_fsdp_0/__0_0.distcp",), "shards of ranks [1], not 0..n-1"),
+])
+def test_a_sharded_checkpoint_is_complete_only_with_every_rank_and_both_metadata(tmp_path, drop, reason):
+    path = sharded_checkpoint(tmp_path, 4, drop=drop)
+    found = checkpoints.incomplete_reason(str(path))
+    assert found == reason if reason is None else reason in found
+
+
+def test_a_sharded_checkpoint_missing_a_rank_is_quarantined_and_its_world_size_read(tmp_path):
+    sharded_checkpoint(tmp_path, 4)
+    sharded_checkpoint(tmp_path, 8, drop=("rng_state_1.pth",))  # rank 0 wrote trainer_state.json, rank 1 was killed
+    two = checkpoints.Shape(world_size=2)
+    resumed, moved = resolve_resume(str(tmp_path), "auto", expect=two)
+    assert resumed.endswith("checkpoint-4") and [m.path.rsplit("/", 1)[-1] for m in moved] == ["checkpoint-8"]
+    assert checkpoints.shape_of(resumed, "trl") == checkpoints.Shape(None, None, 2)
+    with pytest.raises(ResumeError, match="world_size 2 in the checkpoint, 1 in this run"):
+        resolve_resume(str(tmp_path), "auto", expect=checkpoints.Shape(world_size=1))

@@ -1,0 +1,47 @@
+"""Tests of the trl-async engine's trainer processes (grpo_deploy.engines.trl_async: runtime.trainer_processes, one per
+trainer GPU by default on cuda, any count on cpu, in trainer.yaml as `processes`)."""
+
+import pytest
+import yaml
+
+from grpo_deploy import render, resolve, spec
+from grpo_deploy.engines.trl_async import trainer_processes
+from tests.specs import spec_yaml
+
+
+def _res(profile="cpu", hosts=("a",), **changes):
+    return resolve.resolve(spec.loads(spec_yaml(profile, "trl-async", hosts, **changes), source="s.yaml"))
+
+
+def _trainer_yaml(res) -> dict:
+    return yaml.safe_load(render.render_files(res)["config/trainer.yaml"])
+
+
+def test_one_process_keeps_today_s_trainer_config():
+    res = _res()
+    assert trainer_processes(res) == 1 and "processes" not in _trainer_yaml(res)
+
+
+def test_cpu_takes_any_count_and_says_it_in_the_trainer_config():
+    res = _res(**{"overrides.runtime": {"trainer_processes": 2}})
+    assert trainer_processes(res) == 2 and _trainer_yaml(res)["processes"] == 2
+
+
+def test_cuda_defaults_to_one_process_per_trainer_gpu_and_says_why():
+    res = _res("h200", ("t", "s"))  # HF's shape: the trainer host's 2 GPUs train, the other host serves
+    assert trainer_processes(res) == 2 and _trainer_yaml(res)["processes"] == 2
+    assert "one per trainer GPU (2)" in res.origins["runtime"]["trainer_processes"].why
+    assert trainer_processes(_res("h200")) == 1  # one host: the server on GPU 0, the trainer on GPU 1
+    assert trainer_processes(_res("gb10", ("t", "s"))) == 1
+
+
+def test_cuda_refuses_another_count_than_the_trainer_gpus():
+    with pytest.raises(spec.SpecError, match=r"overrides\.runtime\.trainer_processes: .* is 1 but the trainer on t has "
+                                             r"2 GPU\(s\) \(\[0, 1\]\): FSDP2 runs one process per GPU"):
+        _res("h200", ("t", "s"), **{"overrides.runtime": {"trainer_processes": 1}})
+
+
+@pytest.mark.parametrize("value", [0, -1, 65, "2", True, 2.0, 10**30])
+def test_hostile_counts_are_refused_at_the_door(value):
+    with pytest.raises(spec.SpecError, match=r"overrides\.runtime\.trainer_processes"):
+        _res(**{"overrides.runtime": {"trainer_processes": value}})
