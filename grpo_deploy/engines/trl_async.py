@@ -161,12 +161,16 @@ class TrlAsync(Engine):
         return words + ([PROXY_SERVICE] if "trainer" in host.roles and replica_count(res) > 1 else [])
 
     def gpu_words(self, res: Resolved, host) -> str:
-        """Each replica's GPUs by its service (`server 0; server-2 1; trainer 2,3`) when the host has several."""
+        """Each replica's GPUs by its service (`server 0; server-2 1; trainer 2,3`) when the host has several, and the
+        trainer's process count when it has several (`(2 trainer processes, FSDP2)`)."""
+        ranks = trainer_processes(res) if "trainer" in host.roles else 1
+        more = f" ({ranks} trainer processes, FSDP2)" if ranks > 1 else ""
         if (host.replicas or 1) == 1 or res.profiles[host.name].accelerator == "none":
-            return super().gpu_words(res, host)
+            return super().gpu_words(res, host) + more
         words = [f"{r.service} {','.join(map(str, r.gpus))}" for r in server_replicas(res) if r.host == host.name]
         split = self.gpu_split(res, host)
-        return "; ".join(words + ([f"trainer {','.join(map(str, split['trainer']))}"] if "trainer" in split else []))
+        return "; ".join(words + ([f"trainer {','.join(map(str, split['trainer']))}"] if "trainer" in split else [])) \
+            + more
 
     def _gpu_override(self, res: Resolved, host) -> str:
         """The compose override reserving each service's GPUs on *host*."""

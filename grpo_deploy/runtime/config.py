@@ -29,6 +29,7 @@ from .values import (
     NonNegative,
     Resume,
     Text,
+    _no_bool,
     describe_error,
 )
 
@@ -59,6 +60,7 @@ def _reward(name: str) -> str:
 
 
 Reward = Annotated[str, AfterValidator(_reward)]
+Processes = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=MAX_PROCESSES)]
 def _not_a_big_int(value: Any) -> Any:
     """An integer past int64 is not a float either (strict floats take integers): refused, not rounded."""
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
@@ -105,7 +107,7 @@ class RuntimeSettings(Strict):
     """Regional torch.compile of each decoder layer, the attention shim left eager."""
     lora_elementwise: bool = False
     """LoRA's rank <= 4 products as broadcasts and sums for the compiler to fuse (needs compile_layers)."""
-    trainer_processes: Count | None = Field(None, le=MAX_PROCESSES)
+    trainer_processes: Processes | None = None
     """Trainer processes on the trainer host (FSDP2 under accelerate launch, sharded checkpoints): null = one per
     trainer GPU on cuda, 1 on cpu; on cuda it must equal the trainer's GPUs, on cpu any count from 1 (gloo)."""
 
@@ -265,7 +267,7 @@ class RunConfig(Strict):
     heartbeat_path: AbsPath | None = None
     disk_watchdog: DiskWatchdogConfig | None = None
     speed: SpeedSwitches = SpeedSwitches()
-    processes: Count = Field(1, le=MAX_PROCESSES)
+    processes: Processes = 1
     """Trainer processes (ranks of one FSDP2 group); above 1 the entrypoint re-executes itself under accelerate."""
     async_grpo: AsyncGrpoArgs
     source: str = Field("<config>", exclude=True)

@@ -1,4 +1,4 @@
-"""A trainer of several processes: the `accelerate launch` (FSDP2, sharded state) that the trainer entrypoint re-executes
+"""A trainer of several processes: the `accelerate launch` (FSDP2, sharded state) the trainer entrypoint re-executes
 itself under, this process's rank, the guards against accelerate's silent fallbacks, and agreement across ranks.
 
 One trainer process needs none of this. With `processes: N > 1` in trainer.yaml, `grpo_deploy.runtime.train` resolves

@@ -25,8 +25,18 @@ MAX_STEPS, SAVE_EVERY = 16, 4  # the rehearsal's workload, shorter and saved mor
 def fault_run(tmp_path):
     """A spec for one fault (the cpu rehearsal as run `faults`: 16 steps, a checkpoint every 4), written into a
     scratch folder, and its resolution; the run is stopped at the end whatever happened."""
+    yield from _fault_run(tmp_path, {"trl": {"max_steps": MAX_STEPS}})
+
+
+@pytest.fixture()
+def two_process_run(tmp_path):
+    """fault_run with a trainer of two processes (FSDP2 over gloo, sharded checkpoints)."""
+    yield from _fault_run(tmp_path, {"trl": {"max_steps": MAX_STEPS}, "runtime": {"trainer_processes": 2}})
+
+
+def _fault_run(tmp_path, overrides: dict):
     data = spec_data("cpu", "trl-async", (), **{"run.name": RUN, "checkpoints.save_every": SAVE_EVERY,
-                                                 "overrides": {"trl": {"max_steps": MAX_STEPS}}})
+                                                 "overrides": overrides})
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     res = resolve.resolve(spec.load(str(path)))

@@ -1,13 +1,16 @@
-"""Fault: the trainer is killed (SIGKILL) in the middle of a real checkpoint save — held there by the runtime's
-`pause-mid-save` failpoint after the weights and the optimizer state are written and before `trainer_state.json`.
-`up` restarts the trainer, which quarantines the half-written checkpoint (never deletes it) and resumes from the
-newest complete one; the run ends with every step done."""
+"""Fault: a trainer of two processes (FSDP2 over gloo, sharded checkpoints) is killed (SIGKILL) in the middle of a
+real checkpoint save — held there by the runtime's `pause-mid-save` failpoint on rank 0 after both ranks' weight and
+optimizer shards are written and before `trainer_state.json`. `up` restarts the trainer, whose launcher quarantines
+the half-written checkpoint (never deletes it) and resumes both ranks from the newest complete one; the run ends with
+every step done. Then the same run with one trainer process is refused in one line: its checkpoints hold two ranks."""
 
 from __future__ import annotations
 
 import json
 import re
 import time
+
+import yaml
 
 from grpo_deploy import compose
 from grpo_deploy.hosts import oneoff
@@ -21,12 +24,14 @@ from .running import cli, up_with_fault
 ARM_AT_STEP = 9  # saves at 4, 8, 12, 16: the pause holds the save of step 12, the newest complete one is 8
 
 
-def test_trainer_killed_mid_save_resumes_from_the_newest_complete_checkpoint(fault_run, cpu_image, docker_client,
-                                                                             fault_row):
+def test_trainer_killed_mid_save_resumes_from_the_newest_complete_checkpoint(two_process_run, cpu_image,
+                                                                             docker_client, fault_row):
+    fault_run = two_process_run
     res = fault_run["res"]
-    fault_row.update(fault="trainer SIGKILL in the middle of a checkpoint save (local)",
-                     expected="half-written checkpoint quarantined, not deleted; trainer restarted, resumes from the "
-                              f"newest complete one; <= {SAVE_EVERY} steps lost")
+    fault_row.update(fault="trainer of 2 processes (FSDP2) SIGKILLed in the middle of a sharded checkpoint save "
+                           "(local)",
+                     expected="half-written checkpoint quarantined, not deleted; trainer restarted, both ranks resume "
+                              f"from the newest complete one; <= {SAVE_EVERY} steps lost; 1 process then refused")
     killed = {}
 
     def arm_and_kill(step: int) -> None:
@@ -63,9 +68,34 @@ def test_trainer_killed_mid_save_resumes_from_the_newest_complete_checkpoint(fau
     assert max(int(e["step"]) for e in events if e["event"] == "step") == MAX_STEPS
     listed = cli(fault_run, "checkpoints", "list", "--json")
     assert listed.returncode == 0, listed.stderr
-    complete = [c["step"] for c in json.loads(listed.stdout)["checkpoints"] if c["state"] == "complete"]
+    listing = json.loads(listed.stdout)["checkpoints"]
+    complete = [c["step"] for c in listing if c["state"] == "complete"]
     assert complete[-1] == MAX_STEPS, complete
+    assert {c["world_size"] for c in listing if c["state"] == "complete"} == {2}, listing
+    assert all(e.get("ok") for e in events if e["event"] == "adapter_load"), "an adapter load failed"
+    rewards = [float(e["reward"]) for e in events if e["event"] == "step" and "reward" in e]
+    assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4, rewards
+    assert "launching 2 trainer processes (FSDP2, gloo on the CPU)" in (fault_run["state"] / "logs.txt").read_text()
+    refused = _one_process_again(fault_run, docker_client)
     fault_row.update(observed=f"paused in {killed['checkpoint'].rsplit('/', 1)[-1]} at step {killed['step']}, "
                               f"killed; moved to quarantine/; resumed from checkpoint-{resumed_step}; "
                               f"{MAX_STEPS}/{MAX_STEPS} steps",
                      **{"steps lost": lost, "data lost": "the half-written checkpoint (kept in quarantine/)"})
+    fault_row["observed"] += f"; 1 process refused: {refused}"
+
+
+def _one_process_again(run: dict, docker_client) -> str:
+    """`up` of the same run with one trainer process and more steps: refused before any step, in one line naming the
+    world sizes; nothing is left running."""
+    assert cli(run, "down").returncode == 0
+    data = yaml.safe_load(run["spec"].read_text())
+    data["overrides"]["runtime"]["trainer_processes"] = 1
+    data["overrides"]["trl"]["max_steps"] = MAX_STEPS + SAVE_EVERY
+    run["spec"].write_text(yaml.safe_dump(data, sort_keys=False))
+    proc = cli(run, "up", timeout=900)
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "step 1" not in said, said[-3000:]
+    (line,) = [ln for ln in said.splitlines() if "world_size 2 in the checkpoint, 1 in this run" in ln]
+    assert "Start a new run" in line, line
+    assert compose.containers(docker_client, RUN, all_=False) == [], "the refused up left containers running"
+    return "world_size 2 in the checkpoint, 1 in this run"

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from grpo_deploy import new_spec
-from grpo_deploy.hosts.connect import SshHost, SshOptions
+from grpo_deploy.hosts.connect import SshHost, SshOptions, on_all
 from grpo_deploy.hosts.ship import ship
 from tests.check_output import check_lines
 from tests.clirun import run_cli as cli
@@ -41,12 +41,15 @@ def spec(hosts, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def shipped(hosts, cpu_image) -> str:
-    """The cpu image on both hosts (the cross-host probe runs in the run's images); only missing layers are sent."""
-    for name in hosts.names:
-        conn = SshHost(name, name, SshOptions(str(hosts.ssh_config)))
-        try:
-            print(ship(cpu_image, conn))
-        finally:
+    """The cpu image on both hosts at once (the cross-host probe runs in the run's images; on a fresh machine this is
+    the first module to send it, gigabytes to each host); only missing layers are sent."""
+    conns = [SshHost(name, name, SshOptions(str(hosts.ssh_config))) for name in hosts.names]
+    try:
+        for name, result in on_all(conns, lambda conn: ship(cpu_image, conn)).items():
+            assert not isinstance(result, Exception), f"{name}: {result}"
+            print(result)
+    finally:
+        for conn in conns:
             conn.close()
     return cpu_image
 

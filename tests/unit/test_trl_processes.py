@@ -45,3 +45,12 @@ def test_cuda_refuses_another_count_than_the_trainer_gpus():
 def test_hostile_counts_are_refused_at_the_door(value):
     with pytest.raises(spec.SpecError, match=r"overrides\.runtime\.trainer_processes"):
         _res(**{"overrides.runtime": {"trainer_processes": value}})
+
+
+def test_plan_shows_the_trainer_processes_beside_its_gpus():
+    res = _res("h200", ("t", "s"), **{"hosts.1.replicas": 2})  # HF's recipe: 2 trainer GPUs + 2 replicas
+    trainer, server = res.spec.hosts
+    assert res.engine_info.gpu_words(res, trainer) == "trainer 0,1 (2 trainer processes, FSDP2)"
+    assert res.engine_info.gpu_words(res, server) == "server 0; server-2 1"
+    cpu = _res(**{"overrides.runtime": {"trainer_processes": 3}})
+    assert cpu.engine_info.gpu_words(cpu, cpu.spec.hosts[0]).endswith("(3 trainer processes, FSDP2)")

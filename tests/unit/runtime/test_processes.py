@@ -59,7 +59,8 @@ AGREE = """
 import os, sys, torch.distributed as dist
 from grpo_deploy.runtime.processes import agree, rank
 dist.init_process_group("gloo")
-print(rank(), agree(rank() == int(sys.argv[1])), agree(False), flush=True)
+with open(os.path.join(sys.argv[2], f"rank{rank()}.txt"), "w") as out:
+    out.write(f"{agree(rank() == int(sys.argv[1]))} {agree(False)}")
 dist.destroy_process_group()
 """
 
@@ -69,10 +70,10 @@ def test_agree_over_a_real_gloo_group_of_two(tmp_path):
     script = tmp_path / "agree.py"
     script.write_text(AGREE)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), "1"], capture_output=True, text=True, timeout=240,
+                           str(script), "1", str(tmp_path)], capture_output=True, text=True, timeout=240,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert sorted(proc.stdout.split("\n")[:2]) == ["0 True False", "1 True False"], proc.stdout
+    assert [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)] == ["True False", "True False"]
     assert processes.agree(True) is True and processes.agree(False) is False  # no group: the flag itself
 
 
