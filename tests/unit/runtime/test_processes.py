@@ -4,6 +4,7 @@ the launcher resolving the resume target once before it becomes `accelerate laun
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import types
@@ -77,6 +78,13 @@ def test_agree_over_a_real_gloo_group_of_two(tmp_path):
     assert processes.agree(True) is True and processes.agree(False) is False  # no group: the flag itself
 
 
+@pytest.fixture()
+def sigterm_restored():
+    """train.main installs its SIGTERM handler; the test process gets the default back."""
+    yield
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def write_config(tmp_path, **extra):
     raw = {"run_name": "x", "model": "/m", "metrics_path": str(tmp_path / "m.jsonl"), "processes": 2,
            "async_grpo": {"output_dir": str(tmp_path / "out")}, **extra}
@@ -85,7 +93,7 @@ def write_config(tmp_path, **extra):
     return path
 
 
-def test_the_launcher_quarantines_once_then_becomes_accelerate_launch(tmp_path, monkeypatch):
+def test_the_launcher_quarantines_once_then_becomes_accelerate_launch(tmp_path, monkeypatch, sigterm_restored):
     out = tmp_path / "out"
     for step, whole in ((4, True), (8, False)):
         (out / f"checkpoint-{step}").mkdir(parents=True)
@@ -105,13 +113,8 @@ def test_the_launcher_quarantines_once_then_becomes_accelerate_launch(tmp_path, 
     monkeypatch.setattr(train.os, "execve", record_exec)
     monkeypatch.delenv(processes.LAUNCHED_ENV, raising=False)
     path = write_config(tmp_path)
-    try:
-        with pytest.raises(Execed):
-            train.main(["--config", str(path)])
-    finally:
-        import signal
-
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with pytest.raises(Execed):
+        train.main(["--config", str(path)])
     ((exe, argv, env),) = execs
     assert exe == sys.executable and argv[1:3] == ["-m", "accelerate.commands.launch"] and argv[-1] == str(path)
     assert env[processes.LAUNCHED_ENV] == "1" and env[processes.RESUME_ENV] == str(out / "checkpoint-4")
@@ -119,25 +122,21 @@ def test_the_launcher_quarantines_once_then_becomes_accelerate_launch(tmp_path, 
     assert [e["event"] for e in read_events(str(tmp_path / "m.jsonl"))] == ["checkpoint_quarantine"]
 
 
-def test_the_launcher_refuses_a_checkpoint_of_another_world_size_before_any_rank_starts(tmp_path, monkeypatch):
+def test_the_launcher_refuses_a_checkpoint_of_another_world_size_before_any_rank_starts(tmp_path, monkeypatch,
+                                                                                      sigterm_restored):
     ck = tmp_path / "out" / "checkpoint-4"
     ck.mkdir(parents=True)
     (ck / "rng_state.pth").write_bytes(b"r")
     (ck / "trainer_state.json").write_text("{}")
     monkeypatch.setattr(train.os, "execve", lambda *a: pytest.fail("launched despite the refusal"))
     monkeypatch.delenv(processes.LAUNCHED_ENV, raising=False)
-    try:
-        assert train.main(["--config", str(write_config(tmp_path))]) == 1
-    finally:
-        import signal
-
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert train.main(["--config", str(write_config(tmp_path))]) == 1
     start, end = read_events(str(tmp_path / "m.jsonl"))
     assert (start["event"], end["event"], end["status"]) == ("run_start", "run_end", "error")
     assert "world_size 1 in the checkpoint, 2 in this run" in end["error"]
 
 
-def test_a_rank_takes_the_launchers_resume_target_and_rank_1_writes_nothing(tmp_path, monkeypatch):
+def test_a_rank_takes_the_launchers_resume_target_and_rank_1_writes_nothing(tmp_path, monkeypatch, sigterm_restored):
     seen = {}
 
     class Trained:
@@ -151,11 +150,6 @@ def test_a_rank_takes_the_launchers_resume_target_and_rank_1_writes_nothing(tmp_
     monkeypatch.setenv(processes.RESUME_ENV, "/shared/ck/checkpoint-4")
     monkeypatch.setenv("RANK", "1")
     config = parse_config(yaml.safe_load(write_config(tmp_path, unload_stale_adapters=False).read_text()))
-    try:
-        assert train.main(["--config", str(tmp_path / "trainer.yaml")]) == 0
-    finally:
-        import signal
-
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert train.main(["--config", str(tmp_path / "trainer.yaml")]) == 0
     assert seen["resume"] == "/shared/ck/checkpoint-4" and config.processes == 2
     assert not (tmp_path / "m.jsonl").exists()  # rank 1 is silent: rank 0 speaks for the group
