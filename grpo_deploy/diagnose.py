@@ -416,21 +416,20 @@ def _speed_knobs(speed: Mapping[str, Any] | None) -> list[Knob]:
     return [Knob(f"overrides.runtime.{k}", str(v).lower(), why) for k, v, why in first]
 
 
-def settings_hint(res) -> dict[str, Any]:
-    """The settings `diagnose` cannot read from events, from a resolved spec (grpo_deploy.resolve.Resolved)."""
-    from .engines.trl_async import replica_count, trainer_processes
-
+def settings_hint(res, processes: int = 1) -> dict[str, Any]:
+    """The settings `diagnose` cannot read from events, from a resolved spec (grpo_deploy.resolve.Resolved) and the
+    trainer's process count (the engine knows it, and adds its replica count)."""
     trl, vllm = res.settings.trl, res.settings.vllm
     trainer = res.host_for("trainer")
     hardware = res.profiles[trainer.name].hardware if trainer is not None else {}
     inflight = trl.max_inflight_tasks
     if inflight <= 0:  # TRL's automatic value (reference §1.3): samples per step count every trainer process
         inflight = max(trl.max_staleness, 1) * trl.per_device_train_batch_size * trl.gradient_accumulation_steps \
-            * trainer_processes(res)
+            * processes
     hint = {"queue_maxsize": trl.queue_maxsize, "max_inflight_tasks": inflight, "max_num_seqs": vllm.max_num_seqs,
             "weight_sync_steps": trl.weight_sync_steps, "token_budget": trl.token_budget,
-            "gradient_checkpointing": trl.gradient_checkpointing, "replicas": replica_count(res),
-            "trainer_processes": trainer_processes(res), "device": res.settings.runtime.device}
+            "gradient_checkpointing": trl.gradient_checkpointing, "trainer_processes": processes,
+            "device": res.settings.runtime.device}
     runtime = res.settings.runtime
     if runtime.device == "cuda":  # the speed switches apply to a CUDA trainer only
         hint["speed"] = {k: getattr(runtime, k) for k, _, _ in SPEED_KNOBS}

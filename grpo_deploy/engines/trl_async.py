@@ -192,7 +192,7 @@ class TrlAsync(Engine):
 
     def diagnose(self, events, res: Resolved):
         """Seed 004's rules over TRL's async metrics (grpo_deploy.diagnose)."""
-        hint = {**diagnose.settings_hint(res), "replicas": replica_count(res)}
+        hint = {**diagnose.settings_hint(res, trainer_processes(res)), "replicas": replica_count(res)}
         return diagnose.diagnose(events, hint), diagnose.LABELS
 
     def k8s_params(self, res: Resolved) -> dict[str, Any]:

@@ -206,16 +206,15 @@ def test_text_and_json():
 def test_settings_hint_from_resolved_specs():
     cpu = diagnose.settings_hint(resolve.resolve(new_spec.embedded_default()))
     assert cpu == {"queue_maxsize": 16, "max_inflight_tasks": 8, "max_num_seqs": 32, "weight_sync_steps": 1,
-                   "token_budget": 0, "gradient_checkpointing": False, "replicas": 1, "trainer_processes": 1,
+                   "token_budget": 0, "gradient_checkpointing": False, "trainer_processes": 1,
                    "device": "cpu"}  # 0 GB per GPU on cpu: no memory figure
     gb10 = diagnose.settings_hint(resolve.resolve(specs.loaded("gb10", "trl-async", ("a", "b"))))
     assert gb10["queue_maxsize"] == 512 and gb10["trainer_memory_gb"] == 128 and gb10["token_budget"] == 16384
     auto = diagnose.settings_hint(resolve.resolve(specs.loaded(
         "gb10", "trl-async", ("a", "b"), **{"overrides.trl.max_inflight_tasks": -1})))
     assert auto["max_inflight_tasks"] == 4 * 1 * 12  # TRL's auto: max_staleness x batch x accumulation x 1 process
-    hf = diagnose.settings_hint(resolve.resolve(specs.loaded("h200", "trl-async", ("t", "s"),
-                                                             **{"hosts.1.replicas": 2})))
-    assert (hf["trainer_processes"], hf["replicas"], hf["device"]) == (2, 2, "cuda")  # HF's recipe
+    two = resolve.resolve(specs.loaded("gb10", "trl-async", ("a", "b"), **{"overrides.trl.max_inflight_tasks": -1}))
+    assert diagnose.settings_hint(two, processes=2)["max_inflight_tasks"] == 4 * 1 * 12 * 2  # TRL counts every rank
 
 
 # (f) the trainer's speed switches (issue 24): a CUDA trainer that leaves them off is told what bench trainer measured

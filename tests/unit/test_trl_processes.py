@@ -54,3 +54,16 @@ def test_plan_shows_the_trainer_processes_beside_its_gpus():
     assert res.engine_info.gpu_words(res, server) == "server 0; server-2 1"
     cpu = _res(**{"overrides.runtime": {"trainer_processes": 3}})
     assert cpu.engine_info.gpu_words(cpu, cpu.spec.hosts[0]).endswith("(3 trainer processes, FSDP2)")
+
+
+def test_diagnose_names_the_next_trainer_process_from_the_spec():
+    """A trainer-bound run (the Spark baseline's recorded stream) on cpu with 2 processes: the last knob is a third."""
+    from pathlib import Path
+
+    from grpo_deploy.runtime.metrics import read_events
+
+    events = read_events(str(Path(__file__).parent / "metrics" / "spark_trainer_bound.jsonl"))
+    res = _res(**{"overrides.runtime": {"trainer_processes": 2}})
+    found, _labels = res.engine_info.diagnose(events, res)
+    assert found.side == "trainer-bound"
+    assert (found.next_knobs[-1].setting, found.next_knobs[-1].value) == ("overrides.runtime.trainer_processes", "3")
