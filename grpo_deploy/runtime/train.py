@@ -206,10 +206,14 @@ def launch(config: RunConfig, config_path: str) -> int:
         try:
             resumed_from, quarantined = checkpoints.resolve_resume(config.output_dir, config.resume,
                                                                    expect=resume_shape(config))
-        except (checkpoints.ResumeError, checkpoints.CheckpointRefused) as exc:
-            log.error(f"run failed: {exc}")
+        except Exception as exc:  # a refused resume, or the share failing under it: the same record as one process
+            fault = storage_fault(config, exc)
+            status, error = ("storage-fault", fault.message) if fault else ("error", f"{type(exc).__name__}: {exc}")
+            log.error(f"run failed: {error}")
             sink.emit("run_start", run_name=config.run_name, **identity(), pid=os.getpid(), resumed_from=None)
-            sink.emit("run_end", status="error", error=f"{type(exc).__name__}: {exc}", steps=0)
+            if fault is not None:
+                sink.emit("storage_fault", kind=fault.kind, path=fault.path, message=fault.message, step=0)
+            sink.emit("run_end", status=status, error=error, steps=0)
             return 1
         for item in quarantined:
             log.warning(f"quarantined half-written checkpoint {item.path} -> {item.moved_to}: {item.reason}")
