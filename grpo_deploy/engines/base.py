@@ -167,6 +167,10 @@ class Engine:
         """TCP ports the run publishes on *host* (preflight checks they are free); this default: none."""
         return []
 
+    def trainer_processes(self, res: Resolved) -> int:
+        """Processes of the trl-style trainer role (one FSDP2 group); this default: 1."""
+        return 1
+
     def roles_words(self, res: Resolved, host) -> list[str]:
         """Plan's roles column for *host*: its roles."""
         return list(host.roles)

@@ -153,6 +153,9 @@ class TrlAsync(Engine):
         """The ports *host*'s vLLM replicas publish: vllm.port, then one more for each further replica."""
         return [res.settings.vllm.port + k for k in range(host.replicas or 1)] if "server" in host.roles else []
 
+    def trainer_processes(self, res: Resolved) -> int:
+        return trainer_processes(res)
+
     def roles_words(self, res: Resolved, host) -> list[str]:
         """Its roles, the server with its replica count when more than one (`server x2`), and the proxy beside the
         trainer when the run has one."""
@@ -393,25 +396,20 @@ def trainer_gpus(res: Resolved) -> list[int] | None:
 
 
 def trainer_processes(res: Resolved) -> int:
-    """Trainer processes: runtime.trainer_processes, else one per trainer GPU on cuda, else 1."""
-    given = res.settings.runtime.trainer_processes
-    if given is not None:
-        return given
-    gpus = trainer_gpus(res) if res.settings.runtime.device == "cuda" else None
-    return len(gpus) if gpus else 1
+    """Trainer processes: runtime.trainer_processes, else 1 (a several-GPU trainer is not the default until it has
+    run on GPUs here: docs/notes/trainer-across-hosts.md)."""
+    return res.settings.runtime.trainer_processes or 1
 
 
 def _check_trainer_processes(engine: TrlAsync, res: Resolved, problem, derived: list) -> None:
-    """On cuda one trainer process per trainer GPU (FSDP2 ranks own one GPU each); on cpu any count (gloo)."""
-    given, n = res.settings.runtime.trainer_processes, trainer_processes(res)
+    """On cuda at most one trainer process per trainer GPU (an FSDP2 rank owns one GPU); on cpu any count (gloo)."""
+    n = trainer_processes(res)
     gpus = trainer_gpus(res) if res.settings.runtime.device == "cuda" else None
-    if given is None and n > 1:
-        derived.append(("runtime", "trainer_processes", n, f"one per trainer GPU ({len(gpus or [])})"))
-    if gpus is not None and given is not None and given != len(gpus):
+    if gpus is not None and n > len(gpus):
         host = res.host_for("trainer")
         problem(_override("runtime", "trainer_processes"),
-                f"runtime.trainer_processes is {given} but the trainer on {host.name} has {len(gpus)} GPU(s) "
-                f"({gpus}): FSDP2 runs one process per GPU; remove it (one per GPU) or give the trainer {given} GPU(s) "
+                f"runtime.trainer_processes is {n} but the trainer on {host.name} has {len(gpus)} GPU(s) ({gpus}): "
+                f"FSDP2 runs one process per GPU; set it to {len(gpus)} or fewer, or give the trainer {n} GPUs "
                 "(hosts[].gpus.trainer)")
 
 

@@ -114,13 +114,13 @@ def sharded_incomplete(path: str) -> str | None:
     model_dir = os.path.join(path, FSDP_MODEL_DIR)
     if not os.path.lexists(model_dir):
         return None
-    ranks = {int(m.group(1)) for n in _listdir(model_dir) if (m := DCP_SHARD.match(n))}
     for folder in (FSDP_MODEL_DIR, FSDP_OPTIMIZER_DIR):
         if not _is_dir(os.path.join(path, folder)):
             return f"no {folder}/ folder (half-written sharded checkpoint)"
         if not os.path.isfile(os.path.join(path, folder, DCP_METADATA)) or \
                 _is_link(os.path.join(path, folder, DCP_METADATA)):
             return f"no {folder}/{DCP_METADATA} (half-written sharded checkpoint)"
+    ranks = {int(m.group(1)) for n in _listdir(model_dir) if (m := DCP_SHARD.match(n))}
     rng = sum(1 for n in _listdir(path) if RNG_STATE.match(n))
     if not ranks or ranks != set(range(len(ranks))):
         return f"{FSDP_MODEL_DIR}/ holds shards of ranks {sorted(ranks)}, not 0..n-1 (half-written sharded checkpoint)"
@@ -294,7 +294,9 @@ def shape_of(path: str, layout: str) -> Shape:
     if layout == "trl":
         adapter = _json(os.path.join(path, "adapter_config.json"))
         modules = adapter.get("target_modules")
-        ranks = [n for n in _listdir(path) if RNG_STATE.match(n)]
+        model_dir = os.path.join(path, FSDP_MODEL_DIR)
+        shards = {m.group(1) for n in (_listdir(model_dir) if _is_dir(model_dir) else []) if (m := DCP_SHARD.match(n))}
+        ranks = shards or [n for n in _listdir(path) if RNG_STATE.match(n)]  # a sharded one: its model shards say
         return Shape(adapter.get("r") if isinstance(adapter.get("r"), int) else None,
                      tuple(sorted(modules)) if isinstance(modules, list) else None, len(ranks) or None)
     actor = os.path.join(path, "actor")

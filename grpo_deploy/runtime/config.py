@@ -108,8 +108,8 @@ class RuntimeSettings(Strict):
     lora_elementwise: bool = False
     """LoRA's rank <= 4 products as broadcasts and sums for the compiler to fuse (needs compile_layers)."""
     trainer_processes: Processes | None = None
-    """Trainer processes on the trainer host (FSDP2 under accelerate launch, sharded checkpoints): null = one per
-    trainer GPU on cuda, 1 on cpu; on cuda it must equal the trainer's GPUs, on cpu any count from 1 (gloo)."""
+    """Trainer processes on the trainer host (FSDP2 under accelerate launch, sharded checkpoints): null = 1; on cuda
+    at most one per trainer GPU (not yet run on GPUs), on cpu any count (gloo)."""
 
 
 @cache

@@ -97,6 +97,19 @@ def test_check_refuses_replicas_the_overlays_cannot_run(tmp_path, capsys):
     assert "several vLLM server replicas" in err and "run one server and no replica proxy yet" in err
 
 
+def test_check_refuses_a_trainer_of_several_processes(tmp_path, capsys):
+    """The trainer pod gets one GPU: two processes would leave rank 1 without one."""
+    overlay = copy_overlay(tmp_path, "h200")
+
+    def two_processes(d):
+        d["hosts"][0]["roles"] = ["trainer"]
+        d["hosts"].append({"name": "s", "address": "10.0.0.2", "profile": "h200", "roles": ["server"]})
+        d.setdefault("overrides", {}).setdefault("runtime", {})["trainer_processes"] = 2
+    edit_spec(overlay, two_processes)
+    err = one_line_refusal(capsys, ["k8s", "check", str(overlay)])
+    assert "trainer_processes is 2" in err and "trainer pod one GPU" in err
+
+
 def test_check_says_the_ci_overlay_is_not_for_users(tmp_path, capsys):
     err = one_line_refusal(capsys, ["k8s", "check", str(copy_overlay(tmp_path, "cpu"))])
     assert "CI-only overlay" in err

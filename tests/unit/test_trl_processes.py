@@ -27,18 +27,22 @@ def test_cpu_takes_any_count_and_says_it_in_the_trainer_config():
     assert trainer_processes(res) == 2 and _trainer_yaml(res)["processes"] == 2
 
 
-def test_cuda_defaults_to_one_process_per_trainer_gpu_and_says_why():
-    res = _res("h200", ("t", "s"))  # HF's shape: the trainer host's 2 GPUs train, the other host serves
-    assert trainer_processes(res) == 2 and _trainer_yaml(res)["processes"] == 2
-    assert "one per trainer GPU (2)" in res.origins["runtime"]["trainer_processes"].why
-    assert trainer_processes(_res("h200")) == 1  # one host: the server on GPU 0, the trainer on GPU 1
+def test_cuda_defaults_to_one_process_and_takes_up_to_one_per_trainer_gpu():
+    """Not yet run on GPUs here, so several processes are asked for, not assumed (HF's shape: 2 trainer GPUs)."""
+    res = _res("h200", ("t", "s"))
+    assert trainer_processes(res) == 1 and "processes" not in _trainer_yaml(res)
+    two = _res("h200", ("t", "s"), **{"overrides.runtime": {"trainer_processes": 2}})
+    assert trainer_processes(two) == 2 and _trainer_yaml(two)["processes"] == 2
     assert trainer_processes(_res("gb10", ("t", "s"))) == 1
 
 
-def test_cuda_refuses_another_count_than_the_trainer_gpus():
-    with pytest.raises(spec.SpecError, match=r"overrides\.runtime\.trainer_processes: .* is 1 but the trainer on t has "
-                                             r"2 GPU\(s\) \(\[0, 1\]\): FSDP2 runs one process per GPU"):
-        _res("h200", ("t", "s"), **{"overrides.runtime": {"trainer_processes": 1}})
+def test_cuda_refuses_more_processes_than_trainer_gpus():
+    with pytest.raises(spec.SpecError, match=r"overrides\.runtime\.trainer_processes: .* is 3 but the trainer on t has "
+                                             r"2 GPU\(s\) \(\[0, 1\]\): FSDP2 runs one process per GPU; set it to 2 "
+                                             r"or fewer"):
+        _res("h200", ("t", "s"), **{"overrides.runtime": {"trainer_processes": 3}})
+    with pytest.raises(spec.SpecError, match=r"is 2 but the trainer on a has 1 GPU\(s\)"):
+        _res("h200", **{"overrides.runtime": {"trainer_processes": 2}})  # one host: the server on 0, the trainer on 1
 
 
 @pytest.mark.parametrize("value", [0, -1, 65, "2", True, 2.0, 10**30])
@@ -48,7 +52,8 @@ def test_hostile_counts_are_refused_at_the_door(value):
 
 
 def test_plan_shows_the_trainer_processes_beside_its_gpus():
-    res = _res("h200", ("t", "s"), **{"hosts.1.replicas": 2})  # HF's recipe: 2 trainer GPUs + 2 replicas
+    res = _res("h200", ("t", "s"), **{"hosts.1.replicas": 2,  # HF's recipe: 2 trainer GPUs + 2 replicas
+                                      "overrides.runtime": {"trainer_processes": 2}})
     trainer, server = res.spec.hosts
     assert res.engine_info.gpu_words(res, trainer) == "trainer 0,1 (2 trainer processes, FSDP2)"
     assert res.engine_info.gpu_words(res, server) == "server 0; server-2 1"

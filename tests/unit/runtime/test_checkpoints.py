@@ -206,6 +206,8 @@ def test_a_sharded_checkpoint_is_complete_only_with_every_rank_and_both_metadata
     path = sharded_checkpoint(tmp_path, 4, drop=drop)
     found = checkpoints.incomplete_reason(str(path))
     assert found == reason if reason is None else reason in found
+    if "rng_state_1.pth" in drop:  # the listing's world size comes from the model shards, not the RNG files
+        assert checkpoints.shape_of(str(path), "trl").world_size == 2
 
 
 def test_a_sharded_checkpoint_missing_a_rank_is_quarantined_and_its_world_size_read(tmp_path):
