@@ -25,6 +25,17 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
+class _Append(argparse.Action):
+    """action="append" that refuses `--opt=--`: argparse strips a lone `--` from a value and appends an empty list,
+    which would silently mean nothing (a check list that runs only the others)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if not isinstance(values, str):
+            parser.error(f"argument {option_string}: expected a value, got '--'")
+        items = list(getattr(namespace, self.dest, None) or [])
+        setattr(namespace, self.dest, [*items, values])
+
+
 class CliError(Exception):
     """An expected failure: printed as one clear message, exit code 2, no traceback."""
 
@@ -106,7 +117,7 @@ def _add_ssh(p: argparse.ArgumentParser) -> None:
 
 
 def _add_free_space(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--free-space", action="append", metavar="HOST=SIZE",
+    p.add_argument("--free-space", action=_Append, metavar="HOST=SIZE",
                    help="what-if: plan as if HOST had SIZE free where checkpoints go (e.g. node1=500GB); repeatable")
 
 
@@ -170,7 +181,7 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
     _add_spec(p)
     _add_json(p)
     _add_free_space(p)
-    p.add_argument("--only", action="append", metavar="CHECK", choices=checks.names(),
+    p.add_argument("--only", action=_Append, metavar="CHECK", choices=checks.names(),
                    help=f"run only this check (repeatable): {', '.join(checks.names())}")
     _add_ssh(p)
     p.set_defaults(fn=verbs["preflight"])
