@@ -416,6 +416,12 @@ def _speed_knobs(speed: Mapping[str, Any] | None) -> list[Knob]:
     return [Knob(f"overrides.runtime.{k}", str(v).lower(), why) for k, v, why in first]
 
 
+def trl_auto_inflight(trl, processes: int) -> int:
+    """TRL's automatic max_inflight_tasks (reference §1.3): max(max_staleness, 1) x samples per step, which count
+    every trainer process (*trl*: the settings' AsyncGrpoArgs)."""
+    return max(trl.max_staleness, 1) * trl.per_device_train_batch_size * trl.gradient_accumulation_steps * processes
+
+
 def settings_hint(res, processes: int = 1) -> dict[str, Any]:
     """The settings `diagnose` cannot read from events, from a resolved spec (grpo_deploy.resolve.Resolved) and the
     trainer's process count (the engine knows it, and adds its replica count)."""
@@ -423,9 +429,8 @@ def settings_hint(res, processes: int = 1) -> dict[str, Any]:
     trainer = res.host_for("trainer")
     hardware = res.profiles[trainer.name].hardware if trainer is not None else {}
     inflight = trl.max_inflight_tasks
-    if inflight <= 0:  # TRL's automatic value (reference §1.3): samples per step count every trainer process
-        inflight = max(trl.max_staleness, 1) * trl.per_device_train_batch_size * trl.gradient_accumulation_steps \
-            * processes
+    if inflight <= 0:
+        inflight = trl_auto_inflight(trl, processes)
     hint = {"queue_maxsize": trl.queue_maxsize, "max_inflight_tasks": inflight, "max_num_seqs": vllm.max_num_seqs,
             "weight_sync_steps": trl.weight_sync_steps, "token_budget": trl.token_budget,
             "gradient_checkpointing": trl.gradient_checkpointing, "trainer_processes": processes,

@@ -94,7 +94,7 @@ class TrlAsync(Engine):
             problem(_override("trl", "fp16"), "trl.bf16 is true as well: TRL takes at most one of fp16 and bf16 "
                     "(it would refuse to start); remove one")
         _check_trainer_switches(res, problem)
-        _check_trainer_processes(self, res, problem, derived)
+        _check_trainer_processes(self, res, problem)
         _check_names_and_ports(res, problem)
         if s.data.dataset != "brevity" and s.data.path is None:
             derived.append(("data", "path", f"{res.spec.storage.mount}/data/{s.data.dataset}/train.jsonl",
@@ -344,9 +344,8 @@ def _scale_with_replicas(res: Resolved, n: int, derived: list) -> int:
         if origin is not None and origin.source in ("spec", "override"):
             continue
         value = getattr(trl, key)
-        if value == -1:  # TRL's automatic cap: max(max_staleness, 1) x samples per step (of every trainer process)
-            value = max(trl.max_staleness, 1) * trl.per_device_train_batch_size * trl.gradient_accumulation_steps \
-                * trainer_processes(res)
+        if value == -1:
+            value = diagnose.trl_auto_inflight(trl, trainer_processes(res))
             source = f"TRL's automatic {value} (max_staleness x samples per step)"
         else:
             source = f"{value} ({origin.source if origin else 'default'})"
@@ -389,24 +388,17 @@ def _check_trainer_switches(res: Resolved, problem) -> None:
                 "set overrides.runtime.lora_elementwise to false, or compile_layers to true")
 
 
-def trainer_gpus(res: Resolved) -> list[int] | None:
-    """The trainer's GPUs on its host (None on a CPU profile)."""
-    host = res.host_for("trainer")
-    return TRL_ASYNC.gpu_split(res, host).get("trainer") if host is not None else None
-
-
 def trainer_processes(res: Resolved) -> int:
     """Trainer processes: runtime.trainer_processes, else 1 (a several-GPU trainer is not the default until it has
     run on GPUs here: docs/notes/trainer-across-hosts.md)."""
     return res.settings.runtime.trainer_processes or 1
 
 
-def _check_trainer_processes(engine: TrlAsync, res: Resolved, problem, derived: list) -> None:
+def _check_trainer_processes(engine: TrlAsync, res: Resolved, problem) -> None:
     """On cuda at most one trainer process per trainer GPU (an FSDP2 rank owns one GPU); on cpu any count (gloo)."""
-    n = trainer_processes(res)
-    gpus = trainer_gpus(res) if res.settings.runtime.device == "cuda" else None
+    n, host = trainer_processes(res), res.host_for("trainer")
+    gpus = engine.gpu_split(res, host).get("trainer") if host and res.settings.runtime.device == "cuda" else None
     if gpus is not None and n > len(gpus):
-        host = res.host_for("trainer")
         problem(_override("runtime", "trainer_processes"),
                 f"runtime.trainer_processes is {n} but the trainer on {host.name} has {len(gpus)} GPU(s) ({gpus}): "
                 f"FSDP2 runs one process per GPU; set it to {len(gpus)} or fewer, or give the trainer {n} GPUs "

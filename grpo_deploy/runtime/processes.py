@@ -35,10 +35,6 @@ def rank() -> int:
     return _env_int("RANK", 0)
 
 
-def world_size() -> int:
-    return _env_int("WORLD_SIZE", 1)
-
-
 def is_main_rank() -> bool:
     return rank() == 0
 

@@ -114,6 +114,13 @@ def newest_complete(config: RunConfig) -> str | None:
     return complete[-1].path if complete else None
 
 
+def note_quarantined(quarantined: list, sink: MetricsSink) -> None:
+    """A log line and a `checkpoint_quarantine` event for each half-written checkpoint moved aside."""
+    for item in quarantined:
+        log.warning(f"quarantined half-written checkpoint {item.path} -> {item.moved_to}: {item.reason}")
+        sink.emit("checkpoint_quarantine", path=item.path, moved_to=item.moved_to, reason=item.reason)
+
+
 def storage_fault(config: RunConfig, exc: BaseException):
     """The shared-volume fault behind *exc* (grpo_deploy.runtime.storage_faults), or None."""
     from . import storage_faults
@@ -134,9 +141,7 @@ def run(config: RunConfig, sink: MetricsSink) -> int:
                                                                        expect=resume_shape(config))
         finally:
             sink.emit("run_start", run_name=config.run_name, **identity(), pid=os.getpid(), resumed_from=resumed_from)
-        for item in quarantined:
-            log.warning(f"quarantined half-written checkpoint {item.path} -> {item.moved_to}: {item.reason}")
-            sink.emit("checkpoint_quarantine", path=item.path, moved_to=item.moved_to, reason=item.reason)
+        note_quarantined(quarantined, sink)
         trainer, shim = build_trainer(config, sink)
         if config.unload_stale_adapters and processes.is_main_rank():
             unloaded = unload_stale(config.server_url)
@@ -215,9 +220,7 @@ def launch(config: RunConfig, config_path: str) -> int:
                 sink.emit("storage_fault", kind=fault.kind, path=fault.path, message=fault.message, step=0)
             sink.emit("run_end", status=status, error=error, steps=0)
             return 1
-        for item in quarantined:
-            log.warning(f"quarantined half-written checkpoint {item.path} -> {item.moved_to}: {item.reason}")
-            sink.emit("checkpoint_quarantine", path=item.path, moved_to=item.moved_to, reason=item.reason)
+        note_quarantined(quarantined, sink)
     argv = processes.launch_argv(config.processes, config_path)
     log.info(f"launching {config.processes} trainer processes (FSDP2"
              f"{', gloo on the CPU' if config.device == 'cpu' else ''}): {' '.join(argv[1:])}")
