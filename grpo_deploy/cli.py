@@ -257,6 +257,8 @@ def _interrupt(signum, frame):
 
 
 def cmd_status(args) -> int:
+    from . import status
+
     res = _load(args)
     if args.watch is None:
         return _status_once(res, args)[0]
@@ -269,7 +271,7 @@ def cmd_status(args) -> int:
                 print(f"----- {time.strftime('%H:%M:%S')}")
             code, state = _status_once(res, args)
             sys.stdout.flush()
-            if state in ("finished", "failed"):
+            if state in status.ENDED:
                 return code
             time.sleep(args.watch)
     except KeyboardInterrupt:
@@ -281,7 +283,8 @@ def _status_once(res: Resolved, args) -> tuple[int, str]:
     from . import deployer, status
 
     hosts, events, disk = deployer.status_facts(res, _ssh(args))
-    summary = status.summarize(res.spec.run.name, events, max_steps=res.engine_info.total_steps(res))
+    summary = status.summarize(res.spec.run.name, events, max_steps=res.engine_info.total_steps(res),
+                               watch=res.engine_info.watch(res))
     if args.plot:
         try:
             status.plot(events, args.plot, title=status.plot_title(res.spec.run.name))

@@ -19,6 +19,7 @@ from .runtime.config import did_you_mean
 from .runtime.data import DATASETS
 from .runtime.shown import shown, shown_key
 from .runtime.strict import Strict
+from .runtime.watcher import WatchSettings
 from .runtime.values import (
     MAX_DISK_GB,
     SECRET_WORDS,
@@ -251,6 +252,9 @@ class DeploymentSpec(_Strict):
     images: ImagesSpec = ImagesSpec()
     logger: LoggerSpec = LoggerSpec()
     checkpoints: CheckpointsSpec = CheckpointsSpec()
+    watch: WatchSettings = WatchSettings()
+    """The run watcher beside the trainer: a flat reward (warn, or save and stop), answers at the length cap, KL
+    and importance ratio out of band, a changed loss objective."""
     overrides: dict[Literal[OVERRIDE_SECTIONS], dict[str, Any]] = {}
     """Hyperparameters over the profile, by section: model, lora, data, trl, vllm, verl, runtime."""
 

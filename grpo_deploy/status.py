@@ -12,6 +12,14 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .runtime.run_watch import STOPPED_EARLY
+
+
+def one_line(text: object, limit: int = 300) -> str:
+    """A message read back from the run's metrics file as one printable line of at most *limit* characters."""
+    flat = " ".join("".join(ch if ch.isprintable() else " " for ch in str(text)).split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+
 
 def _mean(values: list[float]) -> float | None:
     values = [v for v in values if v is not None]
@@ -32,7 +40,7 @@ NOT_PHASES = ("timing_s/step", "timing_s/save_checkpoint", "timing_s/testing")
 @dataclass
 class Summary:
     run: str
-    state: str  # not-started | starting | running | finished | failed
+    state: str  # not-started | starting | running | finished | stopped-early | failed
     steps: int = 0
     max_steps: int | None = None
     reward_first5: float | None = None
@@ -65,6 +73,13 @@ class Summary:
     update_actor), after the first step (its warm-up)."""
     kl_loss_last5: float | None = None
     grad_norm_last5: float | None = None
+    watch: dict[str, Any] | None = None
+    """The run watcher's state (grpo_deploy.runtime.watcher.Watcher.state): the reward's trend, a plateau and the
+    compute spent after it, answers at the length cap, time to the target reward."""
+    watch_findings: list[dict[str, Any]] = field(default_factory=list)
+    """What the watcher found that still stands: the latest `watch` event of each kind, unless it cleared."""
+    stopped_early: str | None = None
+    """Why the run watcher stopped the run (state stopped-early), with the step."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,7 +90,42 @@ def _reward(step: dict[str, Any]) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None = None) -> Summary:
+ENDED = ("finished", STOPPED_EARLY, "failed")
+"""Summary states of a run that has ended (`status --watch` stops following at them)."""
+WATCH_FINDING_KEYS = ("kind", "level", "step", "message")
+
+
+def watch_state(events: list[dict[str, Any]], watch=None) -> dict[str, Any] | None:
+    """The watcher's state: the runtime's own `watch_summary` at the run's end when it is the newest word, else the
+    run's steps replayed through a Watcher of config *watch* (a grpo_deploy.runtime.watcher.WatchConfig or its dict, as
+    Engine.watch renders it; None: unknown)."""
+    starts = [e["time"] for e in events if e.get("event") == "run_start"]
+    summaries = [e for e in events if e.get("event") == "watch_summary" and (not starts or e["time"] >= starts[-1])]
+    if summaries:
+        return {k: v for k, v in summaries[-1].items() if k not in ("event", "time")}
+    if watch is None:
+        return None
+    from .runtime.run_watch import history
+    from .runtime.watcher import WatchConfig, Watcher
+
+    watcher = Watcher(WatchConfig.model_validate(watch) if isinstance(watch, dict) else watch)
+    watcher.replay(history(events))
+    return watcher.state()
+
+
+def watch_findings(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The latest `watch` event of each kind since the last run_start, unless its latest word is that it cleared."""
+    starts = [e["time"] for e in events if e.get("event") == "run_start"]
+    latest: dict[str, dict[str, Any]] = {}
+    for e in events:
+        if e.get("event") == "watch" and (not starts or e["time"] >= starts[-1]):
+            latest[str(e.get("kind"))] = e
+    return [{k: (one_line(e.get(k)) if k == "message" else e.get(k)) for k in WATCH_FINDING_KEYS}
+            for e in latest.values() if e.get("level") != "clear"]
+
+
+def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None = None, watch=None) -> Summary:
+    """The run's summary from its events; *watch* (a WatchConfig) lets a running run's watcher state be replayed."""
     events = sorted(events, key=lambda e: e.get("time", 0))
     s = Summary(run=run, state="not-started", max_steps=max_steps)
     if not events:
@@ -131,9 +181,12 @@ def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None 
     faults = by("storage_fault")
     if faults and (not start or faults[-1]["time"] >= start[-1]["time"]):
         s.fault = fault_text(events)
+    s.watch, s.watch_findings = watch_state(events, watch), watch_findings(events)
     # The trainer's own end, else the deployer's (`up` stopped before the trainer wrote one: preflight, a crash).
     last_end = end[-1] if end else (by("up_end")[-1] if by("up_end") else None)
-    if last_end is not None:
+    if last_end is not None and last_end.get("status") == STOPPED_EARLY:
+        s.state, s.stopped_early = STOPPED_EARLY, one_line(last_end.get("error") or "by the run watcher")
+    elif last_end is not None:
         s.state = "finished" if last_end.get("status") == "ok" else "failed"
         s.error = last_end.get("error") or (None if last_end.get("status") == "ok" else last_end.get("status"))
     return s

@@ -135,6 +135,10 @@ def finish(state: RunState, code: int, events: list[dict], out, log: Callable[[s
             log(stops[-1].get("message") or "the disk watchdog stopped the trainer before a save that would not fit")
         log(f"the trainer exited with code {code}: see {state.dir / 'logs.txt'}")
         return 1
+    ends = [e for e in events if e["event"] == "run_end"]
+    if ends and ends[-1].get("status") == status.STOPPED_EARLY:
+        log(f"stopped early: {status.one_line(ends[-1].get('error'))}. To train on, `grpo-deploy up` resumes from "
+            "that checkpoint (the watcher judges the steps after it afresh); watch.action: warn only warns")
     return 0
 
 
@@ -152,7 +156,8 @@ def report(state: RunState, events: list[dict], out) -> None:
 
 def summarize(state: RunState, events: list[dict]) -> status.Summary:
     res = state.res
-    return status.summarize(res.spec.run.name, events, max_steps=res.engine_info.total_steps(res))
+    return status.summarize(res.spec.run.name, events, max_steps=res.engine_info.total_steps(res),
+                            watch=res.engine_info.watch(res))
 
 def view_words(seen: dict) -> str:
     """storage_faults.PathView.words() for the JSON the server container printed."""

@@ -60,11 +60,14 @@ def follow_steps(dep: Deployment, log: Callable[[str], None], since: float, what
     patience = EnginePatience(f"following {what}")
     while True:
         c, text, rest = patience.poll(read, pause_s=POLL_S)
-        steps = [e for e in parse_events(text) if e["event"] == "step" and e["time"] >= since]
-        for e in steps[seen:]:
+        shown = [e for e in parse_events(text) if e["event"] in ("step", "watch") and e["time"] >= since]
+        for e in shown[seen:]:  # a step's progress line, or what the run watcher found (one line each)
+            if e["event"] == "watch":
+                log(f"run watcher: {status.one_line(e.get('message'))}")
+                continue
             log(status.progress_line(e, total, dep.res.engine_info.progress))
             last_step = int(e.get("step", last_step))
-        seen = len(steps)
+        seen = len(shown)
         try:
             code = judge(c, rest, last_step)
         except RoleDied:

@@ -69,6 +69,9 @@ class Engine:
     """The role whose port the run publishes on its host (hosts[].publish says on which IP); None: no role's is."""
     unread_keys: dict[str, str] = field(default_factory=dict)
     """Spec keys (dotted) the engine never reads -> why: refused at the door when set, not silently dropped."""
+    watch_keys: dict[str, str | None] = field(default_factory=dict)
+    """The engine's metric names the run watcher reads (grpo_deploy.runtime.watcher.MetricKeys' fields: reward,
+    length, capped, kl, ratio, staleness, validation); a key not named keeps MetricKeys' default."""
     logger_keys: dict[str, tuple[str, ...]] = field(default_factory=lambda: {
         "project": ("wandb", "tensorboard", "mlflow"), "entity": ("wandb",)})
     """logger.<key> -> the logger kinds that read it on this engine (a key set for any other kind is refused)."""
@@ -231,6 +234,25 @@ class Engine:
             return None
         estimate = self.checkpoint_bytes(res, Architecture.from_dict(res.architecture))[0] if res.architecture else 0
         return {"checkpoint_bytes": int(estimate), "margin_bytes": int(ck.disk_margin_gb * 1e9)}
+
+    def gpus_in_use(self, res: Resolved) -> int:
+        """The GPUs the run holds on all its hosts (each index once per host): what its GPU-hours are counted on."""
+        return sum(len({i for ids in self.gpu_split(res, host).values() for i in ids}) for host in res.spec.hosts)
+
+    def max_completion_length(self, res: Resolved) -> int | None:
+        """The answer length cap in tokens, None when the engine's settings do not say it."""
+        return None
+
+    def watch(self, res: Resolved) -> dict[str, Any] | None:
+        """The run watcher's config (grpo_deploy.runtime.watcher.WatchConfig): the spec's `watch:` settings, this
+        engine's metric names, the planned steps, the GPUs the run holds, the answer cap and the loss objective; None
+        when the spec turns the watcher off."""
+        settings = res.spec.watch
+        if not settings.enabled:
+            return None
+        return {"settings": settings.model_dump(mode="json"), "keys": dict(self.watch_keys),
+                "total_steps": self.total_steps(res), "gpus": self.gpus_in_use(res),
+                "max_completion_length": self.max_completion_length(res), "objective": self.loss_objective(res)}
 
     def adapters_kept(self, res: Resolved) -> int:
         """Adapter versions beside the checkpoints while the run goes (a separate server reads them): plan counts

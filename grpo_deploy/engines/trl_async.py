@@ -246,6 +246,9 @@ class TrlAsync(Engine):
     def total_steps(self, res: Resolved) -> int:
         return max(res.settings.trl.max_steps, 0)
 
+    def max_completion_length(self, res: Resolved) -> int | None:
+        return res.settings.trl.max_completion_length
+
 
 @dataclass(frozen=True)
 class ServerReplica:
@@ -506,6 +509,7 @@ def trainer_config(res: Resolved, publish_ips: dict[str, str] | None = None) -> 
         "resume": s.checkpoints.resume,
         "unload_stale_adapters": True,
         "disk_watchdog": TRL_ASYNC.disk_watchdog(res),
+        "watch": TRL_ASYNC.watch(res),
         **({"speed": speed} if (speed := _speed(res)) else {}),
         **({"processes": n} if (n := trainer_processes(res)) > 1 else {}),
         "async_grpo": grpo,
@@ -551,6 +555,10 @@ TRL_ASYNC = TrlAsync(
     replica_role="server",
     published_role="server",
     unread_keys={"dataset.size": "its steps are overrides.trl.max_steps, not a count of prompts"},
+    # what TRL 1.16's async trainer logs (tests/unit/metrics/cpu_rehearsal.jsonl); it does not validate
+    watch_keys={"reward": "reward", "length": "completions/mean_length", "capped": "completions/clipped_ratio",
+                "kl": "kl", "ratio": "ratio", "staleness": "sample/dropped_stale_total",
+                "samples": "batch/samples_per_step", "validation": None},
     logger_keys={"project": ("wandb",), "entity": ("wandb",)},  # WANDB_PROJECT/ENTITY: TRL's other loggers read none
     sections=COMMON_SECTIONS + ("trl", "vllm", "runtime"),
     checkpoint_layout="trl",

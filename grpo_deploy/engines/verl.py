@@ -130,6 +130,18 @@ class Verl(Engine):
             return verl.total_training_steps
         return (_dataset_size(res) // verl.train_batch_size) * verl.total_epochs
 
+    def max_completion_length(self, res: Resolved) -> int | None:
+        value = res.settings.verl.overrides(["data.max_response_length"]).get("data.max_response_length")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def watch(self, res: Resolved) -> dict[str, Any] | None:
+        """The watcher's config with verl's validation score for the run's data source (verl logs it as
+        val-core/<data_source>/reward/mean@<n> on the steps it validates; the kit's runs validate one answer)."""
+        config = super().watch(res)
+        if config is not None:
+            config["keys"]["validation"] = f"val-core/{data_source(res)}/reward/mean@1"
+        return config
+
 
 RAY_CPUS_PER_GPU = 3
 """Ray CPUs verl's placement groups take per GPU (actor, rollout and reference workers share a bundle's CPUs)."""
@@ -168,7 +180,7 @@ def node_config(engine: Engine, res: Resolved) -> dict[str, Any]:
     return {"run_dir": res.run_dir, "dataset": s.data.dataset, "data_dir": data_dir(res),
             "data_source": data_source(res), "num_prompts": s.data.num_prompts, "checkpoint_dir": res.checkpoint_dir,
             "keep": res.keep or 0, "save_every": s.checkpoints.save_every or 0,
-            "total_steps": engine.total_steps(res), "watchdog": engine.disk_watchdog(res),
+            "total_steps": engine.total_steps(res), "watchdog": engine.disk_watchdog(res), "watch": engine.watch(res),
             "nnodes": s.verl.nnodes, "gpus_per_node": s.verl.n_gpus_per_node, "join_timeout_s": RAY_JOIN_TIMEOUT_S}
 
 
@@ -294,6 +306,10 @@ VERL = Verl(
     single_host_roles=("head",),
     multi_host_roles=(("head",), ("worker",)),
     saves_last_step=True,
+    # the kit's names for verl's score and length (runtime/verl_node.STEP_KEYS), verl's own for the rest; verl is
+    # synchronous (no staleness) and logs no importance ratio
+    watch_keys={"reward": "reward", "length": "completions/mean_length", "capped": "response_length/clip_ratio",
+                "kl": "actor/kl_loss", "ratio": None, "staleness": None, "samples": None},
     # seed 000's telemetry: KL to the reference, gradient norm, and where a step's time goes
     progress=(("kl", "actor/kl_loss", ".4f"), ("grad", "actor/grad_norm", ".3f"), ("gen s", "timing_s/gen", ".1f"),
               ("update s", "timing_s/update_actor", ".1f"), ("step s", "timing_s/step", ".1f")),

@@ -1,10 +1,12 @@
-"""Trainer callback that copies every TRL log record into the metrics file as a `step` event."""
+"""The trainer's own TRL callbacks: every log record into the metrics file as a `step` event, the share checked before
+a save, and the run watcher on each logged step (its stop: save, then end training)."""
 
 from __future__ import annotations
 
 from transformers import TrainerCallback
 
 from .metrics import MetricsSink
+from .processes import agree
 
 SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
 
@@ -35,4 +37,26 @@ class ShareGuardCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if control.should_save:
             self.check()
+        return control
+
+
+class WatcherCallback(TrainerCallback):
+    """The run watcher (run_watch.RunWatch, rank 0 only: None elsewhere) on every logged step. When it asks for a
+    stop, every rank ends training at the next step's end (processes.agree), with a save when the run saves
+    checkpoints — judged by the disk watchdog and the share guard after this callback, which is why it comes first."""
+
+    def __init__(self, watch):
+        self.watch = watch
+        self.stopped_at: int | None = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.watch is not None and state.is_world_process_zero and logs and "train_runtime" not in logs:
+            self.watch.step(state.global_step, logs)
+        return control
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.stopped_at is None and agree(self.watch is not None and self.watch.stop is not None):
+            self.stopped_at = state.global_step
+            control.should_training_stop = True
+            control.should_save = control.should_save or args.save_strategy != "no"
         return control

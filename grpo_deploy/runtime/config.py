@@ -17,6 +17,7 @@ from .data import DatasetSpec
 from .processes import MAX_PROCESSES
 from .shown import shown, shown_key
 from .strict import Strict
+from .watcher import WatchConfig
 from .values import (
     MAX_STEPS,
     AbsPath,
@@ -266,6 +267,8 @@ class RunConfig(Strict):
     unload_stale_adapters: bool = True
     heartbeat_path: AbsPath | None = None
     disk_watchdog: DiskWatchdogConfig | None = None
+    watch: WatchConfig | None = None
+    """The run watcher (runtime/watcher.py) on rank 0's logged steps; None: off."""
     speed: SpeedSwitches = SpeedSwitches()
     processes: Processes = 1
     """Trainer processes (ranks of one FSDP2 group); above 1 the entrypoint re-executes itself under accelerate."""

@@ -20,6 +20,7 @@ from .health import Heartbeat, heartbeat_path
 from .identity import apply_umask, identity
 from .metrics import MetricsSink, NullSink
 from .rewards import build_reward_funcs
+from .run_watch import STOPPED_EARLY
 
 log = logging.getLogger("grpo_deploy.runtime.train")
 
@@ -48,7 +49,7 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
     from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
     from . import attention_shim, storage_faults, trl_hooks
-    from .callbacks import MetricsCallback, ShareGuardCallback
+    from .callbacks import MetricsCallback, ShareGuardCallback, WatcherCallback
     from .disk_watchdog import DiskWatchdog
 
     if config.device == "cuda" and not torch.cuda.is_available():
@@ -74,6 +75,8 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
     )
     processes.check_group(trainer, config.processes)
     main = processes.is_main_rank()
+    if config.watch is not None:  # before the disk watchdog and the share guard: they judge the save it asks for
+        trainer.add_callback(WatcherCallback(watch_of(config, sink) if main else None))
     if config.disk_watchdog is not None:
         trainer.add_callback(DiskWatchdog(config.output_dir, config.disk_watchdog, sink.emit))
     guard = storage_faults.ShareGuard(os.path.dirname(os.path.abspath(config.metrics_path)), os.getuid(), os.getgid(),
@@ -95,6 +98,26 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
             log.warning("lora_elementwise is on but changed nothing: %s", done["lora_elementwise_none"])
         sink.emit("speed_switches", switches=switches.label, **done)
     return trainer, shim
+
+
+def watch_of(config: RunConfig, sink: MetricsSink):
+    """The run watcher of rank 0, warmed up on the run's earlier steps (run_watch.read_history)."""
+    from .run_watch import RunWatch, read_history
+
+    return RunWatch(config.watch, sink.emit, read_history(config.metrics_path))
+
+
+def watcher_stop(trainer) -> tuple[str, str] | None:
+    """(status, why) of run_end when the run watcher stopped training, else None; emits the watcher's summary."""
+    from .callbacks import WatcherCallback
+
+    callback = next((c for c in trainer.callback_handler.callbacks if isinstance(c, WatcherCallback)), None)
+    if callback is None or callback.watch is None:
+        return None
+    callback.watch.summary()
+    if callback.stopped_at is None:
+        return None
+    return STOPPED_EARLY, f"run watcher: {callback.watch.stop.message} (stopped at step {callback.stopped_at})"
 
 
 def resume_shape(config: RunConfig) -> checkpoints.Shape:
@@ -140,7 +163,8 @@ def run(config: RunConfig, sink: MetricsSink) -> int:
                 resumed_from, quarantined = checkpoints.resolve_resume(config.output_dir, config.resume,
                                                                        expect=resume_shape(config))
         finally:
-            sink.emit("run_start", run_name=config.run_name, **identity(), pid=os.getpid(), resumed_from=resumed_from)
+            sink.emit("run_start", run_name=config.run_name, **identity(), pid=os.getpid(), resumed_from=resumed_from,
+                      objective=config.watch.objective if config.watch is not None else None)
         note_quarantined(quarantined, sink)
         trainer, shim = build_trainer(config, sink)
         if config.unload_stale_adapters and processes.is_main_rank():
@@ -154,6 +178,8 @@ def run(config: RunConfig, sink: MetricsSink) -> int:
         tripped = next((c.tripped for c in callbacks if getattr(c, "tripped", None)), None)
         if tripped is not None:
             status, error = "disk-full", tripped.message
+        elif (stopped := watcher_stop(trainer)) is not None:
+            status, error = stopped
     except BaseException as exc:
         status = "error"
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -173,7 +199,7 @@ def run(config: RunConfig, sink: MetricsSink) -> int:
     finally:
         steps = trainer.state.global_step if trainer is not None else 0
         sink.emit("run_end", status=status, error=error, steps=steps)
-    return 0 if status == "ok" else 1
+    return 0 if status in ("ok", STOPPED_EARLY) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,7 +26,9 @@ from . import ray_cluster, ray_node
 from .config import DiskWatchdogConfig
 from .identity import apply_umask, identity
 from .metrics import MetricsSink
+from .run_watch import STOPPED_EARLY, RunWatch, read_history
 from .strict import Strict
+from .watcher import WatchConfig
 
 STEP_KEYS = {
     "critic/score/mean": "reward",
@@ -64,6 +66,8 @@ class VerlNodeConfig(Strict):
     total_steps: int = Field(..., ge=1)
     watchdog: DiskWatchdogConfig | None = None
     """The disk watchdog before each save (None: off)."""
+    watch: WatchConfig | None = None
+    """The run watcher on each verl step (None: off): a plateau's stop takes effect after the next save."""
     nnodes: int = Field(1, ge=1)
     """Ray nodes the spec asks for (the head and every worker host)."""
     gpus_per_node: int = Field(1, ge=1)
@@ -176,6 +180,26 @@ class SaveWatchdog:
             self.stop()
 
 
+class WatchStop:
+    """The run watcher on verl's steps (run_watch.RunWatch; None: off). Once it asks for a stop, the driver is ended
+    after the next step that saved — verl saves inside the step, before that step's metrics arrive — so the newest
+    complete checkpoint is the stop's own; a run that never saves is ended at once. *stop*() ends the driver."""
+
+    def __init__(self, watch, save_every: int, saves_at, stop):
+        self.watch, self.save_every, self.saves_at, self.stop = watch, save_every, saves_at, stop
+        self.stopped_at: int | None = None
+
+    def after_step(self, event: dict) -> None:
+        if self.watch is None or self.stopped_at is not None:
+            return
+        step = int(event["step"])
+        if self.watch.step(step, event) is not None and (not self.save_every or self.saves_at(step)):
+            self.stopped_at = step
+            print(f"verl node: run watcher: {self.watch.stop.message}: stopping verl after step {step}",
+                  file=sys.stderr, flush=True)
+            self.stop()
+
+
 class StepFollower(threading.Thread):
     """Tails verl's metrics file and emits one kit `step` event per verl step (a torn last line waits for its end)."""
 
@@ -213,7 +237,7 @@ class StepFollower(threading.Thread):
             self.sink.emit("step", **event)
             self.steps, self.last_step = self.steps + 1, event["step"]
             if self.on_step is not None:
-                self.on_step(event["step"])
+                self.on_step(event)
 
     def finish(self) -> None:
         self._done.set()
@@ -335,7 +359,7 @@ def head(config: VerlNodeConfig, node: ray_node.NodeArgs, token: Path, overrides
         sink.emit("run_end", status="failed", error=str(exc)[:500], steps=0)
         return 2
     sink.emit("run_start", engine="verl", **identity(), pid=os.getpid(), verl_metrics=str(verl_metrics),
-              resumed_from=resumed_from)
+              resumed_from=resumed_from, objective=config.watch.objective if config.watch else None)
     if config.watchdog is not None:
         sink.emit("disk_watchdog_armed", checkpoint_bytes=config.watchdog.checkpoint_bytes,
                   margin_bytes=config.watchdog.margin_bytes)
@@ -375,10 +399,14 @@ def drive(config: VerlNodeConfig, sink: MetricsSink, retention: Retention, env: 
     driver = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, hydra_dir, logger_path],
                               env=env)
     watchdog = SaveWatchdog(config, sink, lambda: driver.send_signal(signal.SIGTERM))
+    watched = WatchStop(RunWatch(config.watch, sink.emit, read_history(sink.path)) if config.watch else None,
+                        config.save_every, watchdog.saves_at, lambda: driver.send_signal(signal.SIGTERM))
 
-    def on_step(step: int) -> None:
+    def on_step(event: dict) -> None:
+        step = int(event["step"])
         retention.after_step(step)
         watchdog.after_step(step)
+        watched.after_step(event)
 
     follower = StepFollower(verl_metrics, sink, on_step)
     follower.start()
@@ -391,9 +419,15 @@ def drive(config: VerlNodeConfig, sink: MetricsSink, retention: Retention, env: 
     code = driver.wait()
     follower.finish()
     retention.prune(leave_partial=False)
+    if watched.watch is not None:
+        watched.watch.summary()
     if watchdog.tripped is not None:
         sink.emit("run_end", status="disk-full", error=watchdog.tripped.message, steps=follower.last_step)
         code = DISK_FULL
+    elif watched.stopped_at is not None:
+        sink.emit("run_end", status=STOPPED_EARLY, steps=follower.last_step,
+                  error=f"run watcher: {watched.watch.stop.message} (stopped after step {watched.stopped_at})")
+        code = 0
     else:
         sink.emit("run_end", status="ok" if code == 0 else "failed", steps=follower.last_step,
                   error=None if code == 0 else f"verl's trainer exited {code}")
