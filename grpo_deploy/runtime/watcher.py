@@ -8,8 +8,8 @@ condition starts, one "clear" when it ends.
 
 The plateau statistic: a least-squares line over the last `window` steps of reward, with the window's own noise (the
 residual standard error) giving the slope's standard error; the reward is flat when even the optimistic slope (the
-one-sided 99% upper bound) projects less than `min_gain` over a window. It clears when the fitted slope itself
-projects `min_gain` or more again (a band between the two, so noise does not flap it). docs/MEASUREMENTS.md ("The run
+one-sided 99% upper bound) projects less than `min_gain` over a window. It clears only when even the pessimistic slope
+(the lower bound) projects `min_gain` or more again: the same evidence both ways, so noise does not flap it. docs/MEASUREMENTS.md ("The run
 watcher's alarms") has the false-alarm rate and the detection delay at the defaults.
 """
 
@@ -183,27 +183,65 @@ def _r(value: float | None, digits: int = 4) -> float | None:
 
 
 class _Series:
-    """The (step, value) points of one metric within the last `span` steps."""
+    """The (step, value) points of one metric within the last `span` steps, with running sums for an O(1) line fit
+    (re-summed around the first point every `span` additions, so large step numbers lose no precision)."""
 
     def __init__(self, span: int):
         self.span, self.points = span, deque()
+        self._resum()
+
+    def _resum(self) -> None:
+        self.base = self.points[0][0] if self.points else 0
+        self.adds = 0
+        xs = [(x - self.base, y) for x, y in self.points]
+        self.sx, self.sy = sum(x for x, _ in xs), sum(y for _, y in xs)
+        self.sxx, self.sxy, self.syy = (sum(x * x for x, _ in xs), sum(x * y for x, y in xs),
+                                        sum(y * y for _, y in xs))
+
+    def _sums(self, point: tuple[int, float], sign: int) -> None:
+        x, y = point[0] - self.base, point[1]
+        self.sx += sign * x
+        self.sy += sign * y
+        self.sxx += sign * x * x
+        self.sxy += sign * x * y
+        self.syy += sign * y * y
 
     def add(self, step: int, value: float) -> None:
         self.points.append((step, value))
+        self._sums(self.points[-1], 1)
         while self.points and self.points[0][0] <= step - self.span:
-            self.points.popleft()
+            self._sums(self.points.popleft(), -1)
+        self.adds += 1
+        if self.adds > self.span:
+            self._resum()
 
     def rewind(self, step: int) -> None:
         while self.points and self.points[-1][0] >= step:
-            self.points.pop()
+            self._sums(self.points.pop(), -1)
+        self._resum()
 
     def covers(self, step: int) -> bool:
         """Whether the points reach back a whole window (the first logged step may come later than step 1)."""
         return bool(self.points) and self.points[0][0] <= step - self.span + max(1, self.span // 10)
 
     def recent(self, count: int = RECENT) -> float | None:
-        values = [v for _, v in list(self.points)[-count:]]
+        values = [self.points[-i][1] for i in range(1, min(count, len(self.points)) + 1)]
         return sum(values) / len(values) if values else None
+
+    def line(self) -> Fit | None:
+        """fit() of the points, from the running sums."""
+        n = len(self.points)
+        if n < 3:
+            return None
+        sxx = self.sxx - self.sx * self.sx / n
+        if sxx <= 1e-9:
+            return None
+        sxy = self.sxy - self.sx * self.sy / n
+        syy = self.syy - self.sy * self.sy / n
+        slope = sxy / sxx
+        se = math.sqrt(max(syy - slope * sxy, 0.0) / (n - 2) / sxx)
+        ybar, xbar = self.sy / n, self.sx / n
+        return Fit(slope, se, ybar, ybar + slope * (self.points[-1][0] - self.base - xbar), n)
 
 
 class _Plateau:
@@ -218,15 +256,15 @@ class _Plateau:
     def judge(self, step: int, settings: WatchSettings) -> bool | None:
         """True: entered flat now; False: left flat now; None: no change."""
         pts = self.series.points
-        self.fit = fit(pts) if len(pts) >= self.min_points and self.series.covers(step) else None
+        self.fit = self.series.line() if len(pts) >= self.min_points and self.series.covers(step) else None
         if self.fit is None:
             return None
-        upper = (self.fit.slope + t_upper(self.fit.n - 2) * self.fit.se) * settings.window
-        point = self.fit.slope * settings.window
+        margin = t_upper(self.fit.n - 2) * self.fit.se
+        upper, lower = (self.fit.slope + margin) * settings.window, (self.fit.slope - margin) * settings.window
         if self.since is None and upper < settings.min_gain:
             self.since, self.warned_at = max(pts[0][0], step - settings.window + 1), step
             return True
-        if self.since is not None and point >= settings.min_gain:
+        if self.since is not None and lower >= settings.min_gain:
             self.since = self.warned_at = None
             return False
         return None
@@ -385,7 +423,9 @@ class Watcher:
         cap = self.config.max_completion_length
         at = f" {cap}-token" if cap else ""
         return self._edge("cap_share", share > bound, share <= bound * CLEAR_MARGIN, step,
-                          f"{share:.0%} of answers hit the{at} length cap (over {bound:.0%}; mean length "
+                          f"{share:.1%} of answers hit the{at} length cap over the last "
+                          f"{min(RECENT, len(self.capped.points))} "
+                          f"logged steps (bound {bound:.0%}; mean length "
                           f"{length if length is not None else 'unknown'}): raise max_completion_length, or use a "
                           "per-token loss (packing) so long answers stop growing",
                           {"share": _r(share), "bound": bound, "mean_length": _r(length, 1), "cap": cap})
@@ -395,7 +435,7 @@ class Watcher:
             return []
         self.length.add(step, length)
         bound = self.settings.length_drift
-        fitted = fit(self.length.points) if self.length.covers(step) else None
+        fitted = self.length.line() if self.length.covers(step) else None
         if bound is None or fitted is None or fitted.n < MIN_POINTS or fitted.mean <= 0:
             return []
         w = self.settings.window
@@ -479,11 +519,11 @@ class Watcher:
         """The watcher's figures as JSON-able values (None where unknown)."""
         s, fitted, last = self.settings, self.reward.fit, self.last[0] if self.last else None
         if fitted is None and len(self.reward.series.points) >= 3:
-            fitted = fit(self.reward.series.points)
+            fitted = self.reward.series.line()
         steps, seconds = self._time_to_target(fitted)
         since = self.reward.since
         after = last - since if since is not None and last is not None else None
-        length = fit(self.length.points)
+        length = self.length.line()
         total = self.config.total_steps
         return {
             "enabled": s.enabled,
