@@ -244,3 +244,8 @@ class Engine:
     def total_steps(self, res: Resolved) -> int:
         """The optimizer steps of the run."""
         raise NotImplementedError(f"engine {self.name} does not say its total steps")
+
+    def loss_objective(self, res: Resolved) -> str:
+        """How the run's loss weights its tokens and answers, in words (`plan` names it before the run; the watcher
+        compares it with what the run reports). This default: the engine does not say."""
+        return f"unknown: engine {self.name} does not say how its loss is normalised"
