@@ -250,7 +250,7 @@ def make_forecast(res, events: list[dict] | None = None, events_where: str = "",
                                  else f"{UNKNOWN}: GPU-hours unknown")
     rows = what_if(res, refs, steps, step_s, startup_s, gpus)
     return Forecast(figures=figures, objective=res.engine_info.loss_objective(res), what_if=rows,
-                    currency=cost.currency if cost else None)
+                    currency=cost.currency if cost else None, notes=[events_note] if events_note else [])
 
 
 def _row(knob: str, current: str, proposed: str, factor: float, on: str, steps: int | None, step_s: float | None,
@@ -330,6 +330,7 @@ def forecast_text(fc: Forecast) -> str:
             f = fc.figures[key]
             lines.append(f"  {LABELS[key]:<31} {_value(f, key):<14} (source: {f.source})")
     lines.append(f"  loss normalisation              {fc.objective}")
+    lines += [f"  note: {note}" for note in fc.notes]
     if fc.what_if:
         rows = [[w.knob, f"{w.current} -> {w.proposed}", f"x{w.factor:g} {w.on}",
                  UNKNOWN if w.train_s is None else duration(w.train_s),
