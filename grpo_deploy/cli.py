@@ -10,11 +10,12 @@ import sys
 import time
 from pathlib import Path
 
-from . import checks, new_spec, profiles
+from . import checks, forecast, new_spec, profiles
 from .cli_parser import DEFAULT_SPEC, EXIT_USAGE, CliError, build_parser, host_list, parse_size
 from .hosts.connect import HostError, SshOptions
 from .k8s_overlay import OverlayError, overlay_dir, problems, regenerate
 from .kit_data import KitDataMissing
+from .names import STATE_DIR
 from .new_spec import InitError
 from .profiles import ProfileError
 from .render import render_files
@@ -157,12 +158,27 @@ def _saves_text(d) -> str:
     return f"{', '.join(map(str, d.save_steps[:-1]))}, ... {d.save_steps[-1]} ({d.save_count} saves)"
 
 
+def _forecast(res: Resolved) -> forecast.Forecast:
+    """The forecast of *res*, from this run name's own metrics where the deployer kept a copy (this folder's
+    .grpo-deploy/<run>/), read through the bounded reader."""
+    from .run_state import RunState
+
+    state = RunState(res)
+    where = f"{STATE_DIR}/{res.spec.run.name}/"
+    try:
+        events, note = state.saved_events(), ""
+    except ReadRefused as exc:
+        events, note = [], f"run {res.spec.run.name}'s metrics not read ({exc})"
+    return forecast.make_forecast(res, events, where, note)
+
+
 def cmd_plan(args) -> int:
     res = _load(args)
     ctx = checks.Context(res, free_space=_free_space(args.free_space, res))
     plan = ctx.plan()
+    fc = _forecast(res)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=2, default=str))
+        print(json.dumps({**plan.to_dict(), "forecast": fc.to_dict()}, indent=2, default=str))
         return 0 if plan.ok else 1
     print(f"run {plan.run}: engine {plan.engine}, model {plan.model}"
           + (f" ({plan.params / 1e6:,.1f} M params, LoRA {plan.lora_params / 1e6:,.2f} M)" if plan.params else ""))
@@ -186,6 +202,8 @@ def cmd_plan(args) -> int:
               + {True: "OK", False: "DOES NOT FIT", None: "unknown"}[d.fits])
         for line in d.explanation:
             print(f"  - {line}")
+    print()
+    print(forecast.forecast_text(fc))
     for w in plan.warnings:
         print(f"warning: {w}")
     if args.explain:

@@ -65,6 +65,8 @@ class Plan:
     settings: dict[str, dict[str, Any]]
     warnings: list[str]
     ok: bool
+    objective: str = ""
+    """How the loss weights tokens and answers (the engine's loss_objective): named before the run."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -257,4 +259,5 @@ def make_plan(res: Resolved, free_bytes: int | None = None, filesystem: str = "?
                 params=arch.params() if arch else None,
                 lora_params=(arch.lora_params(res.settings.lora.r, res.settings.lora.target_modules)
                              if arch else None),
-                hosts=hosts, disk=disk, settings=as_dict(res), warnings=warnings, ok=ok)
+                hosts=hosts, disk=disk, settings=as_dict(res), warnings=warnings, ok=ok,
+                objective=res.engine_info.loss_objective(res))

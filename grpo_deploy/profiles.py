@@ -3,15 +3,17 @@ profile's `extends:` merged over its parent.
 
 The merge rule: the child's keys over the parent's; `hardware`, `images` and each settings section are merged key by
 key; a setting (`{value, why}`: a value never travels without its reason), a list and a scalar are replaced whole;
-`name` is never inherited. A file named `_*.yaml` is a base: it can be extended, never chosen by a host. Each file is
+`name` is never inherited; `reference` (measured figures per engine, each `{value, unit, source}`) is merged engine
+by engine, figure by figure. A file named `_*.yaml` is a base: it can be extended, never chosen by a host. Each file is
 read once, bounded (yamlpos), and must be a regular file inside the profiles folder (a link may point only there).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import stat
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -36,6 +38,34 @@ class Setting:
     """The profile whose file holds this line: a parent's when inherited."""
 
 
+REFERENCE_FIGURES = {
+    "step_s": "s",
+    "startup_s": "s",
+    "packing_on": "x step time",
+    "checkpointing_off": "x step time",
+    "rollout_n_double": "x step time",
+    "replica_added": "x step time",
+    "trainer_processes_double": "x step time",
+}
+"""The figures a profile's `reference:` may give per engine, with the one unit each is in: seconds per optimizer step
+and `up` -> first step; and what-if factors on the step time (time with the knob changed / time without): packing
+switched on, gradient checkpointing switched off, rollout n doubled (verl), one more server replica, twice the trainer
+processes (trl-async). grpo_deploy.forecast reads them."""
+MAX_REFERENCE = 1e7
+"""The largest reference figure (about 4 months in seconds): anything larger is a typo."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A measured figure with its unit and where it was measured (a seed, docs/MEASUREMENTS.md)."""
+
+    value: float
+    unit: str
+    source: str
+    profile: str
+    """The profile whose file holds it: a parent's when inherited."""
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -45,6 +75,8 @@ class Profile:
     images: dict[str, str]
     settings: dict[str, dict[str, Setting]]
     extends: str | None = None
+    reference: dict[str, dict[str, Reference]] = field(default_factory=dict)
+    """engine -> figure name (REFERENCE_FIGURES) -> the figure."""
 
     def value(self, section: str, key: str, default: Any = None) -> Any:
         setting = self.settings.get(section, {}).get(key)
@@ -100,7 +132,41 @@ def _parse(name: str, raw: dict[str, Any]) -> Profile:
         engines=tuple(raw.get("engines") or ()),
         images=dict(raw.get("images") or {}),
         settings=settings,
+        reference=_references(name, raw.get("reference")),
     )
+
+
+def _references(name: str, raw: Any) -> dict[str, dict[str, Reference]]:
+    """A profile's `reference:` block, validated: engine -> figure -> {value: positive finite number, unit: the
+    figure's unit, source: non-empty one-line text}."""
+    if raw is None:
+        return {}
+    where = f"profile {name}: reference"
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where} must be a mapping of engine -> figures")
+    out: dict[str, dict[str, Reference]] = {}
+    for engine, figures in raw.items():
+        if engine not in ("trl-async", "verl") or not isinstance(figures, dict):
+            raise ProfileError(f"{where}.{_short(engine)}: expected an engine (trl-async, verl) holding a mapping")
+        parsed = {}
+        for key, entry in figures.items():
+            at = f"{where}.{engine}.{_short(key)}"
+            if key not in REFERENCE_FIGURES:
+                raise ProfileError(f"{at}: unknown figure; known: {', '.join(REFERENCE_FIGURES)}")
+            if not isinstance(entry, dict) or set(entry) != {"value", "unit", "source"}:
+                raise ProfileError(f"{at} must be {{value: ..., unit: ..., source: '...'}}")
+            value, unit, source = entry["value"], entry["unit"], entry["source"]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+                    or not 0 < value <= MAX_REFERENCE:
+                raise ProfileError(f"{at}.value: {_short(value)} is not a positive finite number up to "
+                                   f"{MAX_REFERENCE:g}")
+            if unit != REFERENCE_FIGURES[key]:
+                raise ProfileError(f"{at}.unit: {_short(unit)}; this figure is in {REFERENCE_FIGURES[key]!r}")
+            if not isinstance(source, str) or not source.strip() or not source.isprintable():
+                raise ProfileError(f"{at}.source: must be one line of text naming where the figure was measured")
+            parsed[key] = Reference(float(value), unit, source, name)
+        out[engine] = parsed
+    return out
 
 
 def _inherit(parent: Profile, raw: dict[str, Any], child: Profile) -> Profile:
@@ -114,6 +180,8 @@ def _inherit(parent: Profile, raw: dict[str, Any], child: Profile) -> Profile:
         images={**parent.images, **child.images},
         settings={s: {**parent.settings.get(s, {}), **child.settings.get(s, {})} for s in sections},
         extends=parent.name,
+        reference={e: {**parent.reference.get(e, {}), **child.reference.get(e, {})}
+                   for e in dict.fromkeys([*parent.reference, *child.reference])},
     )
 
 

@@ -55,6 +55,17 @@ class RunState:
     def deploy_events(self) -> list[dict]:
         return read_events(str(self.deploy_log)) if self.deploy_log.exists() else []
 
+    def saved_events(self) -> list[dict]:
+        """The deployer's events plus the copy of the trainer's metrics `up` saved, limited to the latest `up` (the
+        metrics file appends across resumes); read through the bounded reader (a link or a huge file raises
+        ReadRefused, one line)."""
+        copy = self.metrics_copy
+        trainer = read_events(str(copy)) if os.path.lexists(copy) else []
+        events = (read_events(str(self.deploy_log)) if os.path.lexists(self.deploy_log) else []) + trainer
+        starts = [e["time"] for e in events if e["event"] == "up_start" and isinstance(e.get("time"), int | float)]
+        return [e for e in events if isinstance(e.get("time"), int | float) and e["time"] >= starts[-1]] \
+            if starts else events
+
     @contextlib.contextmanager
     def up_lock(self) -> Iterator[None]:
         """One `up` of this run at a time on this machine: a second one — from this folder or any other of this user

@@ -237,8 +237,27 @@ class CheckpointsSpec(_Strict):
     """null = the profile's or the kit's default; stop cleanly before a save that cannot fit (newest complete kept)."""
 
 
+MAX_GPU_HOUR_PRICE = 10_000.0  # per GPU-hour, in any currency: a larger price is a typo (an H200 rents for a few)
+_CURRENCY = re.compile(r"[A-Za-z][A-Za-z0-9]{0,9}")
+
+
+def _currency(value: str) -> str:
+    if not _CURRENCY.fullmatch(value):
+        raise ValueError("must be a short label: 1-10 letters or digits, starting with a letter (e.g. USD, EUR)")
+    return value
+
+
+class CostSpec(_Strict):
+    """The price of a GPU-hour: `plan` turns its forecast GPU-hours into a cost."""
+
+    gpu_hour: Finite = Field(gt=0, le=MAX_GPU_HOUR_PRICE)
+    """Price of one GPU for one hour (positive, at most 10,000)."""
+    currency: Annotated[str, AfterValidator(_currency)] = "USD"
+    """Short label shown beside the cost (USD, EUR, ...)."""
+
+
 class DeploymentSpec(_Strict):
-    """A deployment: hosts and roles, engine, model, data, storage, identity, images, logger, checkpoints."""
+    """A deployment: hosts and roles, engine, model, data, storage, identity, images, logger, checkpoints, cost."""
 
     version: Literal[1] = 1
     """Spec format version."""
@@ -255,6 +274,8 @@ class DeploymentSpec(_Strict):
     watch: WatchSettings = WatchSettings()
     """The run watcher beside the trainer: a flat reward (warn, or save and stop), answers at the length cap, KL
     and importance ratio out of band, a changed loss objective."""
+    cost: CostSpec | None = None
+    """null = no price (plan forecasts GPU-hours without a cost); e.g. {gpu_hour: 3.5, currency: USD}."""
     overrides: dict[Literal[OVERRIDE_SECTIONS], dict[str, Any]] = {}
     """Hyperparameters over the profile, by section: model, lora, data, trl, vllm, verl, runtime."""
 

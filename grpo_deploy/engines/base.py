@@ -252,7 +252,9 @@ class Engine:
             return None
         return {"settings": settings.model_dump(mode="json"), "keys": dict(self.watch_keys),
                 "total_steps": self.total_steps(res), "gpus": self.gpus_in_use(res),
-                "max_completion_length": self.max_completion_length(res), "objective": self.loss_objective(res)}
+                "max_completion_length": self.max_completion_length(res),
+                # its name: loss_objective's words before their explanation in parentheses
+                "objective": self.loss_objective(res).split(" (")[0]}
 
     def adapters_kept(self, res: Resolved) -> int:
         """Adapter versions beside the checkpoints while the run goes (a separate server reads them): plan counts
@@ -266,3 +268,8 @@ class Engine:
     def total_steps(self, res: Resolved) -> int:
         """The optimizer steps of the run."""
         raise NotImplementedError(f"engine {self.name} does not say its total steps")
+
+    def loss_objective(self, res: Resolved) -> str:
+        """How the run's loss weights its tokens and answers, in words (`plan` names it before the run; the watcher
+        compares it with what the run reports). This default: the engine does not say."""
+        return f"unknown: engine {self.name} does not say how its loss is normalised"

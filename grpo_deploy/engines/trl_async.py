@@ -249,6 +249,22 @@ class TrlAsync(Engine):
     def max_completion_length(self, res: Resolved) -> int | None:
         return res.settings.trl.max_completion_length
 
+    def loss_objective(self, res: Resolved) -> str:
+        """TRL 1.16's async loss divides each microbatch's token sum by its own token count (seed 004): with packing a
+        microbatch is a row of many answers (close to a per-token average over the step), without it a microbatch is
+        per_device_train_batch_size answers (per answer at 1). trl #7206; the fix, PR #7249, is not released."""
+        trl = res.settings.trl
+        if trl.token_budget:
+            return (f"per token over packed rows (token_budget {trl.token_budget} > 0): each row's token sum / its "
+                    "tokens, close to a per-token average over the step (DAPO's weighting); packing off would make it "
+                    "per answer (seed 004, trl #7206)")
+        if trl.per_device_train_batch_size == 1:
+            return ("per answer (token_budget 0, one answer per microbatch): every answer weighs the same however "
+                    "long (GRPO's original weighting); packing on would make it per token (seed 004, trl #7206)")
+        return (f"per microbatch of {trl.per_device_train_batch_size} answers (token_budget 0): each microbatch's "
+                "token sum / its tokens, between per answer and per token; packing on would make it per token over "
+                "packed rows (seed 004, trl #7206)")
+
 
 @dataclass(frozen=True)
 class ServerReplica:

@@ -18,6 +18,15 @@ from .base import COMMON_SECTIONS, GB, Engine, Resolved
 
 DATASET_SIZES = {"gsm8k": 7473, "boxed-math": 1460}
 """Training prompts of the known datasets (steps per epoch = size // train_batch_size); dataset.size overrides."""
+LOSS_AGG_KEY = "actor_rollout_ref.actor.loss_agg_mode"
+VERL_LOSS_WORDS = {
+    "token-mean": "per token over the whole batch (every token weighs the same)",
+    "token-sum": "sum over tokens (longer answers weigh more, no normalisation)",
+    "seq-mean-token-sum": "per answer of its token sum (longer answers weigh more)",
+    "seq-mean-token-mean": "per answer (each answer's token-mean, answers weighted equally: GRPO's original)",
+    "seq-mean-token-sum-norm": "per answer of its token sum / a fixed length (Dr. GRPO)",
+}
+"""verl 0.9.1's loss_agg_mode values (trainer/config/actor/actor.yaml) in words."""
 CKPT_EXTRA_BYTES = 8 * 1024**2  # tokenizer/config (huggingface/), extra state, data.pt: a few MB
 
 
@@ -123,6 +132,15 @@ class Verl(Engine):
     def diagnose(self, events, res: Resolved):
         """Seed 000's knobs over verl's per-phase timings (grpo_deploy.diagnose_verl)."""
         return diagnose_verl.diagnose(events, diagnose_verl.settings_hint(res)), diagnose_verl.LABELS
+
+    def loss_objective(self, res: Resolved) -> str:
+        """verl's actor.loss_agg_mode (the render passes the spec's through; verl 0.9.1's default is token-mean,
+        normalised by the global batch's token count)."""
+        mode = (res.settings.verl.model_extra or {}).get(LOSS_AGG_KEY)
+        if mode is None:
+            return (f"{VERL_LOSS_WORDS['token-mean']} ({LOSS_AGG_KEY} not set: verl 0.9.1's default token-mean)")
+        words = VERL_LOSS_WORDS.get(str(mode), "a mode this kit does not describe")
+        return f"{words} ({LOSS_AGG_KEY}={mode})"
 
     def total_steps(self, res: Resolved) -> int:
         verl = res.settings.verl

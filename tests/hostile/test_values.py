@@ -186,6 +186,33 @@ def test_numbers_plan_cannot_use_are_refused_not_a_traceback(tmp_path, base, cha
         assert_refused(cli(argv, tmp_path), key=key, words=words)
 
 
+@pytest.mark.parametrize(("value", "words"), [
+    (0, ("greater than 0",)),
+    (-1, ("greater than 0",)),
+    (1e400, ("less than or equal to 10000",)),  # YAML writes inf: no cost is infinite
+    (20000, ("less than or equal to 10000",)),
+    ("$(id)", ("valid number", "'$(id)'")),
+    (True, ("boolean",)),
+    ("3\n4", ("valid number",)),
+])
+def test_a_bad_gpu_hour_price_is_refused_in_one_line(tmp_path, value, words):
+    """cost.gpu_hour: a positive finite number up to 10,000 (plan multiplies GPU-hours by it)."""
+    spec = write_spec(tmp_path, changed("cpu", {("cost", "gpu_hour"): value}))
+    for argv in (["plan", "--json", "-f", str(spec)], ["render", "-f", str(spec), "-o", str(tmp_path / "render")]):
+        assert_refused(cli(argv, tmp_path), key="cost.gpu_hour", words=words)
+
+
+@pytest.mark.parametrize("value", ["$(id)", "US D", "a\nb", True, "", "VERYLONGNAME1", "-USD"])
+def test_a_bad_currency_is_refused_in_one_line(tmp_path, value):
+    spec = write_spec(tmp_path, changed("cpu", {("cost", "gpu_hour"): 2.0, ("cost", "currency"): value}))
+    assert_refused(cli(["plan", "-f", str(spec)], tmp_path), key="cost.currency")
+
+
+def test_a_cost_section_needs_its_price(tmp_path):
+    spec = write_spec(tmp_path, changed("cpu", {("cost", "currency"): "EUR"}))
+    assert_refused(cli(["plan", "-f", str(spec)], tmp_path), key="cost.gpu_hour", words=("required",))
+
+
 def test_a_model_architecture_given_in_full_is_planned(tmp_path):
     spec = write_spec(tmp_path, changed("cpu", {("model", "path"): "org/unknown-model",
                                                 ("model", "architecture"): ARCH}))

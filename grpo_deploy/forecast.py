@@ -1,0 +1,343 @@
+"""The plan's forecast (pure): a run's steps, seconds per step, start-up, wall time, GPU-hours and cost before it starts,
+each figure with its source, the loss normalisation it will train with, and a what-if table of the knobs the seeds
+turned. Every fact comes in as an argument (the resolved spec, the run's own events read by the caller); nothing here
+reads a file or a clock.
+
+Sources, first found wins: (1) this run name's own metrics (the copy the deployer keeps under .grpo-deploy/<run>/:
+the median step after the first, `up` -> first step), (2) `bench trainer` results (the kit keeps none it can read:
+BENCH_NOT_KEPT), (3) the profile's `reference:` figures, each naming where it was measured. A figure with no source is
+unknown (None), never a guess.
+
+Wall time = start-up (`up` -> the end of the first step) + (steps - 1) x seconds per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .runtime.table import table
+from .status import summarize
+
+UNKNOWN = "unknown"
+BENCH_NOT_KEPT = ("no `bench trainer` results: the kit keeps none it can read here (a report goes where its --out "
+                  "says, on the GPU machine, and times forward+backward only, not a whole step)")
+ORDER = ("steps", "step_s", "startup_s", "train_s", "wall_s", "gpus", "gpu_hours", "cost")
+"""The figures, in the order plan prints them."""
+LABELS = {"steps": "steps", "step_s": "seconds per step", "startup_s": "start-up (up -> first step)",
+          "train_s": "training after the first step", "wall_s": "wall time", "gpus": "GPUs in use",
+          "gpu_hours": "GPU-hours", "cost": "cost"}
+MIN_MEASURED_STEPS = 2
+"""Steps a run's own metrics need for a step time (the median of the gaps after the first step)."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    value: float | None
+    """None: unknown."""
+    unit: str
+    source: str
+    """Where the value came from, or why it is unknown: never empty."""
+
+
+@dataclass(frozen=True)
+class WhatIf:
+    knob: str
+    current: str
+    proposed: str
+    factor: float
+    on: str
+    """What the factor multiplies: "step time" or "steps"."""
+    steps: int | None
+    step_s: float | None
+    train_s: float | None
+    wall_s: float | None
+    gpu_hours: float | None
+    source: str
+
+
+@dataclass
+class Forecast:
+    figures: dict[str, Figure]
+    objective: str
+    what_if: list[WhatIf]
+    currency: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Forecast:
+        return cls(figures={k: Figure(**v) for k, v in data["figures"].items()}, objective=data["objective"],
+                   what_if=[WhatIf(**w) for w in data["what_if"]], currency=data.get("currency"),
+                   notes=list(data.get("notes", [])))
+
+
+# ------------------------------------------------------------------ measured figures
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a run's own events say: seconds per step and start-up (None when they cannot say), and from where."""
+
+    step_s: float | None
+    startup_s: float | None
+    steps: int
+    source: str
+
+
+def measured(run: str, events: list[dict] | None, where: str) -> Measured | None:
+    """A run's own figures from its *events* (the deployer's and the trainer's, latest `up`), read from *where*; None
+    when there are too few steps. The same summary `status` shows (grpo_deploy.status.summarize)."""
+    if not events:
+        return None
+    summary = summarize(run, events)
+    if summary.steps < MIN_MEASURED_STEPS or summary.step_time_median_s is None:
+        return None
+    started_by_up = any(e.get("event") == "up_start" for e in events)
+    return Measured(summary.step_time_median_s, summary.up_to_first_step_s if started_by_up else None, summary.steps,
+                    f"run {run}'s own metrics ({where}: {summary.steps} steps, median after the first)")
+
+
+# ------------------------------------------------------------------ the run's GPUs
+
+
+def gpus_in_use(res) -> tuple[int, str]:
+    """GPUs the run's hosts hold (each host's GPUs as the engine splits them among its roles), and how it counted."""
+    total, parts = 0, []
+    for host in res.spec.hosts:
+        profile = res.profiles[host.name]
+        if profile.accelerator != "cuda":
+            parts.append(f"{host.name} none (profile {profile.name}: no accelerator)")
+            continue
+        ids = sorted({i for ids in res.engine_info.gpu_split(res, host).values() for i in ids})
+        total += len(ids)
+        parts.append(f"{host.name} {len(ids)} ({','.join(map(str, ids))})")
+    return total, "GPUs of the run's hosts as its roles hold them: " + "; ".join(parts)
+
+
+# ------------------------------------------------------------------ the knobs the seeds turned
+
+
+@dataclass(frozen=True)
+class Knob:
+    """A what-if: *change*(res) is (current, proposed, reference key, invert, extra GPUs) or None where it does not
+    apply; the factor is the profile's reference figure (inverted when the change goes the other way)."""
+
+    name: str
+    engine: str
+    change: Callable[[Any], tuple[str, str, str, bool, int] | None]
+
+
+def _packing(res):
+    budget = res.settings.trl.token_budget
+    return ("on", "off", "packing_on", True, 0) if budget else ("off", "on", "packing_on", False, 0)
+
+
+def _trl_checkpointing(res):
+    on = res.settings.trl.gradient_checkpointing
+    return ("on", "off", "checkpointing_off", False, 0) if on else ("off", "on", "checkpointing_off", True, 0)
+
+
+def _verl_checkpointing(res):
+    on = bool((res.settings.verl.model_extra or {}).get("actor_rollout_ref.model.enable_gradient_checkpointing"))
+    return ("on", "off", "checkpointing_off", False, 0) if on else ("off", "on", "checkpointing_off", True, 0)
+
+
+def _rollout_n(res):
+    n = res.settings.verl.rollout_n
+    return (str(n), str(2 * n), "rollout_n_double", False, 0)
+
+
+def _replicas(res):
+    from .engines.trl_async import replica_count, server_replicas
+
+    n = replica_count(res)
+    replicas = server_replicas(res)
+    per = len(replicas[0].gpus) if replicas else 0
+    return (str(n), str(n + 1), "replica_added", False, per)
+
+
+def _trainer_processes(res):
+    n = res.engine_info.trainer_processes(res)
+    cuda = res.settings.runtime.device == "cuda"
+    return (str(n), str(2 * n), "trainer_processes_double", False, n if cuda else 0)
+
+
+KNOBS = (
+    Knob("packing (trl.token_budget)", "trl-async", _packing),
+    Knob("gradient checkpointing", "trl-async", _trl_checkpointing),
+    Knob("gradient checkpointing", "verl", _verl_checkpointing),
+    Knob("rollout n", "verl", _rollout_n),
+    Knob("server replicas", "trl-async", _replicas),
+    Knob("trainer processes", "trl-async", _trainer_processes),
+)
+"""The knobs of seed 000 (rollout n, epochs) and seed 004 (packing, checkpointing, replicas, a second trainer)."""
+
+
+# ------------------------------------------------------------------ the forecast
+
+
+def _reference(res) -> tuple[str, dict]:
+    """The main role's profile and its reference figures for the run's engine."""
+    host = res.host_for(res.engine_info.main_role) or res.spec.hosts[0]
+    profile = res.profiles[host.name]
+    return profile.name, profile.reference.get(res.engine, {})
+
+
+def _pick(key: str, mine: float | None, mine_source: str, profile: str, refs: dict, why_mine: str) -> Figure:
+    if mine is not None:
+        return Figure(round(mine, 2), "s", mine_source)
+    ref = refs.get(key)
+    if ref is not None:
+        return Figure(ref.value, "s", f"profile {ref.profile} reference: {ref.source}")
+    return Figure(None, "s", f"{UNKNOWN}: {why_mine}; {BENCH_NOT_KEPT}; profile {profile} gives no reference "
+                             f"{key}")
+
+
+def _wall(steps: int | None, step_s: float | None, startup_s: float | None) -> tuple[float | None, float | None]:
+    """(training after the first step, wall) in seconds, None where a term is unknown."""
+    if not steps or step_s is None:
+        return None, None
+    train = (steps - 1) * step_s
+    return round(train, 1), (round(startup_s + train, 1) if startup_s is not None else None)
+
+
+def _gpu_hours(gpus: int, wall: float | None, train: float | None) -> tuple[float | None, str]:
+    if gpus == 0:
+        return 0.0, "no GPU in use"
+    if wall is not None:
+        return round(gpus * wall / 3600, 2), f"{gpus} GPU(s) x wall time"
+    if train is not None:
+        return round(gpus * train / 3600, 2), (f"{gpus} GPU(s) x training after the first step (start-up unknown, not "
+                                               "counted: a lower bound)")
+    return None, f"{UNKNOWN}: the step time is unknown"
+
+
+def make_forecast(res, events: list[dict] | None = None, events_where: str = "", events_note: str = "") -> Forecast:
+    """The forecast of *res*: *events* are this run name's own (latest `up`), read by the caller from *events_where*;
+    *events_note* says why there are none (missing, unreadable)."""
+    profile, refs = _reference(res)
+    run = res.spec.run.name
+    mine = measured(run, events, events_where)
+    why_mine = events_note or (f"run {run}'s metrics have fewer than {MIN_MEASURED_STEPS} steps" if events
+                               else f"no metrics of run {run} kept here")
+    steps = res.engine_info.total_steps(res) or None
+    figures: dict[str, Figure] = {
+        "steps": Figure(steps, "steps", f"engine {res.engine}'s total steps from the settings" if steps
+                        else f"{UNKNOWN}: the settings give no step count")}
+    figures["step_s"] = _pick("step_s", mine and mine.step_s, mine.source if mine else "", profile, refs, why_mine)
+    startup_mine = mine.startup_s if mine else None
+    figures["startup_s"] = _pick("startup_s", startup_mine, mine.source if mine else "", profile, refs,
+                                 why_mine if not mine else f"run {run}'s metrics hold no `up` start")
+    step_s, startup_s = figures["step_s"].value, figures["startup_s"].value
+    train, wall = _wall(steps, step_s, startup_s)
+    figures["train_s"] = Figure(train, "s", "(steps - 1) x seconds per step" if train is not None
+                                else f"{UNKNOWN}: steps or seconds per step unknown")
+    figures["wall_s"] = Figure(wall, "s", "start-up + (steps - 1) x seconds per step" if wall is not None
+                               else f"{UNKNOWN}: " + ("start-up unknown" if train is not None
+                                                      else "steps or seconds per step unknown"))
+    gpus, gpu_source = gpus_in_use(res)
+    figures["gpus"] = Figure(gpus, "GPUs", gpu_source)
+    hours, hours_source = _gpu_hours(gpus, wall, train)
+    figures["gpu_hours"] = Figure(hours, "GPU-h", hours_source)
+    cost = res.spec.cost
+    if cost is not None:
+        figures["cost"] = Figure(round(hours * cost.gpu_hour, 2) if hours is not None else None, cost.currency,
+                                 f"cost.gpu_hour {cost.gpu_hour:g} {cost.currency} x GPU-hours" if hours is not None
+                                 else f"{UNKNOWN}: GPU-hours unknown")
+    rows = what_if(res, refs, steps, step_s, startup_s, gpus)
+    return Forecast(figures=figures, objective=res.engine_info.loss_objective(res), what_if=rows,
+                    currency=cost.currency if cost else None, notes=[events_note] if events_note else [])
+
+
+def _row(knob: str, current: str, proposed: str, factor: float, on: str, steps: int | None, step_s: float | None,
+         startup_s: float | None, gpus: int, source: str) -> WhatIf:
+    train, wall = _wall(steps, step_s, startup_s)
+    hours = _gpu_hours(gpus, wall, train)[0]
+    return WhatIf(knob, current, proposed, round(factor, 3), on, steps, None if step_s is None else round(step_s, 2),
+                  train, wall, hours, source)
+
+
+def what_if(res, refs: dict, steps: int | None, step_s: float | None, startup_s: float | None,
+            gpus: int) -> list[WhatIf]:
+    """One row per knob that applies to the run's engine and has a sourced factor (the profile's reference), plus
+    verl's epochs (an exact factor on the step count)."""
+    rows = []
+    for knob in KNOBS:
+        if knob.engine != res.engine:
+            continue
+        current, proposed, key, invert, more_gpus = knob.change(res)
+        ref = refs.get(key)
+        if ref is None:
+            continue
+        factor = 1 / ref.value if invert else ref.value
+        source = f"profile {ref.profile} reference {key} = {ref.value:g}" + (" (inverted)" if invert else "") + \
+            f": {ref.source}"
+        rows.append(_row(knob.name, current, proposed, factor, "step time", steps,
+                         None if step_s is None else step_s * factor, startup_s, gpus + more_gpus, source))
+    epochs = _epochs_row(res, steps, step_s, startup_s, gpus)
+    return rows + ([epochs] if epochs else [])
+
+
+SEED000_EPOCHS = 3
+"""Seed 000: validation accuracy reached ~83 % within 3 of 15 epochs; the other 12 added ~2 %."""
+
+
+def _epochs_row(res, steps: int | None, step_s: float | None, startup_s: float | None, gpus: int) -> WhatIf | None:
+    if res.engine != "verl" or res.settings.verl.total_training_steps or not steps:
+        return None
+    epochs = res.settings.verl.total_epochs
+    proposed = SEED000_EPOCHS if epochs > SEED000_EPOCHS else 2 * epochs
+    new_steps = steps // epochs * proposed
+    why = (f"; seed 000 reached ~83 % accuracy within {SEED000_EPOCHS} of 15 epochs" if proposed == SEED000_EPOCHS
+           else "")
+    return _row("epochs", str(epochs), str(proposed), new_steps / steps, "steps", new_steps, step_s, startup_s, gpus,
+                "exact: steps = prompts // data.train_batch_size x epochs (engine verl's total steps)" + why)
+
+
+# ------------------------------------------------------------------ text
+
+
+def _value(f: Figure, key: str) -> str:
+    if f.value is None:
+        return UNKNOWN
+    if f.unit == "s":
+        return duration(f.value)
+    if key == "steps" or key == "gpus":
+        return f"{int(f.value)}"
+    return f"{f.value:,.2f} {f.unit}"
+
+
+def duration(seconds: float) -> str:
+    """Seconds as `1 h 02 min`, `3 min 05 s` or `8.6 s`."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, s = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {s:02d} s"
+    hours, m = divmod(minutes, 60)
+    return f"{hours} h {m:02d} min"
+
+
+def forecast_text(fc: Forecast) -> str:
+    """The forecast block of `plan`: one line per figure with its source, the objective, then the what-if table."""
+    lines = ["forecast:"]
+    for key in ORDER:
+        if key in fc.figures:
+            f = fc.figures[key]
+            lines.append(f"  {LABELS[key]:<31} {_value(f, key):<14} (source: {f.source})")
+    lines.append(f"  loss normalisation              {fc.objective}")
+    lines += [f"  note: {note}" for note in fc.notes]
+    if fc.what_if:
+        rows = [[w.knob, f"{w.current} -> {w.proposed}", f"x{w.factor:g} {w.on}",
+                 UNKNOWN if w.train_s is None else duration(w.train_s),
+                 UNKNOWN if w.wall_s is None else duration(w.wall_s),
+                 UNKNOWN if w.gpu_hours is None else f"{w.gpu_hours:,.2f}", w.source] for w in fc.what_if]
+        lines.append("what if (one knob at a time, from the forecast above):")
+        lines.append(table(["knob", "change", "factor", "training", "wall", "GPU-h", "source"], rows))
+    else:
+        lines.append("what if: no knob of this engine has a measured factor for this profile")
+    return "\n".join(lines)
