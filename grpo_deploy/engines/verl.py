@@ -12,6 +12,7 @@ from .. import diagnose_verl
 from ..architecture import Architecture
 from ..names import COMPOSE_INFINIBAND, COMPOSE_VERL, COMPOSE_VERL_CLUSTER, project_name
 from ..render_text import RenderError, template
+from ..runtime import verl_data
 from ..runtime.ray_node import GCS_PORT
 from ..runtime.values import CONTROL, MAX_STEPS, parse_address
 from .base import COMMON_SECTIONS, GB, Engine, Resolved
@@ -157,7 +158,7 @@ class Verl(Engine):
         val-core/<data_source>/reward/mean@<n> on the steps it validates; the kit's runs validate one answer)."""
         config = super().watch(res)
         if config is not None:
-            config["keys"]["validation"] = f"val-core/{data_source(res)}/reward/mean@1"
+            config["keys"]["validation"] = f"val-core/{verl_data.SOURCES[res.settings.data.dataset]}/reward/mean@1"
         return config
 
 

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from .strict import Strict
-from .values import MAX_STEPS, Count, Finite, Text, _no_bool
+from .values import MAX_STEPS, Count, Finite, NonNegative, Text, _no_bool
 
 # One-sided 99% normal quantile: the optimistic slope is the fitted one plus this many standard errors.
 Z_UPPER = 2.326
@@ -118,8 +118,8 @@ class WatchConfig(Strict):
     keys: MetricKeys = MetricKeys()
     total_steps: Count | None = None
     """The planned end of the run (for the GPU-hours a stop saves); null: unknown."""
-    gpus: Count = 1
-    """GPUs the run holds (for GPU-hours)."""
+    gpus: NonNegative = 1
+    """GPUs the run holds (for GPU-hours; 0: a CPU run, whose GPU-hours are 0)."""
     max_completion_length: Count | None = None
     """The length cap in tokens (named in the cap and drift messages)."""
     objective: Text | None = None
