@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 BENCH_REPEAT ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-verl test-verl-cluster test-replicas-hosts test-faults-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-shipping bench-split bench-cluster bench-proxy render-defaults clean
+.PHONY: help setup demo test test-verl test-verl-cluster test-replicas-hosts test-faults-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-shipping bench-split bench-cluster bench-proxy bench-watcher render-defaults clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-20s %s\n", $$1, $$2}'
@@ -61,9 +61,10 @@ images-cuda: ## build and check the air-gapped x86_64 CUDA server and trainer im
 images-static: ## hadolint every Dockerfile (GPU images cannot be built here)
 	grpo-deploy images lint
 
-bench: ## start-up ratio and hand-off of the rehearsal (needs `make demo`; BENCH_REPEAT bare server starts, CI: 1); preflight over 2 and 8 test hosts
+bench: ## start-up ratio and hand-off of the rehearsal (needs `make demo`; BENCH_REPEAT bare server starts, CI: 1); preflight over 2 and 8 test hosts; the watcher's alarms
 	$(PYTHON) benchmarks/rehearsal_startup.py --repeat '$(BENCH_REPEAT)'
 	$(PYTHON) benchmarks/multihost.py --part preflight
+	$(PYTHON) benchmarks/watcher_alarms.py
 
 bench-shipping: ## image shipping over SSH to a test host: without the image, again, after a code-only change (~7 min)
 	$(PYTHON) benchmarks/multihost.py --part shipping
@@ -76,6 +77,9 @@ bench-cluster: ## verl's Ray cluster up (head to every worker joined) over 2 and
 
 bench-proxy: ## the replica proxy's overhead per completion request against a direct request to a fake replica (target: median under 2 ms; ~1 min)
 	$(PYTHON) benchmarks/proxy_overhead.py
+
+bench-watcher: ## the run watcher's plateau alarm on 1,000 seeded seed-shaped streams: false alarms on rising ones (target under 1%), detection delay, seed 000's curve, three window sizes (~15 s)
+	$(PYTHON) benchmarks/watcher_alarms.py
 
 ci-fresh: ## rehearse CI as a fresh machine runs it: a fresh clone of HEAD against an empty second Docker engine (own namespaces; this engine's images untouched); run before every stop (root, ~60 min)
 	bash scripts/fresh-engine-ci.sh

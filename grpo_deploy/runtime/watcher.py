@@ -9,8 +9,8 @@ condition starts, one "clear" when it ends.
 The plateau statistic: a least-squares line over the last `window` steps of reward, with the window's own noise (the
 residual standard error) giving the slope's standard error; the reward is flat when even the optimistic slope (the
 one-sided 99% upper bound) projects less than `min_gain` over a window. It clears only when even the pessimistic slope
-(the lower bound) projects `min_gain` or more again: the same evidence both ways, so noise does not flap it. docs/MEASUREMENTS.md ("The run
-watcher's alarms") has the false-alarm rate and the detection delay at the defaults.
+(the lower bound) projects `min_gain` or more again: the same evidence both ways, so noise does not flap it.
+docs/MEASUREMENTS.md ("The run watcher's alarms") has the false-alarm rate and the detection delay at the defaults.
 """
 
 from __future__ import annotations
