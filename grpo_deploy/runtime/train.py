@@ -111,7 +111,8 @@ def watcher_stop(trainer) -> tuple[str, str] | None:
     """(status, why) of run_end when the run watcher stopped training, else None; emits the watcher's summary."""
     from .callbacks import WatcherCallback
 
-    callback = next((c for c in trainer.callback_handler.callbacks if isinstance(c, WatcherCallback)), None)
+    callbacks = getattr(getattr(trainer, "callback_handler", None), "callbacks", [])
+    callback = next((c for c in callbacks if isinstance(c, WatcherCallback)), None)
     if callback is None or callback.watch is None:
         return None
     callback.watch.summary()
