@@ -291,9 +291,46 @@ def summary_text(s: Summary) -> str:
     ]
     if s.fault:
         lines.append(f"  stopped by          {s.fault}")
+    lines += watch_lines(s)
     if s.eta_s is not None:
         lines.append(f"  ETA                 {s.eta_s / 60:.1f} min")
     return "\n".join(lines)
+
+
+def _hours(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} GPU-h"
+
+
+def watch_lines(s: Summary) -> list[str]:
+    """The run watcher's part of the summary: the reward's trend and a plateau with the compute spent after it, answers
+    at the cap, time to the target, the loss objective; then what it found and still stands, and a stop's saving."""
+    w = s.watch
+    if not w or not w.get("enabled", True):
+        return []
+    parts = []
+    if w.get("slope_per_step") is not None:
+        parts.append(f"reward trend {w['reward_trend']:.3f}, {w['gain_per_window']:+.3f} per {w['window']} steps")
+    if w.get("plateau_since") is not None:
+        parts.append(f"flat since step {w['plateau_since']} ({w.get('steps_after_plateau')} steps, "
+                     f"{_hours(w.get('gpu_hours_after_plateau'))} after it)")
+    if w.get("cap_share_peak") is not None:
+        parts.append(f"answers at the cap {w['cap_share_latest']:.0%} (peak {w['cap_share_peak']:.0%})")
+    if w.get("target_reward") is not None:
+        eta = w.get("time_to_target_s")
+        parts.append(f"target {w['target_reward']:g} " + (f"in ~{w.get('time_to_target_steps'):.0f} steps "
+                                                          f"(~{eta / 60:.1f} min)" if eta is not None
+                                                          else "not in sight at this trend"))
+    lines = [f"  run watcher         {'; '.join(parts) or 'too few steps for a trend'}"]
+    if w.get("objective"):
+        lines.append(f"  loss objective      {w['objective']}")
+    lines += [f"  watcher found       step {f['step']}: {f['message']}" for f in s.watch_findings]
+    if s.stopped_early:
+        left = (s.max_steps - s.steps) if s.max_steps else None
+        spared = (f"; {left} planned steps not run (~{left * s.step_time_median_s / 60:.1f} min"
+                  f"{', ' + _hours(w.get('gpu_hours_saved')) if w.get('gpus') else ''})"
+                  if left and s.step_time_median_s else "")
+        lines.append(f"  stopped early       {s.stopped_early}{spared}")
+    return lines
 
 
 def plot_title(run: str = "") -> str:
