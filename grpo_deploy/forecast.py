@@ -1,7 +1,7 @@
-"""The plan's forecast (pure): a run's steps, seconds per step, start-up, wall time, GPU-hours and cost before it starts,
-each figure with its source, the loss normalisation it will train with, and a what-if table of the knobs the seeds
-turned. Every fact comes in as an argument (the resolved spec, the run's own events read by the caller); nothing here
-reads a file or a clock.
+"""The plan's forecast (pure): a run's steps, seconds per step, start-up, wall time, GPU-hours and cost before it
+starts, each figure with its source, the loss normalisation it will train with, and a what-if table of the knobs
+the seeds turned. Every fact comes in as an argument (the resolved spec, the run's own events read by the caller);
+nothing here reads a file or a clock.
 
 Sources, first found wins: (1) this run name's own metrics (the copy the deployer keeps under .grpo-deploy/<run>/:
 the median step after the first, `up` -> first step), (2) `bench trainer` results (the kit keeps none it can read:
