@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 BENCH_REPEAT ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-verl test-verl-cluster test-replicas-hosts test-faults-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-shipping bench-split bench-cluster bench-proxy bench-watcher render-defaults clean
+.PHONY: help setup demo test test-verl test-verl-cluster test-replicas-hosts test-faults-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-forecast bench-shipping bench-split bench-cluster bench-proxy bench-watcher render-defaults clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-20s %s\n", $$1, $$2}'
@@ -61,10 +61,14 @@ images-cuda: ## build and check the air-gapped x86_64 CUDA server and trainer im
 images-static: ## hadolint every Dockerfile (GPU images cannot be built here)
 	grpo-deploy images lint
 
-bench: ## start-up ratio and hand-off of the rehearsal (needs `make demo`; BENCH_REPEAT bare server starts, CI: 1); preflight over 2 and 8 test hosts; the watcher's alarms
+bench: ## start-up ratio and hand-off of the rehearsal (needs `make demo`; BENCH_REPEAT bare server starts, CI: 1); preflight over 2 and 8 test hosts; the watcher's alarms; plan's forecast of a rehearsal rerun against the rerun (~5 min)
 	$(PYTHON) benchmarks/rehearsal_startup.py --repeat '$(BENCH_REPEAT)'
 	$(PYTHON) benchmarks/multihost.py --part preflight
 	$(PYTHON) benchmarks/watcher_alarms.py
+	$(PYTHON) benchmarks/forecast_error.py
+
+bench-forecast: ## plan's forecast of a rerun of the rehearsal (from `make demo`'s metrics) against what the rerun takes (~5 min)
+	$(PYTHON) benchmarks/forecast_error.py
 
 bench-shipping: ## image shipping over SSH to a test host: without the image, again, after a code-only change (~7 min)
 	$(PYTHON) benchmarks/multihost.py --part shipping

@@ -184,6 +184,8 @@ def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None 
     s.watch, s.watch_findings = watch_state(events, watch), watch_findings(events)
     # The trainer's own end, else the deployer's (`up` stopped before the trainer wrote one: preflight, a crash).
     last_end = end[-1] if end else (by("up_end")[-1] if by("up_end") else None)
+    if last_end is not None:
+        s.eta_s = None  # the run has ended: no time left to estimate
     if last_end is not None and last_end.get("status") == STOPPED_EARLY:
         s.state, s.stopped_early = STOPPED_EARLY, one_line(last_end.get("error") or "by the run watcher")
     elif last_end is not None:

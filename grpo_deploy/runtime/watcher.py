@@ -426,7 +426,7 @@ class Watcher:
                           f"{share:.1%} of answers hit the{at} length cap over the last "
                           f"{min(RECENT, len(self.capped.points))} "
                           f"logged steps (bound {bound:.0%}; mean length "
-                          f"{length if length is not None else 'unknown'}): raise max_completion_length, or use a "
+                          f"{f'{length:.1f}' if length is not None else 'unknown'}): raise max_completion_length, or use a "
                           "per-token loss (packing) so long answers stop growing",
                           {"share": _r(share), "bound": bound, "mean_length": _r(length, 1), "cap": cap})
 
@@ -500,8 +500,10 @@ class Watcher:
         return statistics.median(d for _, d in self.durations) if self.durations else None
 
     def _gpu_hours(self, steps: int) -> float | None:
+        """GPU-hours of *steps* steps at the median step time; None when unknown or the run holds no GPU (a CPU run:
+        its messages then leave GPU-hours out)."""
         rate = self.seconds_per_step()
-        return None if rate is None else max(steps, 0) * rate * self.config.gpus / 3600
+        return None if rate is None or not self.config.gpus else max(steps, 0) * rate * self.config.gpus / 3600
 
     def _time_to_target(self, fitted: Fit | None) -> tuple[float | None, float | None]:
         target = self.settings.target_reward

@@ -175,3 +175,38 @@ def test_a_verl_plot_has_the_phase_and_update_panels(tmp_path):
     verl_png = status.plot(events, str(tmp_path / "verl.png"))
     trl_png = status.plot(_events(), str(tmp_path / "trl.png"))
     assert matplotlib.image.imread(verl_png).shape[0] > matplotlib.image.imread(trl_png).shape[0]  # 4 panels, not 3
+
+
+WATCH = {"settings": {"action": "stop", "window": 5, "patience": 3, "min_gain": 1000.0, "target_reward": 2.0},
+         "total_steps": 40, "gpus": 2, "objective": "per answer"}
+
+
+def test_a_running_run_replays_its_steps_through_the_watcher():
+    running = _events()[:-1]
+    s = status.summarize("r", running, max_steps=40, watch=WATCH)
+    assert s.state == "running" and s.watch["step"] == 10 and s.watch["plateau_since"] is not None
+    assert s.watch["slope_per_step"] > 0 and s.watch["time_to_target_steps"] > 0  # rising 0.1/step toward 2.0
+    text = status.summary_text(s)
+    assert "run watcher         reward trend" in text and "flat since step" in text and "target 2 in ~" in text
+    assert "loss objective      per answer" in text
+    assert status.summarize("r", running, max_steps=40).watch is None  # no config, no replay: nothing made up
+
+
+def test_a_watcher_stop_is_its_own_end_state_with_the_saving():
+    ev = _events()[:-1] + [
+        {"event": "watch", "time": 181.0, "kind": "plateau", "level": "warn", "step": 5, "message": "flat\nsince 1"},
+        {"event": "watch", "time": 182.0, "kind": "cap_share", "level": "warn", "step": 6, "message": "capped"},
+        {"event": "watch", "time": 183.0, "kind": "cap_share", "level": "clear", "step": 8, "message": "back"},
+        {"event": "watch_summary", "time": 199.0, "enabled": True, "step": 10, "plateau_since": 1, "window": 5,
+         "steps_after_plateau": 9, "gpu_hours_after_plateau": 0.03, "gpus": 2, "gpu_hours_saved": 0.05},
+        {"event": "run_end", "time": 200.0, "status": "stopped-early", "steps": 10,
+         "error": "run watcher: reward flat since step 1 (stopped at step 10)"}]
+    s = status.summarize("r", ev, max_steps=40, watch=WATCH)
+    assert s.state == "stopped-early" and s.error is None and "stopped at step 10" in s.stopped_early
+    assert s.watch["gpu_hours_saved"] == 0.05  # the runtime's own last word wins over a replay
+    assert [f["kind"] for f in s.watch_findings] == ["plateau"]  # the cap warning cleared
+    assert s.watch_findings[0]["message"] == "flat since 1"  # read back as one printable line
+    text = status.summary_text(s)
+    assert "stopped early       run watcher: reward flat since step 1" in text
+    assert "30 planned steps not run (~1.5 min, 0.05 GPU-h)" in text
+    assert "stopped-early" in status.ENDED

@@ -1,0 +1,144 @@
+"""The run watcher inside a running trainer (runtime/run_watch.py) and its two engine hooks: TRL's WatcherCallback
+(real transformers TrainerState/TrainerControl/TrainingArguments) and verl's WatchStop."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from grpo_deploy.runtime.callbacks import WatcherCallback
+from grpo_deploy.runtime.metrics import MetricsSink, read_events
+from grpo_deploy.runtime.run_watch import STOPPED_EARLY, RunWatch, history, read_history
+from grpo_deploy.runtime.verl_node import WatchStop
+from grpo_deploy.runtime.watcher import WatchConfig
+
+# a bar no reward clears: the first full window is flat, and the stop comes `patience` steps later
+FLAT = {"action": "stop", "window": 5, "patience": 3, "min_gain": 1000.0}
+
+
+def config(**settings) -> WatchConfig:
+    return WatchConfig.model_validate({"settings": {**FLAT, **settings}, "total_steps": 40, "gpus": 2,
+                                       "objective": "per answer"})
+
+
+def step(n: int, reward: float = 0.5) -> dict:
+    return {"event": "step", "step": n, "time": 1000.0 + 5 * n, "reward": reward}
+
+
+def test_history_starts_after_the_last_watcher_stop():
+    before = [step(1), step(2), {"event": "run_end", "status": STOPPED_EARLY, "time": 1020.0}]
+    after = [{"event": "run_start", "time": 1030.0}, step(3)]
+    assert history(before + after) == after
+    crashed = [step(1), {"event": "run_end", "status": "error", "time": 1010.0}, step(2)]
+    assert history(crashed) == crashed  # a crash and its restart: the plateau's clock goes on
+
+
+def test_read_history_is_empty_for_a_missing_file_and_refuses_a_fifo_without_hanging(tmp_path, caplog):
+    assert read_history(str(tmp_path / "none.jsonl")) == []
+    fifo = tmp_path / "metrics.jsonl"
+    os.mkfifo(fifo)
+    assert read_history(str(fifo)) == []
+    assert "starting cold" in caplog.text
+
+
+def test_run_watch_emits_armed_findings_and_its_summary(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    with MetricsSink(str(path)) as sink:
+        watch = RunWatch(config(), sink.emit)
+        stops = [watch.step(n, {"reward": 0.5}, now=1000.0 + 5 * n) for n in range(1, 12)]
+        watch.summary()
+    events = read_events(str(path))
+    assert events[0]["event"] == "watch_armed" and events[0]["action"] == "stop" and events[0]["gpus"] == 2
+    kinds = [(e["kind"], e["level"]) for e in events if e["event"] == "watch"]
+    assert ("plateau", "warn") in kinds and ("plateau_stop", "stop") in kinds, kinds
+    first_stop = next(i for i, s in enumerate(stops, 1) if s is not None)
+    warned = next(e["step"] for e in events if e["event"] == "watch" and e["kind"] == "plateau")
+    assert first_stop == warned + FLAT["patience"], (first_stop, warned)
+    summary = events[-1]
+    assert summary["event"] == "watch_summary" and summary["stop_step"] == first_stop
+    assert summary["gpu_hours_saved"] == pytest.approx((40 - first_stop) * 5.0 * 2 / 3600, abs=1e-3)
+
+
+def test_a_rising_reward_asks_for_no_stop():
+    watch = RunWatch(config(min_gain=0.01), lambda *a, **k: {})
+    assert all(watch.step(n, {"reward": 0.05 * n}, now=float(n)) is None for n in range(1, 20))
+
+
+def test_a_resume_warms_up_on_the_runs_steps_and_keeps_the_plateau_clock():
+    past = [step(n) for n in range(1, 8)]
+    watch = RunWatch(config(), lambda *a, **k: {}, past)
+    since = watch.watcher.state()["plateau_since"]
+    assert since is not None and watch.stop is None  # judged from the replayed steps, before any new one
+    stops = [watch.step(n, {"reward": 0.5}, now=1000.0 + 5 * n) for n in range(8, 8 + FLAT["patience"] + 1)]
+    # flat since the window's first step, warned when the window filled (step 5), stopped patience steps later
+    assert since == 1 and stops[0] is not None and stops[0].step == FLAT["window"] + FLAT["patience"], stops
+
+
+def _trl(tmp_path, save_strategy="steps"):
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path), save_strategy=save_strategy, save_steps=100, use_cpu=True,
+                             report_to=[])
+    return args, TrainerState(), TrainerControl()
+
+
+def test_the_trl_callback_stops_at_the_next_step_end_with_a_save(tmp_path):
+    args, state, control = _trl(tmp_path)
+    callback = WatcherCallback(RunWatch(config(), lambda *a, **k: {}))
+    for n in range(1, 20):
+        state.global_step = n
+        callback.on_step_end(args, state, control)
+        if control.should_training_stop:
+            break
+        callback.on_log(args, state, control, logs={"reward": 0.5, "loss": 0.1})
+    assert callback.stopped_at == callback.watch.stop.step + 1  # the step after the log that asked for it
+    assert control.should_save and control.should_training_stop
+
+
+def test_the_trl_callback_does_not_add_a_save_to_a_run_that_never_saves(tmp_path):
+    args, state, control = _trl(tmp_path, save_strategy="no")
+    callback = WatcherCallback(RunWatch(config(), lambda *a, **k: {}))
+    for n in range(1, 20):
+        state.global_step = n
+        callback.on_log(args, state, control, logs={"reward": 0.5})
+        callback.on_step_end(args, state, control)
+    assert control.should_training_stop and not control.should_save
+
+
+def test_the_trl_callback_of_a_rank_above_0_watches_nothing_and_never_stops_alone(tmp_path):
+    args, state, control = _trl(tmp_path)
+    callback = WatcherCallback(None)
+    for n in range(1, 20):
+        state.global_step = n
+        callback.on_log(args, state, control, logs={"reward": 0.5})
+        callback.on_step_end(args, state, control)
+    assert callback.stopped_at is None and not control.should_training_stop
+
+
+def test_verl_is_stopped_only_after_a_step_that_saved():
+    stopped = []
+    watch = RunWatch(config(), lambda *a, **k: {})
+    hook = WatchStop(watch, 4, lambda s: s % 4 == 0, lambda: stopped.append(True))
+    for n in range(1, 20):
+        hook.after_step(step(n))
+        if stopped:
+            break
+    assert hook.stopped_at is not None and hook.stopped_at % 4 == 0 and hook.stopped_at >= watch.stop.step
+    assert hook.stopped_at - watch.stop.step < 4 and stopped == [True]
+
+
+def test_verl_that_never_saves_is_stopped_at_once():
+    stopped = []
+    watch = RunWatch(config(), lambda *a, **k: {})
+    hook = WatchStop(watch, 0, lambda s: False, lambda: stopped.append(True))
+    for n in range(1, 20):
+        hook.after_step(step(n))
+    assert hook.stopped_at == watch.stop.step and stopped == [True]
+
+
+def test_verl_without_a_watcher_is_never_stopped():
+    hook = WatchStop(None, 4, lambda s: True, lambda: pytest.fail("stopped without a watcher"))
+    for n in range(1, 10):
+        hook.after_step(step(n))
+    assert hook.stopped_at is None
