@@ -19,7 +19,6 @@ from .runtime.config import did_you_mean
 from .runtime.data import DATASETS
 from .runtime.shown import shown, shown_key
 from .runtime.strict import Strict
-from .runtime.watcher import WatchSettings
 from .runtime.values import (
     MAX_DISK_GB,
     SECRET_WORDS,
@@ -45,6 +44,7 @@ from .runtime.values import (
     error_location,
     parse_address,
 )
+from .runtime.watcher import WatchSettings
 from .settings import OVERRIDE_SECTIONS
 from .yamlpos import Located, YamlSyntaxError, load_file, load_text, shown_path
 

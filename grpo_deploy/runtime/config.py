@@ -17,7 +17,6 @@ from .data import DatasetSpec
 from .processes import MAX_PROCESSES
 from .shown import shown, shown_key
 from .strict import Strict
-from .watcher import WatchConfig
 from .values import (
     MAX_STEPS,
     AbsPath,
@@ -33,6 +32,7 @@ from .values import (
     _no_bool,
     describe_error,
 )
+from .watcher import WatchConfig
 
 ATTENTION_SHIM_MODES = ("auto", "on", "off")
 # The attention shim's backends (attention_shim.py); here so the CLI can list them without importing torch.

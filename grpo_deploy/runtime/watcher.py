@@ -426,8 +426,8 @@ class Watcher:
                           f"{share:.1%} of answers hit the{at} length cap over the last "
                           f"{min(RECENT, len(self.capped.points))} "
                           f"logged steps (bound {bound:.0%}; mean length "
-                          f"{f'{length:.1f}' if length is not None else 'unknown'}): raise max_completion_length, or use a "
-                          "per-token loss (packing) so long answers stop growing",
+                          f"{f'{length:.1f}' if length is not None else 'unknown'}): raise max_completion_length, "
+                          "or use a per-token loss (packing) so long answers stop growing",
                           {"share": _r(share), "bound": bound, "mean_length": _r(length, 1), "cap": cap})
 
     def _length(self, step: int, length: float | None) -> list[Finding]:

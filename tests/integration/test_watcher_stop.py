@@ -72,5 +72,5 @@ def test_status_states_the_stop_and_what_it_spared(watched):
     assert s["watch"]["stop_step"] == s["steps"] - 1 and s["watch"]["total_steps"] == MAX_STEPS, s["watch"]
     assert any(f["kind"] == "plateau_stop" for f in s["watch_findings"]), s["watch_findings"]
     spared = MAX_STEPS - s["steps"]
-    assert f"stopped early       run watcher:" in watched["status_text"], watched["status_text"]
+    assert "stopped early       run watcher:" in watched["status_text"], watched["status_text"]
     assert f"{spared} planned steps not run (~" in watched["status_text"], watched["status_text"]
