@@ -393,12 +393,18 @@ def cmd_checkpoints(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    from . import diagnose
+    from . import diagnose, status
 
     res = _load(args)
     res.engine_info.refuse("diagnose", CliError)
-    d, labels = res.engine_info.diagnose(_run_events(res, args), res)
-    print(json.dumps(d.to_dict(), indent=2) if args.json else diagnose.diagnosis_text(d, labels))
+    events = _run_events(res, args)
+    d, labels = res.engine_info.diagnose(events, res)
+    watched = status.summarize(res.spec.run.name, events, max_steps=res.engine_info.total_steps(res),
+                               watch=res.engine_info.watch(res))  # the run watcher's view beside the bottleneck
+    if args.json:
+        print(json.dumps({**d.to_dict(), "watch": watched.watch, "watch_findings": watched.watch_findings}, indent=2))
+    else:
+        print("\n".join([diagnose.diagnosis_text(d, labels), *status.watch_lines(watched)]))
     return 1 if d.side == "not enough data" else 0
 
 

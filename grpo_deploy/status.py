@@ -340,6 +340,23 @@ def plot_title(run: str = "") -> str:
     return f"grpo-deploy run {run}".rstrip()
 
 
+def _watch_marks(ax, events: list[dict[str, Any]]) -> tuple[str, ...]:
+    """On the reward panel: where the run watcher found the reward flat (and where it stopped the run), and the
+    target reward it estimates the time to; the labels drawn."""
+    drawn = []
+    flat = [e for e in events if e.get("event") == "watch" and e.get("kind") == "plateau" and e.get("level") == "warn"]
+    stop = [e for e in events if e.get("event") == "watch" and e.get("kind") == "plateau_stop"]
+    armed = [e for e in events if e.get("event") == "watch_armed" and isinstance(e.get("target_reward"), int | float)]
+    for found, style, label in ((flat, ":", "watcher: flat"), (stop, "--", "watcher: stop")):
+        if found and isinstance(found[-1].get("step"), int | float):
+            ax.axvline(found[-1]["step"], color="tab:red", linestyle=style, label=label)
+            drawn.append(label)
+    if armed:
+        ax.axhline(armed[-1]["target_reward"], color="tab:green", linestyle=":", label="target reward")
+        drawn.append("target reward")
+    return tuple(drawn)
+
+
 class PlotUnavailable(RuntimeError):
     """matplotlib is not installed: it comes with the kit's `plot` extra, not with the deployer itself."""
 
@@ -368,6 +385,8 @@ def plot(events: list[dict[str, Any]], path: str, title: str = "") -> str:
     for ax, (keys, label) in zip(axes, panels, strict=True):
         for key in keys:
             ax.plot(x, [e.get(key) for e in steps], marker=".", label=key.removeprefix(PHASE_PREFIX))
+        if keys == ("reward",):
+            keys += _watch_marks(ax, events)
         if len(keys) > 1:
             ax.legend(fontsize="small")
         ax.set_ylabel(label)

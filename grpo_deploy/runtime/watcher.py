@@ -44,7 +44,11 @@ Window = Annotated[int, BeforeValidator(_no_bool), Field(ge=5, le=10_000)]
 
 def _pair(value: Any) -> Any:
     """A YAML/JSON list of two numbers as the tuple the band is (strict models take no list for a tuple)."""
-    return tuple(value) if isinstance(value, list) else value
+    if isinstance(value, list):
+        if len(value) != 2:
+            raise ValueError(f"expected two numbers [low, high], got {len(value)}")
+        return tuple(value)
+    return value
 
 
 def _band(value: tuple[float, float]) -> tuple[float, float]:

@@ -226,3 +226,29 @@ def test_a_null_override_is_a_value_not_nothing(tmp_path):
     run = cli(["render", "-f", str(spec), "-o", str(tmp_path / "render")], tmp_path)
     assert run.code == 0, run.err
     assert "--max-num-batched-tokens" not in (tmp_path / "render" / "config" / "server.args").read_text()
+
+
+@pytest.mark.parametrize(("key", "value", "words"), [
+    ("window", 0, ("greater than or equal to 5",)),
+    ("window", 10**30, ("less than or equal to 10000",)),
+    ("window", True, ("boolean",)),
+    ("window", "$(id)", ("valid integer",)),
+    ("patience", -1, ("greater than or equal to 0",)),
+    ("min_gain", 0, ("greater than 0",)),
+    ("min_gain", 1e400, ("less than or equal to 1000000",)),  # YAML writes inf
+    ("min_gain", "0.1\n0.2", ("valid number",)),
+    ("action", "shutdown", ("'warn' or 'stop'",)),
+    ("action", "-stop", ("'warn' or 'stop'",)),
+    ("cap_share", 1.5, ("less than or equal to 1",)),
+    ("target_reward", float("nan"), ("finite number",)),
+    ("ratio_band", [1.2, 0.8], ("0 < low < 1 < high",)),
+    ("ratio_band", [0.8], ("two numbers [low, high]",)),
+    ("enabled", "yes", ("valid boolean",)),
+    ("patiense", 3, ("did you mean 'patience'?",)),
+])
+def test_a_bad_watch_setting_is_refused_in_one_line(tmp_path, key, value, words):
+    """watch.*: the run watcher's knobs (runtime/watcher.WatchSettings), validated at the door like every section."""
+    spec = write_spec(tmp_path, changed("cpu", {("watch", key): value}))
+    for argv in (["plan", "--json", "-f", str(spec)], ["render", "-f", str(spec), "-o", str(tmp_path / "render")]):
+        assert_refused(cli(argv, tmp_path), key=f"watch.{key}", words=words)
+    assert not (tmp_path / "render").exists()

@@ -111,3 +111,27 @@ def test_the_cli_runs_without_the_runtime_extra():
     code = "import sys; sys.modules['torch'] = None\nfrom grpo_deploy import cli\nsys.exit(cli.main(['profiles']))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_diagnose_adds_the_run_watchers_view(tmp_path, capsys, monkeypatch):
+    """The recorded 40-step CPU rehearsal stands in for the hosts' events (deployer.events reads them live over SSH or
+    Docker: the fake is that read, not the judging): the bottleneck, then the watcher's trend and its findings."""
+    import json
+    from pathlib import Path
+
+    from grpo_deploy import deployer
+    from grpo_deploy.runtime.metrics import read_events
+
+    recorded = read_events(str(Path(__file__).parent / "metrics" / "cpu_rehearsal.jsonl"))
+    monkeypatch.setattr(deployer, "events", lambda res, ssh: recorded)
+    spec_path = tmp_path / "s.yaml"
+    assert main(["init", "--profile", "cpu", "--engine", "trl-async", "-o", str(spec_path)]) == 0
+    capsys.readouterr()
+    main(["diagnose", "-f", str(spec_path)])
+    text = capsys.readouterr().out
+    assert "diagnosis: " in text and "run watcher         reward trend" in text, text
+    assert "answers at the cap" in text  # the rehearsal's answers ran into its 24-token cap
+    main(["diagnose", "-f", str(spec_path), "--json"])
+    record = json.loads(capsys.readouterr().out)
+    assert record["watch"]["step"] == 40 and record["watch"]["plateau_since"] is None  # a rising reward: not flat
+    assert record["watch"]["cap_share_peak"] > 0.2 and record["watch_findings"] == []  # recorded before the watcher

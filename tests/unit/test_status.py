@@ -210,3 +210,22 @@ def test_a_watcher_stop_is_its_own_end_state_with_the_saving():
     assert "stopped early       run watcher: reward flat since step 1" in text
     assert "30 planned steps not run (~1.5 min, 0.05 GPU-h)" in text
     assert "stopped-early" in status.ENDED
+
+
+def test_the_plot_marks_the_watchers_plateau_stop_and_target(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    ev = _events() + [{"event": "watch_armed", "time": 141.5, "target_reward": 0.9},
+                      {"event": "watch", "time": 170.0, "kind": "plateau", "level": "warn", "step": 6},
+                      {"event": "watch", "time": 180.0, "kind": "plateau_stop", "level": "stop", "step": 9}]
+    drawn = {}
+    real_savefig = plt.Figure.savefig
+
+    def keep(fig, path, **kwargs):  # read what the reward panel holds before the figure is closed
+        drawn["labels"] = [line.get_label() for line in fig.axes[0].get_lines()]
+        return real_savefig(fig, path, **kwargs)
+
+    monkeypatch.setattr(plt.Figure, "savefig", keep)
+    status.plot(ev, str(tmp_path / "p.png"))
+    assert drawn["labels"][1:] == ["watcher: flat", "watcher: stop", "target reward"], drawn
+    assert (tmp_path / "p.png").stat().st_size > 1000
