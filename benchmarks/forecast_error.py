@@ -53,13 +53,17 @@ def main(argv: list[str] | None = None) -> int:
         if up.returncode != 0 or status.returncode != 0:
             print(f"forecast bench: the rerun failed (exit {up.returncode}): {up.stdout[-1500:]}", file=sys.stderr)
             return 1
-        took = json.loads(status.stdout)["wall_s"]
-        if wall["value"] is None or not took:
-            print(f"forecast bench: nothing to compare (forecast {wall['value']}, rerun {took})", file=sys.stderr)
+        summary = json.loads(status.stdout)
+        if wall["value"] is None or not summary.get("wall_s"):
+            print(f"forecast bench: nothing to compare (forecast {wall['value']}, rerun {summary.get('wall_s')})",
+                  file=sys.stderr)
             return 1
+        built = summary.get("images_build_s") or 0.0  # the forecast's start-up leaves image building out, as status
+        took = summary["wall_s"] - built
         error = (wall["value"] - took) / took
-        print(f"rerun wall time    {took:.1f} s (up -> last step)\nforecast error     {error:+.1%} "
-              f"({'within' if abs(error) <= TARGET else 'NOT within'} the {TARGET:.0%} target)")
+        print(f"rerun wall time    {took:.1f} s (up -> last step; {built:.1f} s of image building left out)\n"
+              f"forecast error     {error:+.1%} ({'within' if abs(error) <= TARGET else 'NOT within'} the "
+              f"{TARGET:.0%} target)")
         return 0
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

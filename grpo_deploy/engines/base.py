@@ -235,9 +235,13 @@ class Engine:
         estimate = self.checkpoint_bytes(res, Architecture.from_dict(res.architecture))[0] if res.architecture else 0
         return {"checkpoint_bytes": int(estimate), "margin_bytes": int(ck.disk_margin_gb * 1e9)}
 
+    def gpus_held(self, res: Resolved, host) -> list[int]:
+        """The GPU indices the run holds on *host* (each once, whichever roles share it); [] without an accelerator."""
+        return sorted({i for ids in self.gpu_split(res, host).values() for i in ids})
+
     def gpus_in_use(self, res: Resolved) -> int:
-        """The GPUs the run holds on all its hosts (each index once per host): what its GPU-hours are counted on."""
-        return sum(len({i for ids in self.gpu_split(res, host).values() for i in ids}) for host in res.spec.hosts)
+        """The GPUs the run holds on all its hosts: what its GPU-hours are counted on."""
+        return sum(len(self.gpus_held(res, host)) for host in res.spec.hosts)
 
     def max_completion_length(self, res: Resolved) -> int | None:
         """The answer length cap in tokens, None when the engine's settings do not say it."""

@@ -254,6 +254,12 @@ class TrlAsync(Engine):
         microbatch is a row of many answers (close to a per-token average over the step), without it a microbatch is
         per_device_train_batch_size answers (per answer at 1). trl #7206; the fix, PR #7249, is not released."""
         trl = res.settings.trl
+        keep = ("; TRL 1.16 has no switch that holds the weighting, no loss_type, PR #7249 open: keep token_budget, "
+                "per_device_train_batch_size and gradient_accumulation_steps unchanged across resumes)")
+        return self._objective_words(trl)[:-1] + keep
+
+    @staticmethod
+    def _objective_words(trl) -> str:
         if trl.token_budget:
             return (f"per token over packed rows (token_budget {trl.token_budget} > 0): each row's token sum / its "
                     "tokens, close to a per-token average over the step (DAPO's weighting); packing off would make it "

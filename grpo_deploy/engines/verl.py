@@ -139,7 +139,8 @@ class Verl(Engine):
         normalised by the global batch's token count)."""
         mode = (res.settings.verl.model_extra or {}).get(LOSS_AGG_KEY)
         if mode is None:
-            return (f"{VERL_LOSS_WORDS['token-mean']} ({LOSS_AGG_KEY} not set: verl 0.9.1's default token-mean)")
+            return (f"{VERL_LOSS_WORDS['token-mean']} ({LOSS_AGG_KEY} not set: verl 0.9.1's default token-mean; set it "
+                    "in overrides.verl to hold the weighting whatever verl's default becomes)")
         words = VERL_LOSS_WORDS.get(str(mode), "a mode this kit does not describe")
         return f"{words} ({LOSS_AGG_KEY}={mode})"
 

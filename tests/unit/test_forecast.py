@@ -15,8 +15,9 @@ from tests.hostile.helpers import cli, write_spec
 
 METRICS = Path(__file__).parent / "metrics"
 CASES = [("cpu", "trl-async"), ("cpu", "verl"), ("gb10", "trl-async"), ("a100", "verl"), ("h200", "trl-async")]
-WALL_TOLERANCE = 0.10
-"""The forecast from a run's own 40 steps against that run's real wall time (`up` -> run_end): measured -5.6 %."""
+WALL_TOLERANCE = 0.02
+"""The forecast from a run's own 40 steps against that run's real wall time (`up` -> run_end): -0.6 % with the mean
+step (its end, the final save and run_end, is not forecast); the median step gave -5.6 %."""
 
 
 def _res(profile: str, engine: str, extra: str = "", name: str | None = None, overrides: str = ""):
