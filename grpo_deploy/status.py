@@ -313,8 +313,11 @@ def watch_lines(s: Summary) -> list[str]:
     if w.get("slope_per_step") is not None:
         parts.append(f"reward trend {w['reward_trend']:.3f}, {w['gain_per_window']:+.3f} per {w['window']} steps")
     if w.get("plateau_since") is not None:
-        parts.append(f"flat since step {w['plateau_since']} ({w.get('steps_after_plateau')} steps, "
-                     f"{_hours(w.get('gpu_hours_after_plateau'))} after it)")
+        after = w.get("steps_after_plateau")
+        spent = [f"~{after * s.step_time_median_s / 60:.1f} min"] if after and s.step_time_median_s else []
+        spent += [_hours(w.get("gpu_hours_after_plateau"))] if w.get("gpus") else []
+        parts.append(f"flat since step {w['plateau_since']} ({after} steps{', ' if spent else ''}{', '.join(spent)} "
+                     "after it)")
     if w.get("cap_share_peak") is not None:
         parts.append(f"answers at the cap {w['cap_share_latest']:.0%} (peak {w['cap_share_peak']:.0%})")
     if w.get("target_reward") is not None:
