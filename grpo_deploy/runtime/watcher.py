@@ -461,8 +461,8 @@ class Watcher:
         self.kl.add(step, kl)
         mean = self.kl.recent()
         return self._edge("kl", mean > bound, mean <= bound * CLEAR_MARGIN, step,
-                          f"KL to the reference {mean:.3g} over the last {min(RECENT, len(self.kl.points))} logged steps (bound "
-                          f"{bound:g}): lower the learning rate or raise beta",
+                          f"KL to the reference {mean:.3g} over the last {min(RECENT, len(self.kl.points))} logged "
+                          f"steps (bound {bound:g}): lower the learning rate or raise beta",
                           {"kl": _r(mean, 6), "bound": bound})
 
     def _ratio(self, step: int, ratio: float | None) -> list[Finding]:

@@ -115,7 +115,11 @@ def test_what_if_rows_apply_to_the_engine_and_carry_sources():
     assert {"packing (trl.token_budget)", "gradient checkpointing", "server replicas"} <= set(gb10)
     assert "rollout n" not in gb10 and "trainer processes" not in gb10  # no measured factor: not shown
     assert gb10["packing (trl.token_budget)"].factor == pytest.approx(1 / 0.819, abs=1e-3)
-    assert forecast.make_forecast(_res("cpu", "trl-async")).what_if == []
+    cpu = {w.knob: w for w in forecast.make_forecast(_res("cpu", "trl-async")).what_if}
+    assert set(cpu) == {"packing (trl.token_budget)", "gradient checkpointing"}  # measured here (MEASUREMENTS.md)
+    assert cpu["packing (trl.token_budget)"].factor == 0.283 and "per trained sample" in cpu[
+        "packing (trl.token_budget)"].source
+    assert forecast.make_forecast(_res("cpu", "verl")).what_if == []  # no verl knob measured on the cpu profile
 
 
 def test_json_round_trips():
