@@ -28,7 +28,10 @@ COMPOSE_BIND = "compose.bind.yaml"
 COMPOSE_VERL = "compose.verl.yaml"
 COMPOSE_VERL_CLUSTER = "compose.verl-cluster.yaml"
 COMPOSE_INFINIBAND = "compose.infiniband.yaml"
-COMPOSE_FILES = (COMPOSE_BASE, COMPOSE_NFS, COMPOSE_BIND, COMPOSE_VERL, COMPOSE_VERL_CLUSTER, COMPOSE_INFINIBAND)
+COMPOSE_TRAINER_HOSTS = "compose.trainer-hosts.yaml"
+COMPOSE_TRAINER_INFINIBAND = "compose.trainer-infiniband.yaml"
+COMPOSE_FILES = (COMPOSE_BASE, COMPOSE_NFS, COMPOSE_BIND, COMPOSE_VERL, COMPOSE_VERL_CLUSTER, COMPOSE_INFINIBAND,
+                 COMPOSE_TRAINER_HOSTS, COMPOSE_TRAINER_INFINIBAND)
 
 PROXY_SERVICE = "proxy"
 """The compose service of the replica proxy (beside the trainer when a run has several vLLM server replicas)."""

@@ -52,13 +52,13 @@ def _hosts(engine: str, addresses: list[str]) -> list[dict[str, Any]]:
             _ADDRESS.validate_python(address)
         except ValidationError as exc:
             raise InitError(f"--hosts: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-    most = sum(limit for _, limit in info.role_counts.values())
+    first, rest = info.multi_host_roles
+    most = 1 + min(info.role_counts[role][1] for role in rest)  # the first host's roles, then one per other host
     if len(addresses) > most:
         raise InitError(f"{engine} takes at most {most} hosts (its roles' limits); give a host several server "
                         "replicas with hosts[].replicas instead")
     if len(addresses) == 1:
         return [{"name": host_name(addresses[0]), "address": addresses[0], "roles": list(info.single_host_roles)}]
-    first, rest = info.multi_host_roles
     names = unique_names([host_name(a) for a in addresses])
     return [{"name": n, "address": a, "roles": list(first if i == 0 else rest)}
             for i, (n, a) in enumerate(zip(names, addresses, strict=True))]

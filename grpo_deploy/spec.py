@@ -552,7 +552,8 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
         if len(having) > most and engine.role_limit_why(role):
             add(("hosts", having[most], "roles"), engine.role_limit_why(role))
         elif not least <= len(having) <= most:
-            count = f"exactly {least}" if least == most else f"at least {least}"
+            count = f"exactly {least}" if least == most else f"at least {least}" if len(having) < least else \
+                f"at most {most}"
             add(("hosts",), f"{spec.engine} needs {count} host(s) with role {role!r}, found {len(having)}")
 
     ckpt = spec.checkpoints

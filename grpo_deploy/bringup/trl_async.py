@@ -2,8 +2,9 @@
 trainer) and the trainer started together (the trainer builds its model while the servers load), readiness (every
 replica lists the model; one token generated, from the trainer's side), progress per optimizer step until the
 trainer exits, the restarts supervision asks for (no server left: trainer stopped, all started again; a dead replica
-or proxy: started again alone while the trainer goes on), and what a failed run leaves to look at (the server's view
-of an adapter it could not read)."""
+or proxy: started again alone while the trainer goes on; a trainer over several hosts: every trainer host's container
+stopped and started again, machine 0 resolving the resume), and what a failed run leaves to look at (the server's
+view of an adapter it could not read)."""
 
 from __future__ import annotations
 
@@ -12,21 +13,22 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from .. import run_view
 from ..deployment import Deployment
-from ..engines.trl_async import ServerReplica, host_services, replica_urls, server_replicas, server_url
+from ..checks import cluster as cluster_checks
+from ..engines.trl_async import ServerReplica, host_services, replica_urls, server_replicas, server_url, trainer_hosts
 from ..hosts import facts as host_facts
 from ..hosts import oneoff
-from ..hosts.connect import HostError
+from ..hosts.connect import HostError, on_all
 from ..names import PROXY_SERVICE, READY_TIMEOUT_S
 from ..resolve import Resolved
 from ..run_state import LaunchError
 from ..runtime.metrics import parse_events
 from ..runtime.values import ip_literal, parse_address
-from ..supervise import EnginePatience, RoleDied, view_words
+from ..supervise import KILLED, EnginePatience, RoleDied, view_words
 from . import POLL_S, STOPPED, container, follow_steps, main_exit
 
 NOTE_EVERY_S = 15.0  # a line while the server loads
@@ -35,13 +37,28 @@ PROXY = "proxy"  # RoleDied's role when the replica proxy died (started again al
 
 
 def hosts(dep: Deployment) -> list[str]:
-    """The hosts this bring-up starts containers on: every server host, then the trainer's."""
-    return list(dict.fromkeys([h.name for h in dep.res.hosts_with("server")] + [dep.role_host("trainer")]))
+    """The hosts this bring-up starts containers on: every server host, then the trainer's (every trainer host's, machine
+    0 first, when the trainer spans several)."""
+    return list(dict.fromkeys([h.name for h in dep.res.hosts_with("server")] + _trainers(dep)))
+
+
+def _trainers(dep: Deployment) -> list[str]:
+    """The trainer hosts, machine 0 first."""
+    return [h.name for h in trainer_hosts(dep.res)]
 
 
 def addresses(dep: Deployment, ctx=None) -> dict[str, str]:
     """Each server host's IP as the trainer's host resolves its address (a name is looked up there): where that
-    server publishes its ports ({} when every server shares the trainer's host: loopback)."""
+    server publishes its ports ({} when every server shares the trainer's host: loopback); with several trainer
+    hosts also each one's address as preflight's cluster check found it (machine 0's is the rendezvous)."""
+    out = _server_addresses(dep)
+    if ctx is not None:
+        for name, found in cluster_checks.node_addresses(ctx).items():
+            out.setdefault(name, found.ip)
+    return out
+
+
+def _server_addresses(dep: Deployment) -> dict[str, str]:
     res = dep.res
     trainer = res.host_for("trainer")
     out = {}
@@ -58,7 +75,7 @@ def addresses(dep: Deployment, ctx=None) -> dict[str, str]:
 
 
 def addresses_words(ips: dict[str, str]) -> str:
-    return f"the server publishes on {ips or 'loopback (same host)'}"
+    return f"addresses {ips}" if ips else "the server publishes on loopback (same host)"
 
 
 def _replicas(dep: Deployment) -> list[ServerReplica]:
@@ -87,10 +104,23 @@ def _up_servers(dep: Deployment, replicas: list[ServerReplica]) -> None:
 
 
 def _up_trainer(dep: Deployment) -> None:
-    """The trainer, after the replica proxy when the run has one (its base URL is the proxy)."""
+    """The trainer, after the replica proxy when the run has one (its base URL is the proxy); with several trainer
+    hosts every other one's trainer as well, all at once (each waits at machine 0's rendezvous)."""
     trainer_host = dep.role_host("trainer")
     dep.project(trainer_host).up(*[s for s in host_services(dep.res, dep.res.host_for("trainer"))
                                    if s in (PROXY_SERVICE, "trainer")])
+    others = [dep.hosts[h] for h in _trainers(dep)[1:]]
+    for result in on_all(others, lambda conn: dep.project(conn.name).up("trainer")).values():
+        if isinstance(result, HostError):
+            raise result
+
+
+def _stop_trainers(dep: Deployment) -> None:
+    """The trainer stopped on every trainer host (a survivor of a lost peer may wait in a collective for minutes)."""
+    for result in on_all([dep.hosts[h] for h in _trainers(dep)],
+                         lambda conn: dep.project(conn.name).compose("stop", "trainer")).values():
+        if isinstance(result, HostError):
+            raise result
 
 
 def start(dep: Deployment, log: Callable[[str], None], ips: dict[str, str], since: float) -> None:
@@ -99,8 +129,11 @@ def start(dep: Deployment, log: Callable[[str], None], ips: dict[str, str], sinc
     replicas, trainer_host = _replicas(dep), dep.role_host("trainer")
     what = "the vLLM server" if len(replicas) == 1 else f"{len(replicas)} vLLM server replicas"
     proxy = " behind the replica proxy beside the trainer" if len(replicas) > 1 else ""
-    log(f"starting {what} on {_where(replicas)}{proxy} and the trainer on {trainer_host} (the trainer builds its "
-        "model while the server loads)")
+    trainers = _trainers(dep)
+    where = trainer_host if len(trainers) == 1 else f"{', '.join(trainers)} (one process group; machine 0 on " \
+        f"{trainer_host})"
+    log(f"starting {what} on {_where(replicas)}{proxy} and the trainer on {where} (the trainer builds its model while "
+        "the server loads)")
     _up_servers(dep, replicas)
     _up_trainer(dep)
     dep.state.emit("trainer_started")
@@ -121,6 +154,9 @@ def restart(dep: Deployment, log: Callable[[str], None], role: str) -> float:
     proxy gives it the current adapter before routing to it); or (every server died) the trainer stopped and all
     started again. The servers' new ready time."""
     trainer_host = dep.role_host("trainer")
+    if role == "trainer" and len(_trainers(dep)) > 1:
+        log(f"starting the trainer again on {', '.join(_trainers(dep))} (machine 0 resolves the checkpoint to resume)")
+        _stop_trainers(dep)
     if role in ("trainer", PROXY):  # the proxy as well: up is a no-op for the one still running
         _up_trainer(dep)
         return 0.0
@@ -130,7 +166,7 @@ def restart(dep: Deployment, log: Callable[[str], None], role: str) -> float:
         _up_servers(dep, dead)
         dep.returning.update({(r.host, r.service): restart_at for r in dead})
         return 0.0
-    dep.project(trainer_host).compose("stop", "trainer")
+    _stop_trainers(dep)
     dep.returning.clear()
     _up_servers(dep, _replicas(dep))
     _up_trainer(dep)
@@ -259,6 +295,8 @@ class Servers:
     returning: list[bool]
     proxy: dict | None = None
     proxy_expected: bool = False
+    machines: dict[str, dict | None] = field(default_factory=dict)
+    """The trainer's container on every trainer host but machine 0's (None: gone), when the trainer spans hosts."""
 
 
 def _snapshot(dep: Deployment) -> tuple[dict, str, Servers]:
@@ -270,15 +308,20 @@ def _snapshot(dep: Deployment) -> tuple[dict, str, Servers]:
     many = len(replicas) > 1
     return c, text, Servers([dep.project(r.host).service(r.service, strict=True) for r in replicas],
                             [(r.host, r.service) in dep.returning for r in replicas],
-                            trainer.service(PROXY_SERVICE, strict=True) if many else None, many)
+                            trainer.service(PROXY_SERVICE, strict=True) if many else None, many,
+                            {h: dep.project(h).service("trainer", strict=True) for h in _trainers(dep)[1:]})
 
 
 def _judge(c: dict, servers: Servers, last_step: int) -> int | None:
     """The trainer's exit code once it stopped; RoleDied while the trainer has not finished cleanly: "server" when
     no replica is left serving (every one exited, or the rest are restarting: the trainer is restarted with them),
     REPLICA when some exited and another serves (they are restarted alone), PROXY when the replica proxy exited,
-    "trainer" when it is killed."""
+    "trainer" when it is killed — on any of its hosts (a peer's death ends the others' ranks with an error, so a
+    kill anywhere is a restart of them all)."""
     trainer_done = c["state"] in STOPPED and int(c["exit_code"] or 0) == 0
+    for host, m in servers.machines.items():
+        if not trainer_done and (m is None or m["state"] in STOPPED and int(m["exit_code"] or 0) == KILLED):
+            raise RoleDied("trainer", KILLED, last_step)
     if not trainer_done:
         up = [s is not None and s["state"] not in STOPPED for s in servers.replicas]
         dead = [s for s, alive in zip(servers.replicas, up, strict=True) if not alive]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..checks import ray as ray_checks
+from ..checks import cluster as cluster_checks
 from ..deployment import Deployment
 from ..hosts.connect import HostError, on_all
 from ..run_state import LaunchError
@@ -36,7 +36,7 @@ def _workers(dep: Deployment) -> list[str]:
 
 def addresses(dep: Deployment, ctx) -> dict[str, str]:
     """Each node's address as preflight found it (what every node's Ray advertises); {} on one host."""
-    return {name: a.ip for name, a in ray_checks.node_addresses(ctx).items()}
+    return {name: a.ip for name, a in cluster_checks.node_addresses(ctx).items()}
 
 
 def addresses_words(ips: dict[str, str]) -> str:

@@ -6,7 +6,7 @@ with what each check needs, the runner, table and JSON), and the checks by what 
 Importing this package registers every check, in registry.ORDER.
 """
 
-from . import host, images, ray, spec, storage  # noqa: F401  (registers the checks)
+from . import cluster, host, images, spec, storage  # noqa: F401  (registers the checks)
 from .images import TRL_VLLM_GATE, image_on
 from .registry import (
     CHECKS,

@@ -91,22 +91,26 @@ def _in_container(ctx: Context, host, image: str, ident, argv: list[str]):
 
 
 def check_shared_volume(ctx: Context) -> list[Result]:
-    """Writes a real safetensors probe the way the trainer saves adapters, then reads it as the server would."""
+    """Writes a real safetensors probe the way the trainer saves adapters, then reads it as the server would; with
+    the main role on several hosts (a trainer over several hosts: every rank saves its shards), each of the others
+    writes one that the first host reads (a checkpoint must be whole on one share)."""
     res = ctx.res
+    main = res.engine_info.main_role
     readers = res.hosts_with(res.engine_info.reader_role)
-    if not readers:
+    writers = res.hosts_with(main)
+    if not readers and len(writers) < 2:
         return [Result("shared-volume", "-", SKIP, f"no {res.engine_info.reader_role} host reads what the "
-                       f"{res.engine_info.main_role} writes on the share")]
-    return [shared_volume_probe(ctx, res.engine_info.main_role, res.engine_info.reader_role, reader)
-            for reader in readers]
+                       f"{main} writes on the share")]
+    return [shared_volume_probe(ctx, main, res.engine_info.reader_role, reader) for reader in readers] + \
+        [shared_volume_probe(ctx, main, main, writers[0], w_host=other) for other in writers[1:]]
 
 
-def shared_volume_probe(ctx: Context, writer: str, reader: str, r_host=None) -> Result:
+def shared_volume_probe(ctx: Context, writer: str, reader: str, r_host=None, w_host=None) -> Result:
     """The probe between two roles' hosts, in their images, as their identities (the testinfra check
     `shared_dir_cross_host_write_read` gives this same verdict through its own connectors): *writer* saves a real
     safetensors file on the share the way adapters and checkpoints are saved; *reader* reads it on its host."""
     res = ctx.res
-    w_host, r_host = res.host_for(writer), r_host or res.host_for(reader)
+    w_host, r_host = w_host or res.host_for(writer), r_host or res.host_for(reader)
     where = w_host.name if w_host.name == r_host.name else f"{w_host.name}->{r_host.name}"
     for host, role in ((w_host, writer), (r_host, reader)):
         image = res.image_for(role)

@@ -31,6 +31,27 @@ class Unsupported(RuntimeError):
 
 
 @dataclass(frozen=True)
+class ClusterPorts:
+    """The fixed ports of one cluster across hosts (preflight checks them free, then reachable between the nodes)."""
+
+    what: str
+    """Whose ports, in words: `Ray's`, `the trainer's rendezvous`."""
+    first: tuple[int, ...]
+    """Ports the first node (Ray's head, the trainer's machine 0) listens on."""
+    others: tuple[int, ...] = ()
+    """Ports every other node listens on."""
+    ranges: tuple[tuple[int, int], ...] = ()
+    """Port ranges every node keeps free (Ray's worker processes)."""
+    reach_first: tuple[int, ...] = ()
+    """Ports every node must reach on the first."""
+    reach_all: tuple[int, ...] = ()
+    """Ports every node must reach on every other node."""
+
+    def listened(self, first: bool) -> tuple[int, ...]:
+        return self.first if first else self.others
+
+
+@dataclass(frozen=True)
 class Engine:
     name: str
     description: str
@@ -204,6 +225,10 @@ class Engine:
         """The spec hosts that form one cluster across hosts (their order: the head first), [] when *spans_hosts* is
         false (preflight checks their addresses, ports and reach of each other)."""
         return []
+
+    def cluster_ports(self, res: Resolved) -> ClusterPorts | None:
+        """The fixed ports of its cluster across hosts (None when *spans_hosts* is false)."""
+        return None
 
     def k8s_params(self, res: Resolved) -> dict[str, Any]:
         """The engine's own values in k8s/params.env (besides the run's, which every engine has)."""

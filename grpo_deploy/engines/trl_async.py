@@ -12,14 +12,16 @@ from typing import Any
 
 from .. import diagnose
 from ..architecture import Architecture
-from ..names import COMPOSE_BASE, PROXY_SERVICE, REPLICA_LABEL, project_name
+from ..names import (COMPOSE_BASE, COMPOSE_TRAINER_HOSTS, COMPOSE_TRAINER_INFINIBAND, PROXY_SERVICE, REPLICA_LABEL,
+                     project_name)
 from ..render_text import dump_yaml, template
 from ..runtime.adapters import POLICY_PREFIX
 from ..runtime.config import RunConfig, SpeedSwitches, config_text
+from ..runtime.processes import MAIN_PORT, MAX_MACHINES
 from ..runtime.values import MAX_PORT, ip_literal, parse_address
 from ..settings import SECTIONS, SERVER_PORT, VLLM_KIT_FLAGS, VLLM_LORA_RANKS, KitFlag, vllm_flags
 from . import trl_sizes
-from .base import COMMON_SECTIONS, GB, Engine, Resolved, human
+from .base import COMMON_SECTIONS, GB, ClusterPorts, Engine, Resolved, human
 
 
 def _override(section: str, key: str) -> tuple[Any, ...]:
@@ -80,6 +82,12 @@ class TrlAsync(Engine):
                     f"max_model_len={vllm.max_model_len} < max_prompt_length + max_completion_length = {need_len}")
         n = replica_count(res)
         inflight = s.trl.max_inflight_tasks
+        if n > 1 and trainer_machines(res) > 1:
+            i, host = next((i, h) for i, h in enumerate(res.spec.hosts) if "server" in h.roles)
+            problem(("hosts", i, "replicas") if (host.replicas or 1) > 1 else ("hosts", i, "roles"),
+                    f"{n} vLLM servers with {trainer_machines(res)} trainer hosts: the replica proxy beside a trainer on "
+                    "its host's network is not built yet; use one server (one host with role server, replicas 1) "
+                    "with several trainer hosts, or one trainer host with several servers")
         if n > 1:
             _check_replicas(self, res, problem)
             inflight = _scale_with_replicas(res, n, derived)
@@ -137,6 +145,9 @@ class TrlAsync(Engine):
         if (host.replicas or 1) > 1:
             compose_files.append(f"{config_dir.rsplit('/config', 1)[0]}/hosts/{host.name}.replicas.yaml")
             files[f"hosts/{host.name}.replicas.yaml"] = replicas_override(res, host)
+        machine = machine_of(res, host, publish_ips)
+        if machine:
+            compose_files += [COMPOSE_TRAINER_HOSTS] + ([COMPOSE_TRAINER_INFINIBAND] if host.infiniband else [])
         services = host_services(res, host)
         files[f"hosts/{host.name}.env"] = template(
             "host.env.j2", host=host, run_name=spec.run.name, project=project_name(spec.run.name),
@@ -145,7 +156,7 @@ class TrlAsync(Engine):
             volume=spec.storage.volume, config_dir=config_dir, port=res.settings.vllm.port,
             publish=publish_address(res, host if "server" in host.roles else res.host_for("server"), publish_ips),
             shm_size="16g" if gpu else "1g", nfs=spec.storage.nfs, shared_dir=host.shared_dir,
-            proxy=PROXY_SERVICE in services,
+            proxy=PROXY_SERVICE in services, machine=machine,
         )
         return files
 
@@ -154,7 +165,21 @@ class TrlAsync(Engine):
         return [res.settings.vllm.port + k for k in range(host.replicas or 1)] if "server" in host.roles else []
 
     def trainer_processes(self, res: Resolved) -> int:
-        return trainer_processes(res)
+        """Every rank of the trainer's group: its processes on each trainer host."""
+        return trainer_ranks(res)
+
+    def spans_hosts(self, spec) -> bool:
+        return sum(1 for h in spec.hosts if "trainer" in h.roles) > 1
+
+    def cluster_nodes(self, res: Resolved) -> list:
+        """The trainer hosts when there are several, machine 0 first."""
+        return trainer_hosts(res) if trainer_machines(res) > 1 else []
+
+    def cluster_ports(self, res: Resolved) -> ClusterPorts | None:
+        """The ranks' rendezvous on machine 0 (Gloo and NCCL then pick ports of their own on every machine)."""
+        if trainer_machines(res) < 2:
+            return None
+        return ClusterPorts("the trainer's rendezvous", first=(MAIN_PORT,), reach_first=(MAIN_PORT,))
 
     def roles_words(self, res: Resolved, host) -> list[str]:
         """Its roles, the server with its replica count when more than one (`server x2`), and the proxy beside the
@@ -166,8 +191,11 @@ class TrlAsync(Engine):
     def gpu_words(self, res: Resolved, host) -> str:
         """Each replica's GPUs by its service (`server 0; server-2 1; trainer 2,3`) when the host has several, and the
         trainer's process count when it has several (`(2 trainer processes, FSDP2)`)."""
-        ranks = trainer_processes(res) if "trainer" in host.roles else 1
-        more = f" ({ranks} trainer processes, FSDP2)" if ranks > 1 else ""
+        ranks, machines = trainer_processes(res) if "trainer" in host.roles else 1, trainer_machines(res)
+        more = f" ({ranks} trainer processes, FSDP2)" if ranks > 1 and machines == 1 else ""
+        if "trainer" in host.roles and machines > 1:
+            more = f" (trainer machine {_machine_rank(res, host)} of {machines}: {ranks} process" \
+                   f"{'es' if ranks > 1 else ''} here, FSDP2 over {trainer_ranks(res)})"
         if (host.replicas or 1) == 1 or res.profiles[host.name].accelerator == "none":
             return super().gpu_words(res, host) + more
         words = [f"{r.service} {','.join(map(str, r.gpus))}" for r in server_replicas(res) if r.host == host.name]
@@ -195,7 +223,7 @@ class TrlAsync(Engine):
 
     def diagnose(self, events, res: Resolved):
         """Seed 004's rules over TRL's async metrics (grpo_deploy.diagnose)."""
-        hint = {**diagnose.settings_hint(res, trainer_processes(res)), "replicas": replica_count(res)}
+        hint = {**diagnose.settings_hint(res, trainer_ranks(res)), "replicas": replica_count(res)}
         return diagnose.diagnose(events, hint), diagnose.LABELS
 
     def k8s_params(self, res: Resolved) -> dict[str, Any]:
@@ -312,6 +340,9 @@ def server_url(res: Resolved, resolved: dict[str, str] | None = None) -> str:
     urls = replica_urls(res, resolved)
     if len(urls) > 1:
         return f"http://{PROXY_SERVICE}:{res.settings.vllm.port}"
+    trainer, replicas = res.host_for("trainer"), server_replicas(res)
+    if replicas and trainer is not None and replicas[0].host == trainer.name and trainer_machines(res) > 1:
+        return f"http://127.0.0.1:{res.settings.vllm.port}"  # machine 0 on its host's network: the published port
     return urls[0] if urls else ""
 
 
@@ -370,7 +401,7 @@ def _scale_with_replicas(res: Resolved, n: int, derived: list) -> int:
             continue
         value = getattr(trl, key)
         if value == -1:
-            value = diagnose.trl_auto_inflight(trl, trainer_processes(res))
+            value = diagnose.trl_auto_inflight(trl, trainer_ranks(res))
             source = f"TRL's automatic {value} (max_staleness x samples per step)"
         else:
             source = f"{value} ({origin.source if origin else 'default'})"
@@ -414,20 +445,59 @@ def _check_trainer_switches(res: Resolved, problem) -> None:
 
 
 def trainer_processes(res: Resolved) -> int:
-    """Trainer processes: runtime.trainer_processes, else 1 (a several-GPU trainer is not the default until it has
-    run on GPUs here: docs/notes/trainer-across-hosts.md)."""
+    """Trainer processes on each trainer host: runtime.trainer_processes, else 1 (a several-GPU trainer is not the
+    default until it has run on GPUs here)."""
     return res.settings.runtime.trainer_processes or 1
 
 
+def trainer_hosts(res: Resolved) -> list:
+    """The hosts with role trainer, in spec order: the first is machine 0 (the rendezvous, rank 0, the metrics)."""
+    return res.hosts_with("trainer")
+
+
+def trainer_machines(res: Resolved) -> int:
+    return max(len(trainer_hosts(res)), 1)
+
+
+def trainer_ranks(res: Resolved) -> int:
+    """Ranks of the trainer's one process group: its processes on each trainer host."""
+    return trainer_processes(res) * trainer_machines(res)
+
+
+def _machine_rank(res: Resolved, host) -> int:
+    return next(k for k, h in enumerate(trainer_hosts(res)) if h.name == host.name)
+
+
+def main_address(res: Resolved, resolved: dict[str, str] | None = None) -> str:
+    """Machine 0's address as the other trainer hosts reach it: as the deployer found it (preflight's cluster check),
+    else the host part of its spec address."""
+    first = trainer_hosts(res)[0]
+    if resolved and first.name in resolved:
+        return resolved[first.name]
+    return parse_address(first.address).host if first.address != "local" else ""
+
+
+def machine_of(res: Resolved, host, resolved: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """A trainer host's place when the trainer spans several (its host env file's GRPO_MACHINE_RANK ...), else None.
+    *resolved*: each node's address as the deployer found it ({} for `render`: Gloo then finds the interface)."""
+    if "trainer" not in host.roles or trainer_machines(res) < 2:
+        return None
+    return {"rank": _machine_rank(res, host), "main_address": main_address(res, resolved), "main_port": MAIN_PORT,
+            "node_ip": (resolved or {}).get(host.name, ""), "ifname": host.interface or ""}
+
+
 def _check_trainer_processes(engine: TrlAsync, res: Resolved, problem) -> None:
-    """On cuda at most one trainer process per trainer GPU (an FSDP2 rank owns one GPU); on cpu any count (gloo)."""
-    n, host = trainer_processes(res), res.host_for("trainer")
-    gpus = engine.gpu_split(res, host).get("trainer") if host and res.settings.runtime.device == "cuda" else None
-    if gpus is not None and n > len(gpus):
-        problem(_override("runtime", "trainer_processes"),
-                f"runtime.trainer_processes is {n} but the trainer on {host.name} has {len(gpus)} GPU(s) ({gpus}): "
-                f"FSDP2 runs one process per GPU; set it to {len(gpus)} or fewer, or give the trainer {n} GPUs "
-                "(hosts[].gpus.trainer)")
+    """On cuda at most one trainer process per trainer GPU on each trainer host (an FSDP2 rank owns one GPU); on cpu
+    any count (gloo)."""
+    n = trainer_processes(res)
+    for host in trainer_hosts(res) if res.settings.runtime.device == "cuda" else []:
+        gpus = engine.gpu_split(res, host).get("trainer")
+        if gpus is not None and n > len(gpus):
+            problem(_override("runtime", "trainer_processes"),
+                    f"runtime.trainer_processes is {n} but the trainer on {host.name} has {len(gpus)} GPU(s) "
+                    f"({gpus}): FSDP2 runs one process per GPU; set it to {len(gpus)} or fewer, or give the trainer "
+                    f"{n} GPUs (hosts[].gpus.trainer)")
+            return
 
 
 def _check_names_and_ports(res: Resolved, problem) -> None:
@@ -534,6 +604,7 @@ def trainer_config(res: Resolved, publish_ips: dict[str, str] | None = None) -> 
         "watch": TRL_ASYNC.watch(res),
         **({"speed": speed} if (speed := _speed(res)) else {}),
         **({"processes": n} if (n := trainer_processes(res)) > 1 else {}),
+        **({"machines": m} if (m := trainer_machines(res)) > 1 else {}),
         "async_grpo": grpo,
     })
 
@@ -554,7 +625,8 @@ def publish_address(res: Resolved, server_host, resolved: dict[str, str] | None 
     hosts[].publish, the IP the trainer reaches the host by (an IP address, or a name the deployer resolved),
     and loopback while nothing says (vLLM's LoRA and dev endpoints have no authentication: never all interfaces
     unless the spec asks)."""
-    if server_host is None or len(server_host.roles) == len(res.engine_info.roles):
+    trainer = res.host_for("trainer")
+    if server_host is None or trainer is not None and server_host.name == trainer.name:
         return "127.0.0.1"
     if server_host.publish:
         return server_host.publish
@@ -573,7 +645,7 @@ TRL_ASYNC = TrlAsync(
     progress=(("staleness", "sample/staleness_mean", ".2f"), ("ratio", "ratio", ".4f"),
               ("queue", "sample/rollout_queue_size", ".0f")),
     role_images={"server": "server", "trainer": "trainer"},
-    role_counts={"trainer": (1, 1), "server": (1, 16)},
+    role_counts={"trainer": (1, MAX_MACHINES), "server": (1, 16)},
     replica_role="server",
     published_role="server",
     unread_keys={"dataset.size": "its steps are overrides.trl.max_steps, not a count of prompts"},
@@ -589,8 +661,4 @@ TRL_ASYNC = TrlAsync(
     single_host_roles=("server", "trainer"),
     multi_host_roles=(("trainer",), ("server",)),
     settings_roles={"vllm": "server"},
-    unsupported={
-        "several trainer hosts": "a trainer across hosts (accelerate with FSDP2, one process group over the trainer "
-                                 "hosts) is not built yet: use one trainer host",
-    },
 )

@@ -13,9 +13,9 @@ from ..architecture import Architecture
 from ..names import COMPOSE_INFINIBAND, COMPOSE_VERL, COMPOSE_VERL_CLUSTER, project_name
 from ..render_text import RenderError, template
 from ..runtime import verl_data
-from ..runtime.ray_node import GCS_PORT
+from ..runtime.ray_node import GCS_PORT, NODE_PORTS, PEER_PORTS, WORKER_PORTS
 from ..runtime.values import CONTROL, MAX_STEPS, parse_address
-from .base import COMMON_SECTIONS, GB, Engine, Resolved
+from .base import COMMON_SECTIONS, GB, ClusterPorts, Engine, Resolved
 
 DATASET_SIZES = {"gsm8k": 7473, "boxed-math": 1460}
 """Training prompts of the known datasets (steps per epoch = size // train_batch_size); dataset.size overrides."""
@@ -99,6 +99,14 @@ class Verl(Engine):
 
     def spans_hosts(self, spec) -> bool:
         return sum(1 for h in spec.hosts if {"head", "worker"} & set(h.roles)) > 1
+
+    def cluster_ports(self, res: Resolved) -> ClusterPorts | None:
+        """Ray's fixed ports: the head's GCS and every node's own, its worker processes' range."""
+        if not is_cluster(res):
+            return None
+        node = tuple(NODE_PORTS.values())
+        return ClusterPorts("Ray's", first=(GCS_PORT, *node), others=node, ranges=(WORKER_PORTS,),
+                            reach_first=PEER_PORTS, reach_all=tuple(p for p in PEER_PORTS if p != GCS_PORT))
 
     def k8s_params(self, res: Resolved) -> dict[str, Any]:
         """The pods of a Ray cluster: one head and ray_workers workers, each of gpus_per_node; NCCL's and Gloo's

@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, TypeAda
 from . import rewards as rewards_module
 from .adapters import LORA_SUBDIR
 from .data import DatasetSpec
-from .processes import MAX_PROCESSES
+from .processes import MAX_MACHINES, MAX_PROCESSES
 from .shown import shown, shown_key
 from .strict import Strict
 from .values import (
@@ -62,6 +62,7 @@ def _reward(name: str) -> str:
 
 Reward = Annotated[str, AfterValidator(_reward)]
 Processes = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=MAX_PROCESSES)]
+Machines = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=MAX_MACHINES)]
 def _not_a_big_int(value: Any) -> Any:
     """An integer past int64 is not a float either (strict floats take integers): refused, not rounded."""
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
@@ -109,8 +110,9 @@ class RuntimeSettings(Strict):
     lora_elementwise: bool = False
     """LoRA's rank <= 4 products as broadcasts and sums for the compiler to fuse (needs compile_layers)."""
     trainer_processes: Processes | None = None
-    """Trainer processes on the trainer host (FSDP2 under accelerate launch, sharded checkpoints): null = 1; on cuda
-    at most one per trainer GPU (not yet run on GPUs), on cpu any count (gloo)."""
+    """Trainer processes on each trainer host (FSDP2 under accelerate launch, sharded checkpoints; with several
+    trainer hosts one group over all of them): null = 1; on cuda at most one per trainer GPU (not yet run on GPUs),
+    on cpu any count (gloo)."""
 
 
 @cache
@@ -271,7 +273,11 @@ class RunConfig(Strict):
     """The run watcher (runtime/watcher.py) on rank 0's logged steps; None: off."""
     speed: SpeedSwitches = SpeedSwitches()
     processes: Processes = 1
-    """Trainer processes (ranks of one FSDP2 group); above 1 the entrypoint re-executes itself under accelerate."""
+    """Trainer processes on each trainer host (ranks of one FSDP2 group); above 1 (or several machines) the
+    entrypoint re-executes itself under accelerate."""
+    machines: Machines = 1
+    """Trainer hosts the group spans (each its processes); each host's place comes from its environment
+    (processes.machine_from_env)."""
     async_grpo: AsyncGrpoArgs
     source: str = Field("<config>", exclude=True)
 
@@ -294,6 +300,11 @@ class RunConfig(Strict):
     @property
     def output_dir(self) -> str:
         return os.path.abspath(self.async_grpo.output_dir)
+
+    @property
+    def world_size(self) -> int:
+        """Ranks of the trainer's process group: processes on each of the machines."""
+        return self.processes * self.machines
 
     @property
     def max_staleness(self) -> int:

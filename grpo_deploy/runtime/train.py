@@ -58,7 +58,7 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
     log.info(shim)
     if config.device == "cpu":
         trl_hooks.neutralise_peak_flops()
-        if config.processes > 1:
+        if config.world_size > 1:
             processes.fsdp_on_cpu()
     try:
         args = AsyncGRPOConfig(**build_grpo_kwargs(config))
@@ -73,7 +73,7 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
         peft_config=build_lora_config(config),
         callbacks=[MetricsCallback(sink)],
     )
-    processes.check_group(trainer, config.processes)
+    processes.check_group(trainer, config.world_size)
     main = processes.is_main_rank()
     if config.watch is not None:  # before the disk watchdog and the share guard: they judge the save it asks for
         trainer.add_callback(WatcherCallback(watch_of(config, sink) if main else None))
@@ -126,7 +126,7 @@ def resume_shape(config: RunConfig) -> checkpoints.Shape:
     all-linear out as the module names it found)."""
     modules = config.lora.target_modules
     return checkpoints.Shape(config.lora.r, tuple(sorted(modules)) if isinstance(modules, list) else None,
-                             config.processes)
+                             config.world_size)
 
 
 def newest_complete(config: RunConfig) -> str | None:
@@ -168,6 +168,8 @@ def run(config: RunConfig, sink: MetricsSink) -> int:
                       objective=config.watch.objective if config.watch is not None else None)
         note_quarantined(quarantined, sink)
         trainer, shim = build_trainer(config, sink)
+        if config.machines > 1:  # machines other than 0 take the target machine 0's launcher resolved
+            resumed_from = processes.resume_from_rank0(resumed_from)
         if config.unload_stale_adapters and processes.is_main_rank():
             unloaded = unload_stale(config.server_url)
             if unloaded:
@@ -217,11 +219,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {error}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _on_sigterm)
-    if config.processes > 1 and not processes.launched():
+    if config.world_size > 1 and not processes.launched():
         return launch(config, args.config)
-    if not processes.is_main_rank():  # one voice: rank 0 writes the events and the heartbeat
+    if not processes.is_main_rank():  # one voice: rank 0 writes the events; each machine's first rank its heartbeat
         logging.getLogger().setLevel(logging.WARNING)
-        return run(config, NullSink())
+        if not processes.is_local_main():
+            return run(config, NullSink())
+        heartbeat = Heartbeat(heartbeat_path(config.heartbeat_path)).start()
+        try:
+            return run(config, NullSink())
+        finally:
+            heartbeat.stop()
     heartbeat = Heartbeat(heartbeat_path(config.heartbeat_path)).start()
     try:
         with MetricsSink(config.metrics_path) as sink:
@@ -233,7 +241,16 @@ def main(argv: list[str] | None = None) -> int:
 def launch(config: RunConfig, config_path: str) -> int:
     """Several processes: resolve the resume target once (quarantining half-written checkpoints before any rank
     starts), then become `accelerate launch` of the ranks (processes.launch_argv). A refused resume ends here, with
-    the run_start/run_end events the single-process path writes."""
+    the run_start/run_end events the single-process path writes. Across machines only machine 0 resolves (and
+    writes events); a machine whose environment does not say where it is ends with one line, exit 2."""
+    try:
+        machine = processes.machine_from_env(config.machines)
+        ifname = processes.socket_ifname(machine)
+    except processes.MachineError as error:
+        print(f"config error: {error}", file=sys.stderr)
+        return 2
+    if machine.rank > 0:
+        return _exec_launch(config, config_path, None, machine, ifname)
     with MetricsSink(config.metrics_path) as sink:
         try:
             resumed_from, quarantined = checkpoints.resolve_resume(config.output_dir, config.resume,
@@ -248,12 +265,21 @@ def launch(config: RunConfig, config_path: str) -> int:
             sink.emit("run_end", status=status, error=error, steps=0)
             return 1
         note_quarantined(quarantined, sink)
-    argv = processes.launch_argv(config.processes, config_path)
-    log.info(f"launching {config.processes} trainer processes (FSDP2"
+    return _exec_launch(config, config_path, resumed_from, machine, ifname)
+
+
+def _exec_launch(config: RunConfig, config_path: str, resumed_from: str | None, machine: processes.Machine,
+                 ifname: str) -> int:
+    """Become `accelerate launch` of this machine's ranks."""
+    argv = processes.launch_argv(config.processes, config_path, machine=machine)
+    where = f" on machine {machine.rank} of {machine.count} (rendezvous {machine.main_address}:{machine.main_port}" \
+        f"{', interface ' + ifname if ifname else ''})" if machine.count > 1 else ""
+    log.info(f"launching {config.processes} trainer process(es){where} (FSDP2"
              f"{', gloo on the CPU' if config.device == 'cpu' else ''}): {' '.join(argv[1:])}")
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(argv[0], argv, processes.launch_env(config.processes, config.device, resumed_from))
+    os.execve(argv[0], argv, processes.launch_env(config.processes, config.device, resumed_from, machine=machine,
+                                                  ifname=ifname))
 
 
 if __name__ == "__main__":

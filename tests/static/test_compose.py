@@ -102,6 +102,31 @@ def test_replicas_render_services_compose_accepts_each_with_its_own_port_and_gpu
         assert ids == {"server": ["0"], "server-2": ["1"], "trainer": ["2", "3"]}
 
 
+@pytest.mark.parametrize("profile", ["cpu", "h200"])
+def test_trainer_hosts_render_compose_accepts_the_trainer_on_the_host_network_with_its_place(tmp_path, profile):
+    changes = {"hosts.0.roles": ["trainer"], "hosts.1.roles": ["trainer"], "hosts.2.roles": ["server"],
+               **({"hosts.1.infiniband": True, "hosts.1.interface": "ib0"} if profile == "h200" else {})}
+    res = resolve.resolve(spec.loads(spec_yaml(profile, "trl-async", ("t1", "t2", "s"), **changes)))
+    _render_to(tmp_path, res)
+    for k, name in enumerate(("t1", "t2")):
+        trainer = compose_config(tmp_path / "hosts" / f"{name}.env")["services"]["trainer"]
+        assert trainer["network_mode"] == "host" and "ports" not in trainer
+        assert trainer["environment"]["GRPO_MACHINE_RANK"] == str(k)
+        assert trainer["environment"]["GRPO_MAIN_ADDRESS"] == "t1"
+        if profile == "h200" and name == "t2":
+            assert trainer["devices"][0]["source"] == "/dev/infiniband" and "IPC_LOCK" in trainer["cap_add"]
+            assert trainer["environment"]["GRPO_SOCKET_IFNAME"] == "ib0"
+    server = compose_config(tmp_path / "hosts" / "s.env")["services"]
+    assert "network_mode" not in server["server"]
+
+
+def test_trainer_hosts_override_requires_the_machine_rank():
+    cmd = ["docker", "compose", "-f", "compose.yaml", "-f", "compose.trainer-hosts.yaml", "config", "-q"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "COMPOSE_"))}
+    proc = subprocess.run(cmd, cwd=COMPOSE, capture_output=True, text=True, env=env)
+    assert proc.returncode != 0 and "GRPO_MACHINE_RANK" in proc.stderr
+
+
 def test_nfs_override_requires_its_variables():
     cmd = ["docker", "compose", "-f", "compose.yaml", "-f", "compose.nfs.yaml", "config", "-q"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GRPO_", "COMPOSE_"))}

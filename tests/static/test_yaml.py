@@ -9,7 +9,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TARGETS = ["compose/compose.yaml", "compose/compose.nfs.yaml", "compose/compose.bind.yaml", "compose/compose.verl.yaml",
-           "compose/compose.verl-cluster.yaml", "compose/compose.infiniband.yaml",
+           "compose/compose.verl-cluster.yaml", "compose/compose.infiniband.yaml", "compose/compose.trainer-hosts.yaml",
+           "compose/compose.trainer-infiniband.yaml",
            "grpo_deploy/profiles", "grpo_deploy/models.yaml", "tests/render"]
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from grpo_deploy import new_spec, resolve, spec
 from grpo_deploy.cli import main
-from tests.specs import loaded, spec_yaml
+from tests.specs import loaded, spec_data, spec_yaml
 
 PAIR = new_spec.spec_text("gb10", "trl-async", ["spark1", "spark2"])
 
@@ -83,9 +84,16 @@ def test_unknown_trl_override_rejected():
     assert p.key == "overrides.trl.learnin_rate"
 
 
-def test_two_trainer_hosts_are_refused_with_the_engine_s_reason():
-    text = PAIR.replace("roles: [server]", "roles: [server, trainer]")
-    assert any("a trainer across hosts" in p.message and "not built yet" in p.message for p in _problems(text))
+def test_two_trainer_hosts_are_one_trainer_and_seventeen_are_refused():
+    res = resolve.resolve(spec.loads(PAIR.replace("roles: [server]", "roles: [server, trainer]"), source="s.yaml"))
+    assert [h.name for h in res.engine_info.cluster_nodes(res)] == ["spark1", "spark2"]
+    many = spec_data("cpu", "trl-async", [f"h{i}" for i in range(17)])
+    many["hosts"].append({**many["hosts"][-1], "name": "h17", "address": "h17"})
+    for host in many["hosts"]:
+        host["roles"] = ["trainer"]
+    many["hosts"][0]["roles"] = ["trainer", "server"]
+    problems = _problems(yaml.safe_dump(many, sort_keys=False))
+    assert any("trainer" in p.message and "16" in p.message for p in problems), [p.message for p in problems]
 
 
 def test_yaml_syntax_error_names_line():

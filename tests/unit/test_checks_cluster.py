@@ -1,11 +1,11 @@
-"""grpo_deploy.checks.ray over gathered facts (no host): each Ray node's address and interface (named, from the
+"""grpo_deploy.checks.cluster over gathered facts (no host): each Ray node's address and interface (named, from the
 spec's IP, from where SSH reached it), Ray's ports taken, InfiniBand on one side only, GPUs short of
 n_gpus_per_node; each with the fix in the spec's own key. The network probe itself runs in the cluster test."""
 
 from __future__ import annotations
 
 from grpo_deploy import checks, resolve, spec
-from grpo_deploy.checks import ray as ray_checks
+from grpo_deploy.checks import cluster as cluster_checks
 from grpo_deploy.hosts.facts import Gpu
 from tests.specs import spec_yaml
 
@@ -26,7 +26,7 @@ def node(ip: str, **kw) -> dict:
 
 
 def rows(ctx) -> dict:
-    return {r.host: r for r in ray_checks.check_cluster(ctx)}
+    return {r.host: r for r in cluster_checks.check_cluster(ctx)}
 
 
 def test_addresses_from_where_ssh_reached_each_host_and_the_interface_holding_it():
@@ -34,13 +34,13 @@ def test_addresses_from_where_ssh_reached_each_host_and_the_interface_holding_it
     got = rows(ctx)
     assert got["node1"].verdict == "ok" and "head at 10.0.0.1 on eth0" in got["node1"].fact
     assert got["node2"].verdict == "ok" and "worker at 10.0.0.2" in got["node2"].fact
-    assert ray_checks.node_addresses(ctx) == {"node1": ray_checks.NodeAddress("10.0.0.1", "eth0"),
-                                              "node2": ray_checks.NodeAddress("10.0.0.2", "eth0")}
+    assert cluster_checks.node_addresses(ctx) == {"node1": cluster_checks.NodeAddress("10.0.0.1", "eth0"),
+                                              "node2": cluster_checks.NodeAddress("10.0.0.2", "eth0")}
 
 
 def test_a_named_interface_wins_and_one_that_does_not_exist_is_refused_with_what_there_is():
     facts = {"node1": node("10.0.0.1", interfaces=ETH | {"ib0": ["192.168.9.1"]}), "node2": node("10.0.0.2")}
-    assert ray_checks.node_addresses(ctx_for(facts, **{"hosts.0.interface": "ib0"}))["node1"].ip == "192.168.9.1"
+    assert cluster_checks.node_addresses(ctx_for(facts, **{"hosts.0.interface": "ib0"}))["node1"].ip == "192.168.9.1"
     bad = rows(ctx_for(facts, **{"hosts.1.interface": "nosuch0"}))["node2"]
     assert bad.verdict == "fail" and "no network interface 'nosuch0' there (it has eth0, lo)" in bad.fact
     assert "hosts[1].interface" in bad.hint
@@ -82,5 +82,35 @@ def test_a_gpu_host_with_fewer_gpus_than_n_gpus_per_node_is_refused():
 def test_one_host_has_no_cluster_to_check():
     text = spec_yaml("cpu", "verl", ())
     ctx = checks.Context(resolve.resolve(spec.loads(text, source="spec.yaml")))
-    assert [r.verdict for r in ray_checks.check_cluster(ctx)] == ["skip"]
-    assert [r.verdict for r in ray_checks.check_cluster_reach(ctx)] == ["skip"]
+    assert [r.verdict for r in cluster_checks.check_cluster(ctx)] == ["skip"]
+    assert [r.verdict for r in cluster_checks.check_cluster_reach(ctx)] == ["skip"]
+
+
+def trainers_ctx(facts: dict, **changes) -> checks.Context:
+    """trl-async over two trainer hosts (node1: machine 0 and the server, node2: machine 1)."""
+    text = spec_yaml("cpu", "trl-async", ("node1", "node2"), **{
+        "storage.nfs": None, "hosts.0.shared_dir": "/srv/s", "hosts.1.shared_dir": "/srv/s",
+        "hosts.0.roles": ["trainer", "server"], "hosts.1.roles": ["trainer"], **changes})
+    ctx = checks.Context(resolve.resolve(spec.loads(text, source="spec.yaml")))
+    ctx._facts = facts
+    return ctx
+
+
+def test_trainer_hosts_are_a_cluster_whose_rendezvous_port_must_be_free_on_machine_0():
+    ok = rows(trainers_ctx({"node1": node("10.0.0.1"), "node2": node("10.0.0.2", listening_ports={22, 6379})}))
+    assert ok["node1"].verdict == "ok" and "trainer machine 0 (rendezvous) at 10.0.0.1 on eth0" in ok["node1"].fact
+    assert ok["node2"].verdict == "ok"  # Ray's ports are not the trainer's business
+    taken = rows(trainers_ctx({"node1": node("10.0.0.1", listening_ports={29500}), "node2": node("10.0.0.2")}))
+    assert taken["node1"].verdict == "fail"
+    assert "the trainer's rendezvous port(s) 29500 are taken there (it needs 29500)" in taken["node1"].fact
+    bad = rows(trainers_ctx({"node1": node("10.0.0.1"), "node2": node("10.0.0.2")}, **{"hosts.1.interface": "ib9"}))
+    assert bad["node2"].verdict == "fail" and "no network interface 'ib9'" in bad["node2"].fact
+    assert cluster_checks.node_addresses(trainers_ctx({"node1": node("10.0.0.1"), "node2": node("10.0.0.2")})) == {
+        "node1": cluster_checks.NodeAddress("10.0.0.1", "eth0"), "node2": cluster_checks.NodeAddress("10.0.0.2", "eth0")}
+
+
+def test_one_trainer_host_has_no_cluster():
+    text = spec_yaml("cpu", "trl-async", ("a", "b"), **{"storage.nfs": None, "hosts.0.shared_dir": "/s",
+                                                        "hosts.1.shared_dir": "/s"})
+    ctx = checks.Context(resolve.resolve(spec.loads(text, source="spec.yaml")))
+    assert [r.verdict for r in cluster_checks.check_cluster(ctx)] == ["skip"]

@@ -1,16 +1,19 @@
-"""Checks of a Ray cluster across hosts (verl on several nodes), before anything starts: each node's address and the
-interface NCCL and Gloo will use, Ray's fixed ports free, /dev/infiniband passed through where the host has it, GPUs
-enough for n_gpus_per_node (`cluster`); then, once the image is on every host, each node reaching the head's GCS and
-every other node on Ray's ports over the real network (`cluster-reach`). Also the node addresses `up` renders."""
+"""Checks of a cluster across hosts (verl's Ray cluster; TRL's trainer over several trainer hosts), before anything
+starts: each node's address and the interface NCCL and Gloo will use, the engine's fixed ports free
+(Engine.cluster_ports), /dev/infiniband passed through where the host has it, GPUs enough for verl's n_gpus_per_node
+(`cluster`); then, once the image is on every host, each node reaching the first node (Ray's head, the trainer's
+machine 0) and every other node on those ports over the real network (`cluster-reach`). Also the node addresses `up`
+renders."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
+from ..engines.base import ClusterPorts
 from ..hosts.connect import HostError, on_all
 from ..names import MANAGED
-from ..runtime import ray_node
+from ..runtime.ray_node import GCS_PORT, interface_of
 from ..runtime.values import ip_literal, parse_address
 from .images import image_on
 from .registry import FAIL, OK, SKIP, WARN, Result, check
@@ -58,7 +61,7 @@ def node_address(ctx: Context, host) -> NodeAddress | Result:
         return Result("cluster", host.name, FAIL, "its address as the other nodes reach it is unknown (this machine, "
                       "or an SSH session without SSH_CONNECTION)",
                       f"set hosts[{i}].interface to the interface of the network the hosts share ({names})")
-    interface = ray_node.interface_of(ip, addresses)
+    interface = interface_of(ip, addresses)
     if interface is None or ip.startswith("127."):
         return Result("cluster", host.name, FAIL, f"{ip} (how it is reached from here) is not an address of one of "
                       f"its interfaces ({names}): NAT or a proxy in between",
@@ -76,17 +79,24 @@ def node_addresses(ctx: Context) -> dict[str, NodeAddress]:
     return out
 
 
-def node_ports(is_head: bool) -> list[int]:
-    """The fixed Ray ports a node listens on."""
-    return ([ray_node.GCS_PORT] if is_head else []) + list(ray_node.NODE_PORTS.values())
+NO_CLUSTER = "no cluster across hosts in this spec (several Ray nodes, or several trainer hosts)"
 
 
-@check("cluster", "Each node of a Ray cluster across hosts: its address and NCCL/Gloo interface, Ray's ports free, "
-                  "/dev/infiniband passed through where the host has it, GPUs for n_gpus_per_node")
+def _node_words(res, first: bool) -> str:
+    """A node's part in words: Ray's head or worker, the trainer's machine 0 or another."""
+    if res.engine_info.main_role == "head":
+        return "head" if first else "worker"
+    return "trainer machine 0 (rendezvous)" if first else "trainer machine"
+
+
+@check("cluster", "Each node of a cluster across hosts (Ray's, or the trainer's over several hosts): its address and "
+                  "NCCL/Gloo interface, its fixed ports free, /dev/infiniband passed through where the host has it, "
+                  "GPUs for n_gpus_per_node")
 def check_cluster(ctx: Context) -> list[Result]:
     nodes = ctx.res.engine_info.cluster_nodes(ctx.res)
     if not nodes:
-        return [Result("cluster", "-", SKIP, "no Ray cluster across hosts in this spec")]
+        return [Result("cluster", "-", SKIP, NO_CLUSTER)]
+    ports = ctx.res.engine_info.cluster_ports(ctx.res)
     out = []
     for n, host in enumerate(nodes):
         address = node_address(ctx, host)
@@ -94,15 +104,20 @@ def check_cluster(ctx: Context) -> list[Result]:
             out.append(address)
             continue
         found = ctx.facts_of(host)
-        out.append(_ports(ctx, host, found, is_head=n == 0)
+        out.append(_ports(ctx, host, found, ports, first=n == 0)
                    or _infiniband(ctx, host, found) or _gpus(ctx, host, found)
-                   or Result("cluster", host.name, OK, f"{'head' if n == 0 else 'worker'} at {address.ip} on "
-                             f"{address.interface} (NCCL/Gloo), Ray's ports free",
+                   or Result("cluster", host.name, OK, f"{_node_words(ctx.res, n == 0)} at {address.ip} on "
+                             f"{address.interface} (NCCL/Gloo), {ports.what} ports free",
                              data={"ip": address.ip, "interface": address.interface}))
     return out
 
 
-def _ports(ctx: Context, host, found: dict, is_head: bool) -> Result | None:
+def _ports_words(ports: ClusterPorts, first: bool) -> str:
+    ranges = [f"{low}-{high}" for low, high in ports.ranges]
+    return " and ".join([", ".join(map(str, ports.listened(first)))] + ranges)
+
+
+def _ports(ctx: Context, host, found: dict, ports: ClusterPorts, first: bool) -> Result | None:
     if found.get("running"):
         return Result("cluster", host.name, FAIL, f"run {ctx.res.spec.run.name} already has running containers there "
                       f"({', '.join(found['running'])})", "grpo-deploy down, or grpo-deploy status")
@@ -110,12 +125,12 @@ def _ports(ctx: Context, host, found: dict, is_head: bool) -> Result | None:
     if listening is None:
         return Result("cluster", host.name, WARN, "cannot tell whether Ray's ports are free (`ss -ltn` did not "
                       "answer)", "install iproute2 there")
-    low, high = ray_node.WORKER_PORTS
-    taken = sorted(p for p in listening if p in node_ports(is_head) or low <= p <= high)
+    taken = sorted(p for p in listening
+                   if p in ports.listened(first) or any(low <= p <= high for low, high in ports.ranges))
     if taken:
-        return Result("cluster", host.name, FAIL, f"Ray's port(s) {', '.join(map(str, taken))} are taken there "
-                      f"(Ray needs {', '.join(map(str, node_ports(is_head)))} and {low}-{high})",
-                      "stop what listens there (`ss -ltnp`), e.g. a Ray or Redis left running")
+        return Result("cluster", host.name, FAIL, f"{ports.what} port(s) {', '.join(map(str, taken))} are taken "
+                      f"there (it needs {_ports_words(ports, first)})",
+                      "stop what listens there (`ss -ltnp`), e.g. a Ray, Redis or trainer left running")
     return None
 
 
@@ -131,7 +146,8 @@ def _infiniband(ctx: Context, host, found: dict) -> Result | None:
 
 
 def _gpus(ctx: Context, host, found: dict) -> Result | None:
-    if ctx.res.profiles[host.name].accelerator != "cuda" or found.get("gpus") is None:
+    if ctx.res.profiles[host.name].accelerator != "cuda" or found.get("gpus") is None or "verl" not in \
+            ctx.res.engine_info.sections:
         return None
     want, have = ctx.res.settings.verl.n_gpus_per_node, len(found["gpus"])
     if have < want:
@@ -140,13 +156,14 @@ def _gpus(ctx: Context, host, found: dict) -> Result | None:
     return None
 
 
-@check("cluster-reach", "Each node of a Ray cluster reaches the head's GCS and every other node on Ray's ports "
-                        "(probe listeners on the real addresses)", needs_images=True)
+@check("cluster-reach", "Each node of a cluster across hosts reaches the first node (Ray's head, the trainer's machine "
+                        "0) and every other node on the cluster's ports (probe listeners on the real addresses)",
+       needs_images=True)
 def check_cluster_reach(ctx: Context) -> list[Result]:
     res = ctx.res
     nodes = res.engine_info.cluster_nodes(res)
     if not nodes:
-        return [Result("cluster-reach", "-", SKIP, "no Ray cluster across hosts in this spec")]
+        return [Result("cluster-reach", "-", SKIP, NO_CLUSTER)]
     addresses = node_addresses(ctx)
     if len(addresses) < len(nodes):
         return [Result("cluster-reach", "-", SKIP, "some node's address is unknown (the cluster check says why)")]
@@ -156,10 +173,11 @@ def check_cluster_reach(ctx: Context) -> list[Result]:
         if present is not True:
             return [Result("cluster-reach", host.name, SKIP, present or f"image {image} is not on {host.name} yet: "
                            "`up` ships it and probes then")]
-    return _probe(ctx, nodes, addresses, image)
+    return _probe(ctx, nodes, addresses, image, res.engine_info.cluster_ports(res))
 
 
-def _probe(ctx: Context, nodes: list, addresses: dict[str, NodeAddress], image: str) -> list[Result]:
+def _probe(ctx: Context, nodes: list, addresses: dict[str, NodeAddress], image: str,
+           ports: ClusterPorts) -> list[Result]:
     user = ctx.res.identities[ctx.res.engine_info.main_role].user
     name = f"grpo-netprobe-{ctx.res.spec.run.name}"
     head = nodes[0].name
@@ -170,17 +188,22 @@ def _probe(ctx: Context, nodes: list, addresses: dict[str, NodeAddress], image: 
                 "python3", "-m", "grpo_deploy.runtime.netprobe"]
 
     def start_listener(conn) -> Result | None:
-        ports = ",".join(map(str, node_ports(conn.name == head)))
-        r = conn.run(probe("-d", "--name", name) + ["listen", "--ip", addresses[conn.name].ip, "--ports", ports,
-                                                     "--seconds", str(LISTEN_S)], timeout=120)
+        listened = ports.listened(conn.name == head)
+        if not listened:
+            return None
+        r = conn.run(probe("-d", "--name", name) + ["listen", "--ip", addresses[conn.name].ip, "--ports",
+                                                     ",".join(map(str, listened)), "--seconds", str(LISTEN_S)],
+                     timeout=120)
         return None if r.ok else Result("cluster-reach", conn.name, FAIL, f"cannot start the probe listener: "
                                         f"{r.line()}", "see the image and the Docker engine there")
 
     def targets_for(host_name: str) -> list[str]:
         return [f"{addresses[n.name].ip}:{port}" for n in nodes if n.name != host_name
-                for port in ray_node.PEER_PORTS if port != ray_node.GCS_PORT or n.name == head]
+                for port in (ports.reach_first if n.name == head else ports.reach_all)]
 
     def connect(conn) -> dict | Result:
+        if not targets_for(conn.name):
+            return {}
         r = conn.run(probe() + ["connect", "--targets", ",".join(targets_for(conn.name))], timeout=120)
         try:
             return json.loads(r.out.strip().splitlines()[-1])
@@ -197,10 +220,10 @@ def _probe(ctx: Context, nodes: list, addresses: dict[str, NodeAddress], image: 
         reached = on_all(conns, connect)
     finally:
         on_all(conns, lambda conn: conn.run(["docker", "rm", "-f", name], timeout=60))
-    return [_verdict(n, reached[n.name], addresses, nodes) for n in nodes]
+    return [_verdict(n, reached[n.name], addresses, ports) for n in nodes]
 
 
-def _verdict(host, reached, addresses: dict[str, NodeAddress], nodes: list) -> Result:
+def _verdict(host, reached, addresses: dict[str, NodeAddress], ports: ClusterPorts) -> Result:
     if isinstance(reached, HostError):
         return Result("cluster-reach", host.name, FAIL, reached.what, reached.fix)
     if isinstance(reached, Result):
@@ -208,13 +231,15 @@ def _verdict(host, reached, addresses: dict[str, NodeAddress], nodes: list) -> R
     by_ip = {a.ip: n for n, a in addresses.items()}
     failed = {t: why for t, why in reached.items() if why != "ok"}
     if not failed:
-        return Result("cluster-reach", host.name, OK, f"reaches {', '.join(sorted(reached))}")
+        return Result("cluster-reach", host.name, OK, f"reaches {', '.join(sorted(reached))}" if reached else
+                      "nothing to reach from here (the others reach it)")
     target, why = next(iter(failed.items()))
     ip, _, port = target.rpartition(":")
-    what = "the Ray head's GCS" if int(port) == ray_node.GCS_PORT else "Ray's node ports"
+    what = "the Ray head's GCS" if int(port) == GCS_PORT and ports.what == "Ray's" else f"{ports.what} ports"
+    every = sorted(set(ports.reach_first) | set(ports.reach_all))
     return Result("cluster-reach", host.name, FAIL,
                   f"cannot reach {what} on {by_ip.get(ip, ip)} at {target}: {why}"
                   + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""),
-                  f"let TCP {', '.join(map(str, ray_node.PEER_PORTS))} and {ray_node.WORKER_PORTS[0]}-"
-                  f"{ray_node.WORKER_PORTS[1]} through between the hosts (firewall), or set hosts[].interface to "
-                  "the network they share")
+                  f"let TCP {', '.join(map(str, every))}"
+                  + "".join(f" and {low}-{high}" for low, high in ports.ranges)
+                  + " through between the hosts (firewall), or set hosts[].interface to the network they share")
