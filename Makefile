@@ -45,6 +45,9 @@ test-verl-cluster: setup ## verl across two SSH test hosts: a Ray cluster trains
 test-replicas-hosts: setup ## trl-async with a vLLM replica on each of two SSH test hosts behind the replica proxy, 24 steps (10-16 min; not in make test: CI time)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m replicas_hosts tests/integration/test_replicas_hosts.py -rs $(PYTEST_ARGS)
 
+test-trainer-hosts: setup ## trl-async with the trainer over two SSH test hosts (one FSDP2 group over gloo, machine 0 beside the server), machine 1 SIGKILLed and both resumed, then one host refused on its checkpoints
+	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m trainer_hosts tests/faults/test_trainer_hosts.py -rs $(PYTEST_ARGS)
+
 test-faults-hosts: setup ## the vLLM server SIGKILLed on its own SSH test host mid-run, restarted over SSH, the trainer resumed (~9 min; not in make test: CI time)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m faults_hosts tests/faults/test_server_kill_split.py -rs $(PYTEST_ARGS)
 

@@ -79,12 +79,14 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
         trainer.add_callback(WatcherCallback(watch_of(config, sink) if main else None))
     if config.disk_watchdog is not None:
         trainer.add_callback(DiskWatchdog(config.output_dir, config.disk_watchdog, sink.emit))
+    # rank 0 alone checks the share (its failure ends the group: the launcher stops the other ranks); the guard
+    # writes its own marker, so a guard on another rank would overwrite rank 0's and trip it
     guard = storage_faults.ShareGuard(os.path.dirname(os.path.abspath(config.metrics_path)), os.getuid(), os.getgid(),
-                                      newest=lambda: newest_complete(config))
-    if main:  # rank 0 checks the share; its failure ends the group (the launcher stops the other ranks)
+                                      newest=lambda: newest_complete(config)) if main else None
+    if guard is not None:
         trainer.add_callback(ShareGuardCallback(guard.check))
     publisher = AdapterPublisher(sink.emit, config.lora_dir, safe_keep(config.adapters.keep, config.max_staleness),
-                                 before_save=guard.check if main else None)
+                                 before_save=guard.check if guard is not None else None)
     trl_hooks.instrument_adapter_sync(trainer, publisher)
     if main:
         trl_hooks.install_failpoints(trainer, config.output_dir, sink.emit)
