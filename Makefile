@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 BENCH_REPEAT ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-verl test-verl-cluster test-replicas-hosts test-faults-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-forecast bench-shipping bench-split bench-cluster bench-proxy bench-watcher render-defaults clean
+.PHONY: help setup demo test test-verl test-verl-cluster test-trainer-hosts test-replicas-hosts test-faults-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-forecast bench-shipping bench-split bench-cluster bench-proxy bench-watcher render-defaults clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-20s %s\n", $$1, $$2}'
@@ -64,11 +64,10 @@ images-cuda: ## build and check the air-gapped x86_64 CUDA server and trainer im
 images-static: ## hadolint every Dockerfile (GPU images cannot be built here)
 	grpo-deploy images lint
 
-bench: ## start-up ratio and hand-off of the rehearsal (needs `make demo`; BENCH_REPEAT bare server starts, CI: 1); preflight over 2 and 8 test hosts; the watcher's alarms; plan's forecast of a rehearsal rerun against the rerun (~5 min)
+bench: ## start-up ratio and hand-off of the rehearsal (needs `make demo`; BENCH_REPEAT bare server starts, CI: 1); preflight over 2 and 8 test hosts; the watcher's alarms (~2 min; plan's forecast against a rerun is `make bench-forecast`)
 	$(PYTHON) benchmarks/rehearsal_startup.py --repeat '$(BENCH_REPEAT)'
 	$(PYTHON) benchmarks/multihost.py --part preflight
 	$(PYTHON) benchmarks/watcher_alarms.py
-	$(PYTHON) benchmarks/forecast_error.py
 
 bench-forecast: ## plan's forecast of a rerun of the rehearsal (from `make demo`'s metrics) against what the rerun takes (~5 min)
 	$(PYTHON) benchmarks/forecast_error.py
@@ -79,7 +78,7 @@ bench-shipping: ## image shipping over SSH to a test host: without the image, ag
 bench-split: ## split `up` -> first step over two test hosts against the local one (minutes)
 	$(PYTHON) benchmarks/multihost.py --part split
 
-bench-cluster: ## verl's Ray cluster up (head to every worker joined) over 2 and 4 test hosts (ships the verl-cpu image to 4 hosts: ~15 min cold)
+bench-cluster: ## verl's Ray cluster up (head to every worker joined) over 2 and 4 test hosts, each held to 0.4 CPUs as separate machines (ships the verl-cpu image to 4 hosts: ~15 min cold)
 	$(PYTHON) benchmarks/multihost.py --part cluster
 
 bench-proxy: ## the replica proxy's overhead per completion request against a direct request to a fake replica (target: median under 2 ms; ~1 min)

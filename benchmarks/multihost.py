@@ -7,7 +7,10 @@
    same image on this machine (target: ratio <= 1.2); images already on the hosts, so shipping is not in the figure;
 4. verl's Ray cluster up on 2 and on 4 hosts (the cpu verl rehearsal: head on the first, a worker on each other):
    the head's start to every worker joined and counted, and the head's Ray answering to that (target 4/2 <= 1.3);
-   the verl image already on the hosts, and `up` stopped (Ctrl-C: rolled back) once the cluster formed.
+   the verl image already on the hosts, and `up` stopped (Ctrl-C: rolled back) once the cluster formed. Each test
+   host, its containers included, is held to --host-cpus CPUs (default 0.4): four hosts then never share the
+   machine's cores (4 x 0.4 < 2), as four separate machines would not, and the 2-host figure runs under the same
+   limit. Without the limit (--host-cpus 0) all hosts share 2 cores and the figure measures the contention.
 
 Run: python benchmarks/multihost.py [--part preflight|shipping|split|cluster ...]   (needs the cpu image: make images;
 the cluster part the verl-cpu image)
@@ -134,9 +137,10 @@ def split_vs_local(work: Path) -> dict:
 FORMED = re.compile(r"Ray head up in ([0-9.]+) s|Ray cluster formed in ([0-9.]+) s")
 
 
-def cluster_up_seconds(n: int, work: Path) -> dict:
-    """One `up` of the cpu verl rehearsal over *n* test hosts, stopped (SIGINT) once the cluster formed."""
-    with test_hosts(n, work / f"hosts-{n}") as hosts:
+def cluster_up_seconds(n: int, work: Path, cpus: float | None = None) -> dict:
+    """One `up` of the cpu verl rehearsal over *n* test hosts (each held to *cpus* CPUs), stopped (SIGINT) once the
+    cluster formed."""
+    with test_hosts(n, work / f"hosts-{n}", cpus=cpus) as hosts:
         names = [h.name for h in hosts]
         data = yaml.safe_load(new_spec.spec_text("cpu", "verl", names))
         data["run"]["name"] = f"bench-cluster-{n}"
@@ -171,10 +175,23 @@ def cluster_up_seconds(n: int, work: Path) -> dict:
 PARTS = ("preflight", "shipping", "split", "cluster")
 
 
+def _host_cpus(text: str) -> float:
+    """--host-cpus: 0 (no limit) or a CPU count from 0.1 to 64."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of CPUs") from None
+    if value != 0 and not 0.1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"{text}: give 0 (no limit) or 0.1 to 64")
+    return value
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", action="append", choices=PARTS,
                         help="run only this part (repeatable; default: all four, numbered as above)")
+    parser.add_argument("--host-cpus", type=_host_cpus, default=0.4, metavar="CPUS",
+                        help="the cluster part: CPUs each test host may use (0: no limit; default 0.4)")
     args = parser.parse_args()
     parts = args.part or list(PARTS)
     work = Path(tempfile.mkdtemp(prefix="grpo-bench-multihost-"))
@@ -193,7 +210,10 @@ def main() -> int:
         print(f"up -> first step: local {r['local_s']} s, split over two hosts {r['split_s']} s, ratio {r['ratio']} "
               "(target <= 1.2)")
     if "cluster" in parts:
-        two, four = cluster_up_seconds(2, work), cluster_up_seconds(4, work)
+        cpus = args.host_cpus or None
+        print(f"verl Ray cluster: each test host held to {cpus} CPUs" if cpus else
+              "verl Ray cluster: test hosts unlimited (all share this machine's cores)", flush=True)
+        two, four = cluster_up_seconds(2, work, cpus), cluster_up_seconds(4, work, cpus)
         for r in (two, four):
             print(f"verl Ray cluster, {r['hosts']} hosts: head's start -> every worker joined and counted "
                   f"{r['formed_s']} s (the head's Ray answering after {r['head_s']} s; workers joined in "

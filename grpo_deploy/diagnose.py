@@ -318,16 +318,19 @@ def _trainer_knobs(ev: dict[str, Any], hint: Mapping[str, Any]) -> list[Knob]:
         knobs.append(Knob("overrides.trl.gradient_checkpointing", "false (if memory allows)",
                           f"{known}recomputation costs about one extra forward: +40% on a Spark (peak 66 GB of 128 "
                           "for 1.5B), 5.6 -> 4.6 s on H200"))
-    processes = hint.get("trainer_processes") or 1
+    per_host = hint.get("trainer_processes_per_host") or hint.get("trainer_processes") or 1
+    machines = hint.get("trainer_machines") or 1
+    hosts = f" on each of the {machines} trainer hosts" if machines > 1 else ""
     if hint.get("device") == "cpu":
-        knobs.append(Knob("overrides.runtime.trainer_processes", str(processes + 1),
-                          "more trainer processes (FSDP2 over gloo) split each step's samples; each needs its own "
-                          "cores"))
+        knobs.append(Knob("overrides.runtime.trainer_processes", str(per_host + 1),
+                          f"more trainer processes{hosts} (FSDP2 over gloo) split each step's samples; each needs its "
+                          "own cores"))
     else:
-        knobs.append(Knob("hosts[].gpus.trainer", f"{processes + 1} GPUs (one trainer process each)",
+        knobs.append(Knob("hosts[].gpus.trainer", f"{per_host + 1} GPUs (one trainer process each){hosts}",
                           "FSDP2 splits each step's samples over the trainer GPUs (HF's H200 recipe: 2 trainer GPUs "
-                          "beside 2 replicas); on one-GPU hosts such as a Spark that needs a second trainer host, "
-                          "which the kit does not run yet"))
+                          "beside 2 replicas); on one-GPU hosts such as a Spark, give another host the trainer role "
+                          "(one process group over the trainer hosts; seed 004's next experiment: two Sparks "
+                          "training, one serving)"))
     return knobs
 
 
@@ -422,9 +425,9 @@ def trl_auto_inflight(trl, processes: int) -> int:
     return max(trl.max_staleness, 1) * trl.per_device_train_batch_size * trl.gradient_accumulation_steps * processes
 
 
-def settings_hint(res, processes: int = 1) -> dict[str, Any]:
-    """The settings `diagnose` cannot read from events, from a resolved spec (grpo_deploy.resolve.Resolved) and the
-    trainer's process count (the engine knows it, and adds its replica count)."""
+def settings_hint(res, processes: int = 1, machines: int = 1) -> dict[str, Any]:
+    """The settings `diagnose` cannot read from events, from a resolved spec (grpo_deploy.resolve.Resolved), the
+    trainer's processes (every rank) and its hosts (the engine knows them, and adds its replica count)."""
     trl, vllm = res.settings.trl, res.settings.vllm
     trainer = res.host_for("trainer")
     hardware = res.profiles[trainer.name].hardware if trainer is not None else {}
@@ -434,6 +437,7 @@ def settings_hint(res, processes: int = 1) -> dict[str, Any]:
     hint = {"queue_maxsize": trl.queue_maxsize, "max_inflight_tasks": inflight, "max_num_seqs": vllm.max_num_seqs,
             "weight_sync_steps": trl.weight_sync_steps, "token_budget": trl.token_budget,
             "gradient_checkpointing": trl.gradient_checkpointing, "trainer_processes": processes,
+            "trainer_processes_per_host": max(processes // max(machines, 1), 1), "trainer_machines": machines,
             "device": res.settings.runtime.device}
     runtime = res.settings.runtime
     if runtime.device == "cuda":  # the speed switches apply to a CUDA trainer only

@@ -18,11 +18,12 @@ KILLED = 137  # a container's exit code after SIGKILL: `docker kill`, the kernel
 
 class RoleDied(Exception):
     """A role's container exited mid-run in a way a restart recovers from: the server exited while the trainer was
-    still training, or the trainer was killed (SIGKILL) — an exception in the trainer (exit 1) is not retried."""
+    still training, or the trainer was killed (SIGKILL) — an exception in the trainer (exit 1) is not retried. *where*:
+    which of several died, in words (`on spark2 (machine 1 of 2)`), when it matters."""
 
-    def __init__(self, role: str, exit_code: int, step: int):
+    def __init__(self, role: str, exit_code: int, step: int, where: str = ""):
         super().__init__(f"{role} exit {exit_code}")
-        self.role, self.exit_code, self.step = role, exit_code, step
+        self.role, self.exit_code, self.step, self.where = role, exit_code, step, where
 
 
 def exit_words(code: int) -> str:
@@ -93,13 +94,15 @@ def supervise(state: RunState, log: Callable[[str], None], since: float, restart
         except RoleDied as died:
             what = {"server": "the vLLM server", "worker": "a Ray worker", "replica": "a vLLM server replica",
                     "proxy": "the replica proxy"}.get(died.role, "the trainer")
+            what += f" {died.where}" if died.where else ""
             if used >= restarts:
                 role = "server" if died.role == "replica" else died.role
                 raise LaunchError(f"{what} exited with {exit_words(died.exit_code)} at step {died.step}; "
                                   f"{restarts} restart(s) allowed (--restarts) are used up; its last lines: "
                                   f"grpo-deploy logs --role {role}") from None
             used += 1
-            state.emit("role_died", role=died.role, exit_code=died.exit_code, step=died.step, restart=used)
+            state.emit("role_died", role=died.role, exit_code=died.exit_code, step=died.step, restart=used,
+                       **({"where": died.where} if died.where else {}))
             again = {"server": "the server and the trainer", "worker": "the Ray cluster"}.get(died.role, "the trainer")
             if died.role in ("replica", "proxy"):
                 others = " with the other replicas" if died.role == "replica" else " once it answers"

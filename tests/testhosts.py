@@ -71,12 +71,20 @@ RUN useradd -m -u {LOGIN_UID} -G docker -s /bin/bash {LOGIN_USER} \\
 ENTRYPOINT ["/entrypoint.sh"]
 """
 # PID 1 is this shell, so `docker stop` reaches dockerd and it shuts down cleanly (its /var/lib/docker is kept).
+# With GRPO_TESTHOST_OWN_CPUS=1 (test_hosts(cpus=...)) the host's engine puts its containers under the host's own
+# cgroup (cgroup v1: the cpu hierarchy's line of /proc/self/cgroup), so the host's CPU limit bounds them as well: a
+# host with its own CPUs, as a separate machine would have.
 ENTRYPOINT = """\
 #!/bin/sh
 # A test host: its own Docker engine, then sshd. Host keys are made at first start: every host has its own.
 ssh-keygen -A >/dev/null
 mkdir -p /run/sshd
-dockerd >/var/log/dockerd.log 2>&1 &
+parent=""
+if [ "$GRPO_TESTHOST_OWN_CPUS" = 1 ] && [ -d /sys/fs/cgroup/cpu ]; then
+  own=$(sed -n 's/^[0-9]*:cpu,*[a-z,]*:\\(.*\\)$/\\1/p' /proc/self/cgroup | head -n 1)
+  [ -n "$own" ] && [ "$own" != / ] && parent="--cgroup-parent=$own"
+fi
+dockerd $parent >/var/log/dockerd.log 2>&1 &
 dockerd_pid=$!
 /usr/sbin/sshd -D -e &
 sshd_pid=$!
@@ -411,13 +419,15 @@ def _teardown(th: TestHosts, started: list[TestHost], throwaway: list[str]) -> N
 @contextlib.contextmanager
 def test_hosts(n: int, tmp_path: Path, small_disk: dict[str, str] | None = None, fresh: bool = False,
                timeout: float = READY_TIMEOUT_S, volume_prefix: str = "grpo-testhost",
-               image: str | dict[str, str] | None = None) -> Iterator[TestHosts]:
+               image: str | dict[str, str] | None = None, cpus: float | None = None) -> Iterator[TestHosts]:
     """n hosts spark1..n (hostname, network alias and ssh alias alike) on a new network, ready when yielded.
 
     *image* is the host image (default host_image()); one built FROM it, for a test that needs more in its hosts; or
     {host name: image} for every host (e.g. a Debian and an Ubuntu host).
     *small_disk* {host name: size} mounts a tmpfs of that size (owned 1000:1000) at SMALL_DIR on those hosts.
     *fresh* removes the kept docker volumes <volume_prefix>-<name>-docker before starting (an empty engine).
+    *cpus* limits each host, its engine's containers included, to that many CPUs (`docker run --cpus`): hosts that
+    do not share cores, as separate machines (a benchmark's figure across host counts); None: no limit.
     Files (key, known_hosts, ssh_config) and the shared directory go under *tmp_path*."""
     if not 1 <= n <= 16:
         raise ValueError(f"n={n}: 1 to 16 test hosts")
@@ -462,10 +472,11 @@ def test_hosts(n: int, tmp_path: Path, small_disk: dict[str, str] | None = None,
                     _docker("volume", "rm", "-f", host.volume)
                 size = (small_disk or {}).get(host.name)
                 tmpfs = ["--tmpfs", f"{SMALL_DIR}:size={size},uid={SHARED_UID},gid={SHARED_GID}"] if size else []
+                limit = ["--cpus", str(cpus), "-e", "GRPO_TESTHOST_OWN_CPUS=1"] if cpus else []
                 started.append(host)
                 _docker("run", "-d", "--name", host.container, "--hostname", host.name, "--network", network,
                         "--network-alias", host.name, *RUN_FLAGS, "-v", f"{host.volume}:/var/lib/docker",
-                        "-v", f"{shared}:{SHARED_DIR}", *tmpfs, "--label", f"{LABEL}=1",
+                        "-v", f"{shared}:{SHARED_DIR}", *tmpfs, *limit, "--label", f"{LABEL}=1",
                         "--label", f"{LABEL}.owner={_owner()}", "--label", f"{LABEL}.network={network}",
                         "--label", f"{LABEL}.volume-kept={int(host.volume_kept)}", images[host.name])
         for host in hosts:

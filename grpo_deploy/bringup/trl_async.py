@@ -319,9 +319,10 @@ def _judge(c: dict, servers: Servers, last_step: int) -> int | None:
     "trainer" when it is killed — on any of its hosts (a peer's death ends the others' ranks with an error, so a
     kill anywhere is a restart of them all)."""
     trainer_done = c["state"] in STOPPED and int(c["exit_code"] or 0) == 0
-    for host, m in servers.machines.items():
+    for rank, (host, m) in enumerate(servers.machines.items(), start=1):
         if not trainer_done and (m is None or m["state"] in STOPPED and int(m["exit_code"] or 0) == KILLED):
-            raise RoleDied("trainer", KILLED, last_step)
+            raise RoleDied("trainer", KILLED, last_step, where=f"on {host} (machine {rank} of "
+                                                               f"{len(servers.machines) + 1})")
     if not trainer_done:
         up = [s is not None and s["state"] not in STOPPED for s in servers.replicas]
         dead = [s for s, alive in zip(servers.replicas, up, strict=True) if not alive]

@@ -223,7 +223,8 @@ class TrlAsync(Engine):
 
     def diagnose(self, events, res: Resolved):
         """Seed 004's rules over TRL's async metrics (grpo_deploy.diagnose)."""
-        hint = {**diagnose.settings_hint(res, trainer_ranks(res)), "replicas": replica_count(res)}
+        hint = {**diagnose.settings_hint(res, trainer_ranks(res), trainer_machines(res)),
+                "replicas": replica_count(res)}
         return diagnose.diagnose(events, hint), diagnose.LABELS
 
     def k8s_params(self, res: Resolved) -> dict[str, Any]:

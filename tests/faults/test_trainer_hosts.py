@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
-import threading
 import time
 from pathlib import Path
 
@@ -25,7 +23,7 @@ from tests.clirun import run_cli
 from tests.specs import split_spec
 from tests.testhosts import test_hosts
 
-from .running import STEP, UP_TIMEOUT_S
+from .running import up_with_fault
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.trainer_hosts]
 
@@ -63,31 +61,21 @@ def trainer_hosts_run(hosts, tmp_path_factory):
     cwd = tmp_path_factory.mktemp("trainer-hosts")
     spec = trainer_hosts_spec(cwd / "trainers.yaml")
     ssh = ["--ssh-config", str(hosts.ssh_config)]
-    proc = subprocess.Popen([sys.executable, "-m", "grpo_deploy.cli", "up", "-f", str(spec), "--fresh", "--keep",
-                             "--restarts", "2", *ssh], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    watchdog = threading.Timer(UP_TIMEOUT_S, proc.kill)
-    watchdog.start()
-    lines, killed = [], {}
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            m = STEP.search(line)
-            if not killed and m and int(m.group(1)) >= KILL_AT:
-                container = trainer_container(hosts["spark2"])
-                killed["log"] = hosts["spark2"].exec(["sh", "-c", f"docker logs {container} 2>&1"], check=False)
-                hosts["spark2"].exec(["docker", "kill", container])  # SIGKILL, on machine 1's host
-                killed.update(step=int(m.group(1)), time=time.time())
-        code = proc.wait(timeout=60)
-    finally:
-        watchdog.cancel()
-        proc.kill()
-    print("".join(lines))  # shown with a failing test's report
+    killed = {}
+
+    def kill_machine_1(step: int) -> None:
+        container = trainer_container(hosts["spark2"])
+        killed["log"] = hosts["spark2"].exec(["sh", "-c", f"docker logs {container} 2>&1"], check=False)
+        hosts["spark2"].exec(["docker", "kill", container])  # SIGKILL, on machine 1's host
+        killed.update(step=step, time=time.time())
+
+    code, output = up_with_fault({"spec": spec, "cwd": cwd}, KILL_AT, kill_machine_1, "--restarts", "2", *ssh)
+    print(output)  # shown with a failing test's report
     status = cli(cwd, "status", "-f", str(spec), "--json", *ssh, timeout=300)
     logs = cli(cwd, "logs", "-f", str(spec), "--host", "spark2", *ssh, timeout=300)
     down = cli(cwd, "down", "-f", str(spec), *ssh, timeout=300)
     events = parse_events((hosts.shared_host_dir / "runs" / RUN / "metrics.jsonl").read_text())
-    yield {"code": code, "output": "".join(lines), "killed": killed, "events": events, "cwd": cwd, "spec": spec,
+    yield {"code": code, "output": output, "killed": killed, "events": events, "cwd": cwd, "spec": spec,
            "status": json.loads(status.stdout) if status.returncode == 0 else {}, "logs": logs, "down": down,
            "ssh": ssh}
 
@@ -125,6 +113,7 @@ def test_machine_1_killed_restarts_both_and_resumes_from_the_newest_complete_che
     lost = trained - resumed
     assert trained >= killed["step"] and 0 < lost <= SAVE_EVERY, (killed, trained, resumed)
     assert "starting the trainer again on spark1, spark2" in run["output"], run["output"][-3000:]
+    assert "the trainer on spark2 (machine 1 of 2) exited with code 137" in run["output"]
     listed = cli(run["cwd"], "checkpoints", "list", "-f", str(run["spec"]), "--json", *run["ssh"])
     assert listed.returncode == 0, listed.stdout + listed.stderr
     complete = [c for c in json.loads(listed.stdout)["checkpoints"] if c["state"] == "complete"]

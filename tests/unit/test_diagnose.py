@@ -53,7 +53,7 @@ def test_spark_baseline_is_trainer_bound_with_the_seeds_figures():
     assert d.next_knobs[0].value == "16384"
     assert "if memory allows" in d.next_knobs[1].value and "128 GB" in d.next_knobs[1].why
     assert d.next_knobs[2].value == "2 GPUs (one trainer process each)"  # a Spark: one GPU, one process
-    assert "a second trainer host, which the kit does not run yet" in d.next_knobs[2].why
+    assert "give another host the trainer role" in d.next_knobs[2].why  # seed 004's next experiment
     assert any("max_inflight_tasks" in n and "not now" in n for n in d.notes)
     assert d.not_recorded == []
 
@@ -207,6 +207,7 @@ def test_settings_hint_from_resolved_specs():
     cpu = diagnose.settings_hint(resolve.resolve(new_spec.embedded_default()))
     assert cpu == {"queue_maxsize": 16, "max_inflight_tasks": 8, "max_num_seqs": 32, "weight_sync_steps": 1,
                    "token_budget": 0, "gradient_checkpointing": False, "trainer_processes": 1,
+                   "trainer_processes_per_host": 1, "trainer_machines": 1,
                    "device": "cpu"}  # 0 GB per GPU on cpu: no memory figure
     gb10 = diagnose.settings_hint(resolve.resolve(specs.loaded("gb10", "trl-async", ("a", "b"))))
     assert gb10["queue_maxsize"] == 512 and gb10["trainer_memory_gb"] == 128 and gb10["token_budget"] == 16384
@@ -242,3 +243,17 @@ def test_the_hint_carries_the_switches_for_cuda_trainers_only():
     h200 = diagnose.settings_hint(resolve.resolve(specs.loaded("h200", "trl-async", ("a", "b"))))
     assert h200["speed"] == {"compile_layers": True, "lora_elementwise": True, "base_dtype": "bf16"}
     assert "speed" not in diagnose.settings_hint(resolve.resolve(new_spec.embedded_default()))
+
+
+def test_the_next_trainer_process_is_counted_per_trainer_host():
+    """Two trainer hosts of 2 processes each: the next knob is a third process on each, not a fifth rank."""
+    res = resolve.resolve(specs.loaded("cpu", "trl-async", ("a", "b"), **{
+        "hosts.0.roles": ["trainer", "server"], "hosts.1.roles": ["trainer"],
+        "overrides.runtime": {"trainer_processes": 2}}))
+    hint = diagnose.settings_hint(res, processes=4, machines=2)
+    assert (hint["trainer_processes"], hint["trainer_processes_per_host"], hint["trainer_machines"]) == (4, 2, 2)
+    events = read_events(str(Path(__file__).parent / "metrics" / "spark_trainer_bound.jsonl"))
+    found, _labels = res.engine_info.diagnose(events, res)
+    knob = found.next_knobs[-1]
+    assert (knob.setting, knob.value) == ("overrides.runtime.trainer_processes", "3")
+    assert "on each of the 2 trainer hosts" in knob.why

@@ -171,3 +171,11 @@ def test_finish_says_the_disk_watchdogs_own_line_when_it_stopped_the_run(tmp_pat
     lines.clear()
     finish(st, 1, resumed, out, lines.append, True, lambda: pytest.fail("--keep"), "the stack")
     assert message not in lines  # an earlier attempt's stop is not this attempt's cause
+
+
+def test_which_of_several_died_is_said_and_recorded(tmp_path):
+    follow, _ = scripted_follow([RoleDied("trainer", KILLED, 6, where="on spark2 (machine 1 of 2)"), 0])
+    lines, st = [], state(tmp_path)
+    assert supervise(st, lines.append, 100.0, 1, follow, lambda role: 0.0) == 0
+    assert lines[0].startswith("the trainer on spark2 (machine 1 of 2) exited with code 137")
+    assert [e.get("where") for e in st.deploy_events() if e["event"] == "role_died"] == ["on spark2 (machine 1 of 2)"]

@@ -139,3 +139,24 @@ def test_several_servers_with_several_trainer_hosts_are_refused_in_one_line():
                                              r"replica proxy beside a trainer on its host's network is not built"):
         _res("cpu", ("a", "b", "s"), **{"hosts.0.roles": ["trainer"], "hosts.1.roles": ["trainer"],
                                        "hosts.2.roles": ["server"], "hosts.2.replicas": 2})
+
+
+def test_a_trainer_killed_on_any_trainer_host_restarts_them_all_and_says_which():
+    from grpo_deploy.bringup.trl_async import Servers, _judge
+    from grpo_deploy.supervise import RoleDied
+
+    def servers(**machines):
+        return Servers([{"state": "running", "exit_code": 0}], [False], None, False, machines)
+
+    running, killed = {"state": "running", "exit_code": 0}, {"state": "exited", "exit_code": 137}
+    with pytest.raises(RoleDied) as died:
+        _judge(running, servers(spark2=killed, spark3=running), 6)
+    assert (died.value.role, died.value.exit_code, died.value.where) == ("trainer", 137, "on spark2 (machine 1 of 3)")
+    with pytest.raises(RoleDied) as gone:  # its container removed
+        _judge(running, servers(spark2=running, spark3=None), 6)
+    assert gone.value.where == "on spark3 (machine 2 of 3)"
+    assert _judge(running, servers(spark2=running), 6) is None
+    # a peer's error (exit 1) is not a restart: machine 0 ends with its own error in a moment
+    assert _judge(running, servers(spark2={"state": "exited", "exit_code": 1}), 6) is None
+    done = {"state": "exited", "exit_code": 0}
+    assert _judge(done, servers(spark2=killed), 16) == 0  # finished: nothing to restart

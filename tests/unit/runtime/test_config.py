@@ -149,3 +149,15 @@ def test_speed_switches_default_to_todays_path_and_the_h200_render_turns_them_on
     assert h200.speed.model_dump() == {"base_dtype": "bf16", "fused_kernels": "off", "compile_layers": True,
                                        "lora_elementwise": True}
     assert "speed" not in yaml.safe_load(Path(EXAMPLE).read_text()), "the cpu rehearsal keeps today's path"
+
+
+@pytest.mark.parametrize("value", [0, -1, 17, "2", True, 2.5, 10**30, None, [2]])
+def test_machines_outside_1_to_16_or_not_an_integer_are_refused_by_key(value):
+    with pytest.raises(ConfigError, match=r"^spec.yaml: machines: "):
+        parse_config(with_changes(machines=value), source="spec.yaml")
+
+
+def test_the_world_is_the_processes_on_each_machine():
+    config = parse_config(with_changes(processes=2, machines=3))
+    assert (config.processes, config.machines, config.world_size) == (2, 3, 6)
+    assert parse_config(MINIMAL).world_size == 1
