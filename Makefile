@@ -16,7 +16,7 @@ demo: setup ## THE MAIN JOB: the CPU rehearsal (real vLLM server + real TRL asyn
 	grpo-deploy up --fresh
 
 test: setup ## run every test this machine can run (unit, static, integration and faults with real containers, the verl rehearsal; the CUDA image builds when their inputs changed)
-	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu and not verl_cluster and not arm64_switches and not replicas_hosts and not faults_hosts" -rs --durations=30 $(PYTEST_ARGS)
+	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu and not verl_cluster and not arm64_switches and not faults_hosts" -rs --durations=30 $(PYTEST_ARGS)
 
 test-cuda-images: setup ## the air-gapped x86_64 CUDA server and trainer images built and checked (~8 min cold, the 3.8 GB wheel download included); run it when `make test` says their inputs changed: it records images/cuda/amd64-verified.txt (commit it)
 	GRPO_NO_SKIPS=1 GRPO_IMAGE_TESTS=always $(PYTHON) -m pytest -m amd64_build tests/integration/test_cuda_images.py -rs $(PYTEST_ARGS)
@@ -42,7 +42,7 @@ test-verl: setup ## the real verl rehearsal through `up` (verl + Ray + vLLM CPU 
 test-verl-cluster: setup ## verl across two SSH test hosts: a Ray cluster trains 20 steps through a worker kill and a head kill, then the cluster refusals (~20 min; not in make test: CI time)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m verl_cluster tests/faults/test_verl_cluster.py -rs $(PYTEST_ARGS)
 
-test-replicas-hosts: setup ## trl-async with a vLLM replica on each of two SSH test hosts behind the replica proxy, 24 steps (10-16 min; not in make test: CI time)
+test-replicas-hosts: setup ## trl-async with a vLLM replica on each of two SSH test hosts behind the replica proxy, 16 steps (about 4 min; also in make test)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m replicas_hosts tests/integration/test_replicas_hosts.py -rs $(PYTEST_ARGS)
 
 test-trainer-hosts: setup ## trl-async with the trainer over two SSH test hosts (one FSDP2 group over gloo, machine 0 beside the server), machine 1 SIGKILLed and both resumed, then one host refused on its checkpoints

@@ -78,7 +78,12 @@ def problems(overlay: Path) -> list[str]:
         out.append(f"{spec_file}: several vLLM server replicas ({', '.join(many) or 'several server hosts'}): the "
                    "Kubernetes overlays run one server and no replica proxy yet; use one server host with "
                    "replicas: 1 here, or `grpo-deploy up` over SSH for replicas")
-    if (ranks := res.engine_info.trainer_processes(res)) > 1:
+    trainers = res.hosts_with("trainer")
+    if len(trainers) > 1:
+        out.append(f"{spec_file}: {len(trainers)} hosts with role trainer ({', '.join(h.name for h in trainers)}): "
+                   "the Kubernetes overlays run one trainer pod; use one trainer host here, or `grpo-deploy up` over "
+                   "SSH for a trainer across hosts")
+    elif (ranks := res.engine_info.trainer_processes(res)) > 1:
         out.append(f"{spec_file}: overrides.runtime.trainer_processes is {ranks}: the "
                    "Kubernetes overlays give the trainer pod one GPU and run one process; remove it here, or use "
                    "`grpo-deploy up` over SSH for a trainer of several processes")

@@ -137,10 +137,11 @@ class HostSpec(_Strict):
     (Ansible's nfs_client role mounts it there, `grpo-deploy check`'s nfs_mount verifies it, preflight probes what
     compose mounts)."""
     interface: InterfaceName | None = None
-    """verl across hosts: this node's interface for Ray, NCCL and Gloo (e.g. ib0); null = the one SSH reaches.
-    Its IPv4 address is the node's address; preflight checks it exists and reaches every other node."""
+    """A cluster across hosts (verl's Ray nodes; trl-async's trainer hosts): this node's interface for Ray, NCCL and
+    Gloo (e.g. ib0); null = the one SSH reaches. Its IPv4 address is the node's address; preflight checks it exists
+    and reaches the first node (and every other, for Ray)."""
     infiniband: bool = False
-    """verl across hosts: pass /dev/infiniband into the container (NCCL over RDMA, not TCP).
+    """A cluster across hosts: pass /dev/infiniband into the container (NCCL over RDMA, not TCP).
     Preflight refuses a host that has /dev/infiniband without it, or this set on a host without one."""
     replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS_PER_HOST)
     """vLLM server replicas on this host (trl-async); null = 1.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.hostile.helpers import assert_refused, changed, cli, dump, render, write_spec
+from tests.hostile.helpers import assert_refused, base_data, changed, cli, dump, render, write_spec
 
 
 def _refused(tmp_path, base, changes, key, *words):
@@ -252,3 +252,15 @@ def test_a_bad_watch_setting_is_refused_in_one_line(tmp_path, key, value, words)
     for argv in (["plan", "--json", "-f", str(spec)], ["render", "-f", str(spec), "-o", str(tmp_path / "render")]):
         assert_refused(cli(argv, tmp_path), key=f"watch.{key}", words=words)
     assert not (tmp_path / "render").exists()
+
+
+@pytest.mark.parametrize("value", ["eth0\n", "$(id)", "-eth0", "../eth0", "eth0;rm", "x" * 16, "", 7, True])
+def test_a_trainer_host_interface_that_is_not_a_name_is_refused_in_one_line(tmp_path, value):
+    """Several trainer hosts make a cluster: hosts[].interface reaches GLOO/NCCL_SOCKET_IFNAME in an env file."""
+    data = base_data("cpu")
+    data["hosts"] = [{**data["hosts"][0], "name": "a", "address": "10.0.0.1", "roles": ["trainer", "server"]},
+                     {**data["hosts"][0], "name": "b", "address": "10.0.0.2", "roles": ["trainer"],
+                      "interface": value}]
+    run, out = render(tmp_path, data)
+    assert_refused(run, key="hosts[1].interface")
+    assert not out.exists()

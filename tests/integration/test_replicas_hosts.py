@@ -2,8 +2,8 @@
 kit's replica proxy beside the replica of spark1, the other replica reached over the network on spark2's published
 port. The run trains to the end with every adapter load OK on both replicas, and both serve rollouts.
 
-10-16 minutes on 2 cores (938 s beside a CI run; two vLLM CPU servers and the trainer share them): NOT in
-`make test`, whose budget it would break; `make test-replicas-hosts` runs it (marker replicas_hosts)."""
+16 steps (24 until 2026-12-05, when it joined `make test`: 938 s beside a CI run then); `make test-replicas-hosts`
+runs it alone (marker replicas_hosts)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from tests.testhosts import test_hosts
 
 pytestmark = [pytest.mark.docker, pytest.mark.replicas_hosts]
 RUN = "replicas"
+STEPS = 16
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def run(tmp_path_factory, cpu_image):
     with test_hosts(2, tmp_path_factory.mktemp("hosts")) as hosts:
         cwd = tmp_path_factory.mktemp("replicas")
         spec = split_spec(cwd / "replicas.yaml", RUN, **{"hosts.0.roles": ["trainer", "server"],
-                                                        "overrides": {"trl": {"max_steps": 24}}})
+                                                        "overrides": {"trl": {"max_steps": STEPS}}})
         ssh = ["--ssh-config", str(hosts.ssh_config)]
         up = cli("up", "-f", str(spec), "--fresh", "--keep", *ssh, cwd=cwd)
         status = cli("status", "-f", str(spec), "--json", *ssh, cwd=cwd, timeout=300)
@@ -44,7 +45,7 @@ def test_the_run_trains_to_the_end_through_the_proxy(run):
     assert "starting 2 vLLM server replicas on spark1 (server), spark2 (server) behind the replica proxy" in up.stdout
     assert "from spark1: 1 replicas generate" not in up.stdout  # one remote replica: its own words
     s = run["status"]
-    assert s["steps"] == 24 and s["adapter_loads_failed"] == 0 and s["adapter_loads_ok"] >= s["steps"]
+    assert s["steps"] == STEPS and s["adapter_loads_failed"] == 0 and s["adapter_loads_ok"] >= s["steps"]
     assert s["reward_last5"] > s["reward_first5"] + 0.1, (s["reward_first5"], s["reward_last5"])
 
 

@@ -110,6 +110,19 @@ def test_check_refuses_a_trainer_of_several_processes(tmp_path, capsys):
     assert "trainer_processes is 2" in err and "trainer pod one GPU" in err
 
 
+def test_check_refuses_a_trainer_across_hosts(tmp_path, capsys):
+    """The overlays run one trainer pod: a second trainer host would be dropped without a word."""
+    overlay = copy_overlay(tmp_path, "h200")
+
+    def two_trainer_hosts(d):
+        d["hosts"][0]["roles"] = ["trainer"]
+        d["hosts"].append({"name": "t2", "address": "10.0.0.3", "profile": "h200", "roles": ["trainer"]})
+        d["hosts"].append({"name": "s", "address": "10.0.0.2", "profile": "h200", "roles": ["server"]})
+    edit_spec(overlay, two_trainer_hosts)
+    err = one_line_refusal(capsys, ["k8s", "check", str(overlay)])
+    assert "2 hosts with role trainer" in err and "one trainer pod" in err
+
+
 def test_check_says_the_ci_overlay_is_not_for_users(tmp_path, capsys):
     err = one_line_refusal(capsys, ["k8s", "check", str(copy_overlay(tmp_path, "cpu"))])
     assert "CI-only overlay" in err
