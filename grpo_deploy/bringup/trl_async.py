@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from .. import run_view
-from ..deployment import Deployment
 from ..checks import cluster as cluster_checks
+from ..deployment import Deployment
 from ..engines.trl_async import ServerReplica, host_services, replica_urls, server_replicas, server_url, trainer_hosts
 from ..hosts import facts as host_facts
 from ..hosts import oneoff
@@ -37,8 +37,8 @@ PROXY = "proxy"  # RoleDied's role when the replica proxy died (started again al
 
 
 def hosts(dep: Deployment) -> list[str]:
-    """The hosts this bring-up starts containers on: every server host, then the trainer's (every trainer host's, machine
-    0 first, when the trainer spans several)."""
+    """The hosts this bring-up starts containers on: every server host, then the trainer's (every trainer host's,
+    machine 0 first, when the trainer spans several)."""
     return list(dict.fromkeys([h.name for h in dep.res.hosts_with("server")] + _trainers(dep)))
 
 
@@ -152,8 +152,7 @@ def start(dep: Deployment, log: Callable[[str], None], ips: dict[str, str], sinc
 def restart(dep: Deployment, log: Callable[[str], None], role: str) -> float:
     """Start again what a dead *role* needs: the trainer alone; a dead replica alone (the others keep serving, the
     proxy gives it the current adapter before routing to it); or (every server died) the trainer stopped and all
-    started again. The servers' new ready time."""
-    trainer_host = dep.role_host("trainer")
+    started again (on every trainer host when the trainer spans several). The servers' new ready time."""
     if role == "trainer" and len(_trainers(dep)) > 1:
         log(f"starting the trainer again on {', '.join(_trainers(dep))} (machine 0 resolves the checkpoint to resume)")
         _stop_trainers(dep)

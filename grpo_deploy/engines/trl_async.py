@@ -12,8 +12,14 @@ from typing import Any
 
 from .. import diagnose
 from ..architecture import Architecture
-from ..names import (COMPOSE_BASE, COMPOSE_TRAINER_HOSTS, COMPOSE_TRAINER_INFINIBAND, PROXY_SERVICE, REPLICA_LABEL,
-                     project_name)
+from ..names import (
+    COMPOSE_BASE,
+    COMPOSE_TRAINER_HOSTS,
+    COMPOSE_TRAINER_INFINIBAND,
+    PROXY_SERVICE,
+    REPLICA_LABEL,
+    project_name,
+)
 from ..render_text import dump_yaml, template
 from ..runtime.adapters import POLICY_PREFIX
 from ..runtime.config import RunConfig, SpeedSwitches, config_text
@@ -85,8 +91,8 @@ class TrlAsync(Engine):
         if n > 1 and trainer_machines(res) > 1:
             i, host = next((i, h) for i, h in enumerate(res.spec.hosts) if "server" in h.roles)
             problem(("hosts", i, "replicas") if (host.replicas or 1) > 1 else ("hosts", i, "roles"),
-                    f"{n} vLLM servers with {trainer_machines(res)} trainer hosts: the replica proxy beside a trainer on "
-                    "its host's network is not built yet; use one server (one host with role server, replicas 1) "
+                    f"{n} vLLM servers with {trainer_machines(res)} trainer hosts: the replica proxy beside a trainer "
+                    "on its host's network is not built yet; use one server (one host with role server, replicas 1) "
                     "with several trainer hosts, or one trainer host with several servers")
         if n > 1:
             _check_replicas(self, res, problem)

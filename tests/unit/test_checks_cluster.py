@@ -105,8 +105,9 @@ def test_trainer_hosts_are_a_cluster_whose_rendezvous_port_must_be_free_on_machi
     assert "the trainer's rendezvous port(s) 29500 are taken there (it needs 29500)" in taken["node1"].fact
     bad = rows(trainers_ctx({"node1": node("10.0.0.1"), "node2": node("10.0.0.2")}, **{"hosts.1.interface": "ib9"}))
     assert bad["node2"].verdict == "fail" and "no network interface 'ib9'" in bad["node2"].fact
-    assert cluster_checks.node_addresses(trainers_ctx({"node1": node("10.0.0.1"), "node2": node("10.0.0.2")})) == {
-        "node1": cluster_checks.NodeAddress("10.0.0.1", "eth0"), "node2": cluster_checks.NodeAddress("10.0.0.2", "eth0")}
+    found = cluster_checks.node_addresses(trainers_ctx({"node1": node("10.0.0.1"), "node2": node("10.0.0.2")}))
+    assert found == {"node1": cluster_checks.NodeAddress("10.0.0.1", "eth0"),
+                     "node2": cluster_checks.NodeAddress("10.0.0.2", "eth0")}
 
 
 def test_one_trainer_host_has_no_cluster():
