@@ -489,6 +489,9 @@ def test_hosts(n: int, tmp_path: Path, small_disk: dict[str, str] | None = None,
         _wait_ready(hosts, th, timeout)
         for host in hosts:
             _clean_inner_state(host)
+            if cpus and "--cgroup-parent=" not in host.exec(["sh", "-c", "ps -o args= -C dockerd"], check=False):
+                raise RuntimeError(f"test host {host.name}: cpus={cpus} would not bound its engine's containers "
+                                   "(no cgroup v1 cpu hierarchy here for --cgroup-parent); run without the limit")
         th.config_for(th.known_hosts, path=th.ssh_config)
         th.bringup_s = time.monotonic() - start
         print(f"[testhosts] {n} host(s) up in {th.bringup_s:.1f} s: " + ", ".join(f"{h.name}={h.ip}" for h in hosts))
