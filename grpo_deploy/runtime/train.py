@@ -276,7 +276,7 @@ def _exec_launch(config: RunConfig, config_path: str, resumed_from: str | None, 
     argv = processes.launch_argv(config.processes, config_path, machine=machine)
     where = f" on machine {machine.rank} of {machine.count} (rendezvous {machine.main_address}:{machine.main_port}" \
         f"{', interface ' + ifname if ifname else ''})" if machine.count > 1 else ""
-    log.info(f"launching {config.processes} trainer process(es){where} (FSDP2"
+    log.info(f"launching {config.processes} trainer process{'es' if config.processes > 1 else ''}{where} (FSDP2"
              f"{', gloo on the CPU' if config.device == 'cpu' else ''}): {' '.join(argv[1:])}")
     sys.stdout.flush()
     sys.stderr.flush()

@@ -97,7 +97,7 @@ def test_one_group_over_both_hosts_trains_to_the_end(trainer_hosts_run):
 
 def test_machine_1_ran_its_rank_on_spark2_over_the_network(trainer_hosts_run):
     log = trainer_hosts_run["killed"]["log"]
-    m = re.search(r"launching 1 trainer process\(es\) on machine 1 of 2 \(rendezvous ([\d.]+):29500, interface "
+    m = re.search(r"launching 1 trainer process on machine 1 of 2 \(rendezvous ([\d.]+):29500, interface "
                   r"(\w+)\)", log)
     assert m, log[-3000:]
     assert m.group(1) != "127.0.0.1"  # machine 0 by spark1's own address
@@ -111,7 +111,8 @@ def test_machine_1_killed_restarts_both_and_resumes_from_the_newest_complete_che
     resumed = int(re.search(r"checkpoint-(\d+)$", starts[-1].get("resumed_from") or "checkpoint-0").group(1))
     trained = max(int(e["step"]) for e in events if e["event"] == "step" and e["time"] < starts[-1]["time"])
     lost = trained - resumed
-    assert trained >= killed["step"] and 0 < lost <= SAVE_EVERY, (killed, trained, resumed)
+    # 0 lost: the trainer had saved the step it was at when the kill landed (seen on a fresh machine)
+    assert trained >= killed["step"] and 0 <= lost <= SAVE_EVERY, (killed, trained, resumed)
     assert "starting the trainer again on spark1, spark2" in run["output"], run["output"][-3000:]
     assert "the trainer on spark2 (machine 1 of 2) exited with code 137" in run["output"]
     listed = cli(run["cwd"], "checkpoints", "list", "-f", str(run["spec"]), "--json", *run["ssh"])
