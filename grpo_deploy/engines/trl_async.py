@@ -347,9 +347,6 @@ def server_url(res: Resolved, resolved: dict[str, str] | None = None) -> str:
     urls = replica_urls(res, resolved)
     if len(urls) > 1:
         return f"http://{PROXY_SERVICE}:{res.settings.vllm.port}"
-    trainer, replicas = res.host_for("trainer"), server_replicas(res)
-    if replicas and trainer is not None and replicas[0].host == trainer.name and trainer_machines(res) > 1:
-        return f"http://127.0.0.1:{res.settings.vllm.port}"  # machine 0 on its host's network: the published port
     return urls[0] if urls else ""
 
 
@@ -363,13 +360,15 @@ def host_services(res: Resolved, host) -> list[str]:
 
 
 def replica_urls(res: Resolved, resolved: dict[str, str] | None = None) -> list[str]:
-    """Where the proxy (on the trainer's host) reaches each replica: a replica beside it by its compose service,
-    one on another host by that host's address and the replica's published port."""
+    """Where the proxy (on the trainer's host) reaches each replica: a replica beside it by its compose service (by
+    its published port on loopback when the trainer runs on the host's network: a trainer over several hosts), one
+    on another host by that host's address and the replica's published port."""
     trainer, port = res.host_for("trainer"), res.settings.vllm.port
+    host_network = trainer_machines(res) > 1
     out = []
     for r in server_replicas(res):
         if trainer is not None and r.host == trainer.name:
-            out.append(f"http://{r.service}:{port}")
+            out.append(f"http://127.0.0.1:{port + r.place}" if host_network else f"http://{r.service}:{port}")
         else:
             out.append(f"http://{res.reach(r.host, resolved)}:{port + r.place}")
     return out

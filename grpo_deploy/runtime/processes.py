@@ -96,16 +96,12 @@ def socket_ifname(machine: Machine, addresses: dict[str, list[str]] | None = Non
     ("" on one machine: loopback). MachineError when neither is on this host."""
     if machine.count == 1 or not (machine.ifname or machine.node_ip):
         return ""
-    from .ray_node import interface_of, local_addresses
+    from .ray_node import socket_interface
 
-    addresses = local_addresses() if addresses is None else addresses
-    name = machine.ifname or interface_of(machine.node_ip, addresses)
-    if not name or name not in addresses:
-        have = ", ".join(sorted(addresses)) or "none"
-        raise MachineError(f"no network interface {'named ' + machine.ifname if machine.ifname else 'holds '}"
-                           f"{'' if machine.ifname else machine.node_ip} on this host (it has {have}): set "
-                           "hosts[].interface in the spec")
-    return name
+    try:
+        return socket_interface(machine.ifname, machine.node_ip, addresses)
+    except ValueError as error:
+        raise MachineError(str(error)) from None
 
 
 def rank() -> int:

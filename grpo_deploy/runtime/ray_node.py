@@ -78,13 +78,22 @@ def socket_env(node: NodeArgs, addresses: dict[str, list[str]] | None = None) ->
     the node's address ({} on one host: loopback does). SystemExit with one line when neither can be found."""
     if not node.cluster or not (node.ifname or node.node_ip):
         return {}  # one host (loopback), or a hand-run render that names neither: Ray's and NCCL's own choice
-    addresses = local_addresses() if addresses is None else addresses
-    name = node.ifname or interface_of(node.node_ip, addresses)
-    if not name or name not in addresses:
-        raise SystemExit(f"verl node: no network interface {'named ' + node.ifname if node.ifname else 'holds '}"
-                         f"{'' if node.ifname else node.node_ip} on this host (it has "
-                         f"{', '.join(sorted(addresses)) or 'none'}): set hosts[].interface in the spec")
+    try:
+        name = socket_interface(node.ifname, node.node_ip, addresses)
+    except ValueError as error:
+        raise SystemExit(f"verl node: {error}") from None
     return {"NCCL_SOCKET_IFNAME": name, "GLOO_SOCKET_IFNAME": name}
+
+
+def socket_interface(ifname: str, node_ip: str, addresses: dict[str, list[str]] | None = None) -> str:
+    """The interface NCCL and Gloo use between the hosts of a cluster (Ray's nodes, the trainer's machines): the one
+    named, else the one holding the node's address. ValueError with the one line to say when neither is here."""
+    addresses = local_addresses() if addresses is None else addresses
+    name = ifname or interface_of(node_ip, addresses)
+    if not name or name not in addresses:
+        raise ValueError(f"no network interface {'named ' + ifname if ifname else 'holds ' + node_ip} on this host "
+                         f"(it has {', '.join(sorted(addresses)) or 'none'}): set hosts[].interface in the spec")
+    return name
 
 
 def ensure_token(path: Path, create: bool) -> Path:
