@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 BENCH_REPEAT ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-verl test-verl-cluster test-trainer-hosts test-replicas-hosts test-faults-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-forecast bench-shipping bench-split bench-cluster bench-proxy bench-watcher render-defaults clean
+.PHONY: help setup demo test test-gpu test-verl test-verl-cluster test-trainer-hosts test-replicas-hosts test-faults-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-forecast bench-shipping bench-split bench-cluster bench-proxy bench-watcher render-defaults clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-20s %s\n", $$1, $$2}'
@@ -17,6 +17,9 @@ demo: setup ## THE MAIN JOB: the CPU rehearsal (real vLLM server + real TRL asyn
 
 test: setup ## run every test this machine can run (unit, static, integration and faults with real containers, the verl rehearsal; the CUDA image builds when their inputs changed)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu and not verl_cluster and not arm64_switches and not faults_hosts" -rs --durations=30 $(PYTEST_ARGS)
+
+test-gpu: ## on ONE NVIDIA GPU, no Docker (vLLM, TRL and the kit importable; the gpu pack of ../shared/tools/gpu-pack carries them): the harness renders a one-GPU spec and runs both roles from the rendered files, the rehearsal task (40 steps) and seed 004's recipe shape (20 steps); GRPO_GPU_OUT keeps the report
+	$(PYTHON) -m pytest -m gpu tests/gpu -rs $(PYTEST_ARGS)
 
 test-cuda-images: setup ## the air-gapped x86_64 CUDA server and trainer images built and checked (~8 min cold, the 3.8 GB wheel download included); run it when `make test` says their inputs changed: it records images/cuda/amd64-verified.txt (commit it)
 	GRPO_NO_SKIPS=1 GRPO_IMAGE_TESTS=always $(PYTHON) -m pytest -m amd64_build tests/integration/test_cuda_images.py -rs $(PYTEST_ARGS)

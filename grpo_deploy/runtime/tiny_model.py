@@ -1,4 +1,5 @@
-"""Builds the rehearsal model: a tiny random Qwen2 with a local char-level ChatML tokenizer, byte-identical per seed."""
+"""Builds the local random-weight models: the rehearsal's tiny Qwen2 (byte-identical per seed) and, for the GPU
+harness, seed 004's Qwen2.5-Math-1.5B architecture; both with a local char-level ChatML tokenizer (no hub access)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import sys
 
 from .identity import current_umask
+from .synthetic_rollouts import QWEN25_15B
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHARACTERS = ["\n", "\t"] + [chr(c) for c in range(32, 127)]  # one token each; other characters are dropped
@@ -35,11 +37,20 @@ ARCHITECTURE = {
 }
 
 
-def build_tokenizer():
+# Seed 004's recipe model for the GPU harness: Qwen2.5-Math-1.5B's architecture (written out once, in
+# synthetic_rollouts), random weights in bf16 (3.1 GB on disk). Its vocabulary is Qwen's 151,936: the tokenizer is
+# padded to that size with filler tokens, so every id a random model samples decodes to text (vLLM detokenizes them).
+QWEN25_MATH_15B = {k: v for k, v in QWEN25_15B.items() if k != "vocab_size"} | {"initializer_range": 0.02}
+SHAPES = {"tiny": (ARCHITECTURE, None, "float32"),
+          "qwen2.5-1.5b": (QWEN25_MATH_15B, QWEN25_15B["vocab_size"], "bfloat16")}
+
+
+def build_tokenizer(vocab_size: int | None = None, max_length: int = ARCHITECTURE["max_position_embeddings"]):
     """Char-level tokenizer in Qwen2's own byte-level format (what AutoTokenizer rebuilds for a qwen2 model).
 
     The vocabulary is the three ChatML specials plus one byte-level symbol per newline, tab and printable ASCII
-    character, with no merges: every such character is one token.
+    character, with no merges: every such character is one token. With *vocab_size*, filler tokens (`~x1f`, ...: ASCII
+    text, never produced by encoding a prompt, since merges are empty) pad it to that many ids.
     """
     from tokenizers import AddedToken
     from transformers import Qwen2Tokenizer
@@ -47,14 +58,15 @@ def build_tokenizer():
 
     byte_symbol = bytes_to_unicode()
     symbols = [byte_symbol[ord(c)] for c in CHARACTERS]
-    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + symbols)}
+    fillers = [f"~x{i:x}" for i in range(max(0, (vocab_size or 0) - len(SPECIAL_TOKENS) - len(symbols)))]
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS + symbols + fillers)}
     tokenizer = Qwen2Tokenizer(
         vocab=vocab,
         merges=[],
         unk_token="<|endoftext|>",
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        model_max_length=ARCHITECTURE["max_position_embeddings"],
+        model_max_length=max_length,
         clean_up_tokenization_spaces=False,
     )
     tokenizer.add_tokens([AddedToken(token, special=True, normalized=False) for token in SPECIAL_TOKENS])
@@ -62,32 +74,35 @@ def build_tokenizer():
     return tokenizer
 
 
-def build_model(vocab_size: int, eos_token_id: int, pad_token_id: int, seed: int):
-    """Qwen2ForCausalLM with seeded random fp32 weights, plus its generation config."""
+def build_model(vocab_size: int, eos_token_id: int, pad_token_id: int, seed: int, shape: str = "tiny"):
+    """Qwen2ForCausalLM of *shape* with seeded random weights (fp32 for the tiny one, bf16 for the 1.5B), plus its
+    generation config."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+    architecture, _, dtype = SHAPES[shape]
     config = Qwen2Config(
         vocab_size=vocab_size,
         bos_token_id=pad_token_id,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
-        dtype="float32",
-        **ARCHITECTURE,
+        dtype=dtype,
+        **architecture,
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32).eval()
+        model = Qwen2ForCausalLM(config).to(getattr(torch, dtype)).eval()
     model.generation_config = GenerationConfig(
         bos_token_id=pad_token_id, eos_token_id=eos_token_id, pad_token_id=pad_token_id, do_sample=True
     )
     return model
 
 
-def build(out_dir: str, seed: int = 0) -> dict[str, str]:
+def build(out_dir: str, seed: int = 0, shape: str = "tiny") -> dict[str, str]:
     """Write tokenizer, config, generation config and safetensors weights to `out_dir`; returns file -> sha256."""
-    tokenizer = build_tokenizer()
-    model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed)
+    architecture, vocab_size, _ = SHAPES[shape]
+    tokenizer = build_tokenizer(vocab_size, architecture["max_position_embeddings"])
+    model = build_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed, shape)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
@@ -120,9 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m grpo_deploy.runtime.tiny_model", description=__doc__)
     parser.add_argument("--out", required=True, help="directory to write the model into")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny",
+                        help="tiny: the rehearsal's model (default); qwen2.5-1.5b: seed 004's architecture, bf16, "
+                             "random weights (3.1 GB, for the GPU harness)")
     args = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    files = build(args.out, args.seed)
+    files = build(args.out, args.seed, args.shape)
     for name, digest in files.items():
         print(f"{digest}  {name}")
     return 0
