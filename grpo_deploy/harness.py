@@ -39,6 +39,10 @@ from .spec import load
 
 SHAPES = ("rehearsal", "seed004")
 SWITCHES_OFF = {"base_dtype": "fp32", "compile_layers": False, "lora_elementwise": False}
+# The switches off on an 80 GB card: the fp32-master trainer's measured peak (58.7 GiB at 16,384 tokens, bench trainer,
+# docs/MEASUREMENTS.md) does not fit beside vLLM's 0.3; at 0.18 vLLM still holds ~350k tokens of KV cache, twice what
+# 128 answers of 1,300 tokens need in flight.
+SWITCHES_OFF_VLLM_MEMORY = 0.18
 RECIPE_ANSWERS = 128  # seed 004: 8 answers x 16 prompts per optimizer step
 LOCAL = "127.0.0.1"
 POLL_S = 2.0
@@ -107,6 +111,8 @@ def trial_spec(trial: Trial, profile: str, mount: Path, model_dir: Path) -> dict
         overrides["vllm"] = {"max_model_len": 1024 + 3000}  # one server for every answer length
     if not trial.switches:
         overrides["runtime"] = dict(SWITCHES_OFF)
+        if gpu and profiles.load(profile).hardware.get("memory_gb_per_gpu", 0) <= 80:
+            overrides.setdefault("vllm", {})["gpu_memory_utilization"] = SWITCHES_OFF_VLLM_MEMORY
     host: dict[str, Any] = {"name": "gpu0" if gpu else "cpu0", "address": "local", "profile": profile,
                             "roles": ["server", "trainer"]}
     if gpu:
@@ -287,30 +293,32 @@ def report(trial: Trial, rendered: Rendered, server: Role, trainer: Role, ready_
     summary = status.summarize(trial.name, events).to_dict()
     evidence = diagnose.diagnose(events).evidence
     steps = diagnose.step_events(events)
-    medians = {key: _median([float(s[key]) for s in steps if isinstance(s.get(key), int | float)])
-               for key in ("perf/step_s", "perf/fwd_bwd_s", "perf/optimizer_s", "perf/rollout_wait_s",
-                           "perf/weight_sync_s", "batch/samples_per_step", "completions/mean_length")}
-    step_s = medians["perf/step_s"]
+    medians = {name: _median([float(s[key]) for s in steps if isinstance(s.get(key), int | float)])
+               for name, key in MEDIANS.items()}
+    step_s = medians["step_s_median"]
     return {
         "trial": trial.name, "shape": trial.shape, "steps_asked": trial.steps, "answer_tokens": trial.answer_tokens,
         "speed_switches": trial.switches, "trainer_exit": trainer.process.returncode,
-        "steps": summary.get("steps"), "reward_first5": summary.get("reward_first5"),
-        "reward_last5": summary.get("reward_last5"),
-        "adapter_loads_ok": summary.get("adapter_loads_ok"), "adapter_loads_failed": summary.get("adapter_loads_failed"),
-        "handoff_median_s": summary.get("median_handoff_s"),
-        "ratio_min": summary.get("importance_ratio_min"), "ratio_max": summary.get("importance_ratio_max"),
-        "step_s_median": step_s, "fwd_bwd_s_median": medians["perf/fwd_bwd_s"],
-        "optimizer_s_median": medians["perf/optimizer_s"], "rollout_wait_s_median": medians["perf/rollout_wait_s"],
-        "weight_sync_s_median": medians["perf/weight_sync_s"],
-        "samples_per_step": medians["batch/samples_per_step"], "answer_length_median": medians["completions/mean_length"],
-        "generated_tok_s": evidence.get("generated_tok_s"), "trained_tok_s": evidence.get("trained_tok_s"),
-        "mfu_fwd_bwd": evidence.get("mfu_fwd_bwd"),
+        **{name: summary.get(key) for name, key in SUMMARY.items()},
+        **medians,
+        **{key: evidence.get(key) for key in ("generated_tok_s", "trained_tok_s", "mfu_fwd_bwd")},
         "gpu_hours_per_500_steps": round(step_s * 500 / 3600, 3) if step_s and server.peak_mib else None,
         "server_peak_gib": round(server.peak_mib / 1024, 2), "trainer_peak_gib": round(trainer.peak_mib / 1024, 2),
         "server_ready_s": round(ready_s, 1) if ready_s is not None else None,
         "trainer_wall_s": round(time.time() - trainer.started, 1),
         "logs": {"server": str(server.log), "trainer": str(trainer.log)},
     }
+
+
+# report key -> status.Summary field; report key -> TRL metric whose median over the steps is reported
+SUMMARY = {"steps": "steps", "reward_first5": "reward_first5", "reward_last5": "reward_last5",
+           "adapter_loads_ok": "adapter_loads_ok", "adapter_loads_failed": "adapter_loads_failed",
+           "handoff_median_s": "median_handoff_s", "ratio_min": "importance_ratio_min",
+           "ratio_max": "importance_ratio_max"}
+MEDIANS = {"step_s_median": "perf/step_s", "fwd_bwd_s_median": "perf/fwd_bwd_s",
+           "optimizer_s_median": "perf/optimizer_s", "rollout_wait_s_median": "perf/rollout_wait_s",
+           "weight_sync_s_median": "perf/weight_sync_s", "samples_per_step": "batch/samples_per_step",
+           "answer_length_median": "completions/mean_length"}
 
 
 def _median(values: list[float]) -> float | None:
@@ -323,10 +331,11 @@ def _median(values: list[float]) -> float | None:
 
 REPORT_LINE = ("{trial}: {steps}/{steps_asked} steps, reward {reward_first5} -> {reward_last5}, adapter loads "
                "{adapter_loads_ok} ok / {adapter_loads_failed} failed (hand-off {handoff_median_s} s), ratio "
-               "{ratio_min}-{ratio_max}, step {step_s_median} s (fwd/bwd {fwd_bwd_s_median}, wait {rollout_wait_s_median},"
-               " sync {weight_sync_s_median}), {samples_per_step} answers/step of {answer_length_median} tokens, "
-               "generated {generated_tok_s} tok/s, trained {trained_tok_s} tok/s, MFU {mfu_fwd_bwd}, "
-               "{gpu_hours_per_500_steps} GPU-h/500 steps, peak GiB server {server_peak_gib} trainer {trainer_peak_gib}")
+               "{ratio_min}-{ratio_max}, step {step_s_median} s (fwd/bwd {fwd_bwd_s_median}, "
+               "wait {rollout_wait_s_median}, sync {weight_sync_s_median}), {samples_per_step} answers/step of "
+               "{answer_length_median} tokens, generated {generated_tok_s} tok/s, trained {trained_tok_s} tok/s, "
+               "MFU {mfu_fwd_bwd}, {gpu_hours_per_500_steps} GPU-h/500 steps, peak GiB server {server_peak_gib} "
+               "trainer {trainer_peak_gib}")
 
 
 def build_model(shape: str, models: Path, say) -> Path:

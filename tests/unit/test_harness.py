@@ -96,3 +96,30 @@ def test_trials_that_differ_only_on_the_trainer_side_share_one_server(tmp_path):
     assert len(keys) == 1
     other = harness.render_trial(harness.parse_trial("rehearsal:4"), "cpu", tmp_path, model).server_key
     assert other not in keys  # another max_model_len: a server of its own
+
+
+def test_report_reads_the_trainers_own_metrics(tmp_path):
+    import json
+    import subprocess
+
+    rendered = harness.render_trial(harness.Trial("rehearsal", 3), "cpu", tmp_path, tmp_path / "model")
+    metrics = Path(rendered.trainer_config["metrics_path"])
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    lines = [{"event": "run_start", "time": 0.0}]
+    for i in range(1, 4):
+        lines.append({"event": "adapter_load", "time": i - 0.5, "ok": True, "handoff_s": 0.02 * i})
+        lines.append({"event": "step", "time": float(i), "step": i, "reward": 0.1 * i, "ratio": 1 + 0.001 * i,
+                      "perf/step_s": 2.0 + i, "perf/fwd_bwd_s": 1.0, "perf/rollout_wait_s": 0.5,
+                      "batch/samples_per_step": 128, "completions/mean_length": 1300.0})
+    metrics.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    done = subprocess.Popen(["true"])
+    done.wait()
+    role = harness.Role("trainer", done, tmp_path / "t.log", peak_mib=2048)
+    server = harness.Role("server", done, tmp_path / "s.log", peak_mib=1024)
+    r = harness.report(harness.Trial("rehearsal", 3), rendered, server, role, 12.0)
+    assert (r["steps"], r["trainer_exit"], r["adapter_loads_ok"], r["adapter_loads_failed"]) == (3, 0, 3, 0)
+    assert r["reward_first5"] == pytest.approx(0.2) and r["ratio_max"] == pytest.approx(1.003)
+    assert r["step_s_median"] == 4.0 and r["samples_per_step"] == 128
+    assert r["gpu_hours_per_500_steps"] == round(4.0 * 500 / 3600, 3)
+    assert (r["server_peak_gib"], r["trainer_peak_gib"]) == (1.0, 2.0)
+    harness.REPORT_LINE.format(**r)  # every key the line names is in the report
