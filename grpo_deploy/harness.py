@@ -32,10 +32,11 @@ import yaml
 from . import diagnose, profiles, status
 from .render import render_files
 from .render_folder import parse_env, write_tree
+from .render_text import RenderError
 from .resolve import resolve
 from .runtime import health
 from .runtime.metrics import read_events
-from .spec import load
+from .spec import SpecError, load
 
 SHAPES = ("rehearsal", "seed004")
 SWITCHES_OFF = {"base_dtype": "fp32", "compile_layers": False, "lora_elementwise": False}
@@ -93,8 +94,10 @@ def _setting_values(profile: profiles.Profile, section: str, skip: tuple[str, ..
     return {k: s.value for k, s in profile.settings.get(section, {}).items() if k not in skip}
 
 
-def trial_spec(trial: Trial, profile: str, mount: Path, model_dir: Path) -> dict[str, Any]:
-    """The deployment spec of *trial* on one local host that runs both roles on GPU 0 (or the CPU)."""
+def trial_spec(trial: Trial, profile: str, mount: Path, model_dir: Path,
+               vllm_args: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The deployment spec of *trial* on one local host that runs both roles on GPU 0 (or the CPU); *vllm_args* go to
+    the spec's overrides.vllm.extra_args (the spec's door checks them)."""
     gpu = profile != "cpu"
     overrides: dict[str, dict[str, Any]] = {"model": {"path": str(model_dir)}, "trl": {"max_steps": trial.steps}}
     if trial.shape == "rehearsal" and gpu:  # the cpu profile's task, on this GPU's profile
@@ -109,6 +112,8 @@ def trial_spec(trial: Trial, profile: str, mount: Path, model_dir: Path) -> dict
         overrides["trl"] |= {"max_completion_length": trial.answer_tokens,
                              "gradient_accumulation_steps": -(-RECIPE_ANSWERS // per_row)}
         overrides["vllm"] = {"max_model_len": 1024 + 3000}  # one server for every answer length
+    if vllm_args:
+        overrides.setdefault("vllm", {})["extra_args"] = list(vllm_args)
     if not trial.switches:
         overrides["runtime"] = dict(SWITCHES_OFF)
         if gpu and profiles.load(profile).hardware.get("memory_gb_per_gpu", 0) <= 80:
@@ -143,12 +148,13 @@ class Rendered:
         return tuple(args), tuple(sorted((k, v) for k, v in self.server_env.items() if k != "GRPO_RUN"))
 
 
-def render_trial(trial: Trial, profile: str, work: Path, model_dir: Path) -> Rendered:
+def render_trial(trial: Trial, profile: str, work: Path, model_dir: Path, vllm_args: tuple[str, ...] = ()) -> Rendered:
     """Write the spec, render it with the kit (the same builders `grpo-deploy render` uses) and read the files back."""
     folder = work / trial.name
     folder.mkdir(parents=True, exist_ok=True)
     spec_path = folder / "grpo-deploy.yaml"
-    spec_path.write_text(yaml.safe_dump(trial_spec(trial, profile, work / "shared", model_dir), sort_keys=False))
+    spec_path.write_text(yaml.safe_dump(trial_spec(trial, profile, work / "shared", model_dir, vllm_args),
+                                       sort_keys=False))
     res = resolve(load(str(spec_path)))
     render = folder / "render"
     write_tree(render_files(res, config_dir=str(render / "config")), render, adopt=True)
@@ -338,18 +344,20 @@ REPORT_LINE = ("{trial}: {steps}/{steps_asked} steps, reward {reward_first5} -> 
                "trainer {trainer_peak_gib}")
 
 
-def build_model(shape: str, models: Path, say) -> Path:
-    """The trial's random-weight model, built once per shape by the kit's own builder (as the cpu image bakes it)."""
-    kind = "tiny" if shape == "rehearsal" else "qwen2.5-1.5b"
-    out = models / kind
+def model_kind(shape: str) -> str:
+    return "tiny" if shape == "rehearsal" else "qwen2.5-1.5b"
+
+
+def build_model(kind: str, out: Path, say) -> None:
+    """The trial's random-weight model, built once per kind by the kit's own builder (as the cpu image bakes it)."""
     if not (out / "config.json").is_file():
         say(f"building the {kind} model (random weights) in {out}")
         subprocess.run([sys.executable, "-m", "grpo_deploy.runtime.tiny_model", "--shape", kind, "--out", str(out)],
                        check=True, stdout=subprocess.DEVNULL)
-    return out
 
 
-def run(trials: list[Trial], out: Path, ready_timeout: float, trial_timeout: float, say=print) -> list[dict]:
+def run(trials: list[Trial], out: Path, ready_timeout: float, trial_timeout: float, vllm_args: tuple[str, ...] = (),
+        say=print) -> list[dict]:
     """Each trial in order; a server is kept for the next trial when its rendered arguments are the same."""
     import torch
 
@@ -363,8 +371,9 @@ def run(trials: list[Trial], out: Path, ready_timeout: float, trial_timeout: flo
     ready_s: float | None = None
     try:
         for trial in trials:
-            model_dir = build_model(trial.shape, work / "models", say)
-            rendered = render_trial(trial, profile, work, model_dir)
+            model_dir = work / "models" / model_kind(trial.shape)
+            rendered = render_trial(trial, profile, work, model_dir, vllm_args)  # the spec's door first
+            build_model(model_kind(trial.shape), model_dir, say)
             if server is not None and serving != rendered.server_key:
                 server.stop()
                 server = None
@@ -399,10 +408,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="SHAPE:STEPS[:ANSWER_TOKENS[:on|off]] (repeatable), e.g. rehearsal:40, seed004:20:1300:on")
     parser.add_argument("--out", required=True, type=Path, help="folder for the work tree, logs and report.json")
     parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds the server may take (900)")
-    parser.add_argument("--trial-timeout", type=float, default=1800.0, help="seconds a trial may take (1800)")
+    parser.add_argument("--trial-timeout", type=float, default=1800.0,
+                        help="seconds a trial's trainer may run before it is stopped and reported as it stands (1800)")
+    parser.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
+                        help="an extra vLLM argument (repeatable; the spec's overrides.vllm.extra_args), e.g. "
+                             "--vllm-arg=--enforce-eager")
     args = parser.parse_args(argv)
     try:
-        reports = run(args.trial, args.out.resolve(), args.ready_timeout, args.trial_timeout)
+        reports = run(args.trial, args.out.resolve(), args.ready_timeout, args.trial_timeout, tuple(args.vllm_arg))
+    except (SpecError, RenderError) as exc:  # e.g. a --vllm-arg the spec's door refuses
+        print(f"harness: {exc}", file=sys.stderr)
+        return 2
     except RuntimeError as exc:
         print(f"harness: {exc}", file=sys.stderr)
         return 1

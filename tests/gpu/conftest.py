@@ -10,7 +10,8 @@ import pytest
 
 
 def run_harness(tmp_path_factory, name: str, trials: list[str]) -> dict[str, dict]:
-    """Run *trials* once; the reports by trial name. $GRPO_GPU_OUT/<name> keeps the report and the work tree."""
+    """Run *trials* once; the reports by trial name. $GRPO_GPU_OUT/<name> keeps the report and the work tree;
+    $GRPO_GPU_TRIAL_TIMEOUT bounds a trial, $GRPO_GPU_VLLM_ARGS adds vLLM arguments (e.g. --enforce-eager)."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.fail("marked gpu: needs a CUDA device (deselect with -m 'not gpu')")
@@ -18,6 +19,9 @@ def run_harness(tmp_path_factory, name: str, trials: list[str]) -> dict[str, dic
 
     root = os.environ.get("GRPO_GPU_OUT")
     out = Path(root) / name if root else tmp_path_factory.mktemp(name)
-    done = harness.run([harness.parse_trial(t) for t in trials], out, ready_timeout=900, trial_timeout=1500)
+    timeout = float(os.environ.get("GRPO_GPU_TRIAL_TIMEOUT", "1500"))  # a device call's limit is shorter
+    extra = tuple(filter(None, os.environ.get("GRPO_GPU_VLLM_ARGS", "").split()))
+    done = harness.run([harness.parse_trial(t) for t in trials], out, ready_timeout=900, trial_timeout=timeout,
+                       vllm_args=extra)
     assert json.loads((out / "report.json").read_text())["trials"] == done
     return {r["trial"]: r for r in done}
