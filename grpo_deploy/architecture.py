@@ -1,11 +1,15 @@
 """A model's shape: the spec's `model.architecture` schema and the sizes plan and the engines derive from it
-(parameters, LoRA parameters, KV bytes per token). Imports nothing of the kit but the strict base and value types,
-so the spec, plan and the engine modules alike may read it."""
+(parameters, LoRA parameters, KV bytes per token), and the shapes the kit knows by model (grpo_deploy/models.yaml).
+Imports nothing of the kit but the strict base and value types, so the spec, plan and the engine modules alike may
+read it."""
 
 from __future__ import annotations
 
+from functools import cache
+from importlib import resources
 from typing import Annotated, Any
 
+import yaml
 from pydantic import ConfigDict, Field
 
 from .runtime.strict import Strict
@@ -63,3 +67,9 @@ class Architecture(ArchitectureSpec):
     def kv_bytes_per_token(self) -> int:
         """K and V of every layer, in 2-byte (bf16/fp16) elements."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.hd * 2
+
+
+@cache
+def known_models() -> dict[str, dict[str, Any]]:
+    """grpo_deploy/models.yaml: the shape of each model plan knows, by its path (a hub id or a path in the images)."""
+    return yaml.safe_load((resources.files("grpo_deploy") / "models.yaml").read_text(encoding="utf-8"))

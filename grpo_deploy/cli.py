@@ -17,6 +17,7 @@ from .k8s_overlay import OverlayError, overlay_dir, problems, regenerate
 from .kit_data import KitDataMissing
 from .names import STATE_DIR
 from .new_spec import InitError
+from .plan import memory_shortfalls
 from .profiles import ProfileError
 from .render import render_files
 from .render_folder import WriteRefused, diff_tree, write_tree
@@ -185,11 +186,13 @@ def cmd_plan(args) -> int:
     rows = []
     for h in plan.hosts:
         for m in h.memory:
-            detail = ", ".join(f"{k}={v}" for k, v in m.items() if k not in ("role", "why", "fits"))
+            detail = ", ".join(f"{k}={v}" for k, v in m.items() if k not in ("role", "why", "fits", "short", "fix"))
             rows.append([h.host, h.profile, m.get("role"), h.gpus,
                          {True: "fits", False: "DOES NOT FIT", None: "?"}[m.get("fits")],
                          f"{detail}. {m.get('why', '')}"])
     print(table(["host", "profile", "role", "gpus", "memory", "estimate"], rows))
+    for short in memory_shortfalls(plan.hosts):
+        print(short.line())
     if plan.disk:
         d = plan.disk
         print()

@@ -1,5 +1,8 @@
 """Plan a run (pure): what runs where, memory fit, checkpoint size, the save schedule, and disk need vs free space.
 
+Memory is the engine's answer per role on each host (`memory`); a side that does not fit carries `short` (which side,
+need vs available, by how much) and `fix`: memory_shortfalls gives those lines, for `plan` and preflight's memory check.
+
 Free space is an input (a fact gathered by the caller from the real filesystem, or a what-if figure), so
 every number here is reproducible in tests. Estimates are labelled as such; the disk rule is exact given
 the checkpoint size: while a checkpoint is written the previous `keep` still exist, so the peak is
@@ -239,15 +242,39 @@ def _memory(res: Resolved, arch: Architecture | None, host) -> list[dict[str, An
     return out
 
 
+def role_plans(res: Resolved) -> list[RolePlan]:
+    """What runs where and each role's memory, host by host (no fact of any host needed)."""
+    arch = Architecture.from_dict(res.architecture) if res.architecture else None
+    engine = res.engine_info
+    return [RolePlan(host.name, host.address, res.profiles[host.name].name, engine.roles_words(res, host),
+                     engine.gpu_words(res, host), _memory(res, arch, host)) for host in res.spec.hosts]
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """A role whose memory does not fit on its host: what is short by how much, and what to change."""
+
+    host: str
+    role: str
+    short: str
+    fix: str
+
+    def line(self) -> str:
+        return f"memory on {self.host}: {self.short} -> fix: {self.fix}"
+
+
+def memory_shortfalls(hosts: list[RolePlan]) -> list[Shortfall]:
+    """One per role that does not fit, in host order."""
+    return [Shortfall(h.host, m.get("role", "?"), m.get("short") or f"{m.get('role')} does not fit: {m.get('why')}",
+                      m.get("fix", "see grpo-deploy plan"))
+            for h in hosts for m in h.memory if m.get("fits") is False]
+
+
 def make_plan(res: Resolved, free_bytes: int | None = None, filesystem: str = "?",
               free_source: str = "unknown") -> Plan:
     arch = Architecture.from_dict(res.architecture) if res.architecture else None
     warnings = []
-    hosts = []
-    for host in res.spec.hosts:
-        engine = res.engine_info
-        hosts.append(RolePlan(host.name, host.address, res.profiles[host.name].name, engine.roles_words(res, host),
-                              engine.gpu_words(res, host), _memory(res, arch, host)))
+    hosts = role_plans(res)
     disk = None
     if arch is None:
         warnings.append(f"model {res.settings.model.path!r} is not in grpo_deploy/models.yaml: set model.architecture "

@@ -3,9 +3,10 @@ profile's `extends:` merged over its parent.
 
 The merge rule: the child's keys over the parent's; `hardware`, `images` and each settings section are merged key by
 key; a setting (`{value, why}`: a value never travels without its reason), a list and a scalar are replaced whole;
-`name` is never inherited; `reference` (measured figures per engine, each `{value, unit, source}`) is merged engine
-by engine, figure by figure. A file named `_*.yaml` is a base: it can be extended, never chosen by a host. Each file is
-read once, bounded (yamlpos), and must be a regular file inside the profiles folder (a link may point only there).
+`name` is never inherited; `reference` (measured figures per engine, each `{value, unit, source}` and, for a figure
+that holds only under some settings, `at:` those settings) is merged engine by engine, figure by figure. A file named
+`_*.yaml` is a base: it can be extended, never chosen by a host. Each file is read once, bounded (yamlpos), and must
+be a regular file inside the profiles folder (a link may point only there).
 """
 
 from __future__ import annotations
@@ -46,11 +47,13 @@ REFERENCE_FIGURES = {
     "rollout_n_double": "x step time",
     "replica_added": "x step time",
     "trainer_processes_double": "x step time",
+    "trainer_peak_gib": "GiB",
 }
 """The figures a profile's `reference:` may give per engine, with the one unit each is in: seconds per optimizer step
 and `up` -> first step; and what-if factors on the step time (time with the knob changed / time without): packing
 switched on, gradient checkpointing switched off, rollout n doubled (verl), one more server replica, twice the trainer
-processes (trl-async). grpo_deploy.forecast reads them."""
+processes (trl-async). grpo_deploy.forecast reads them. And the trainer's measured peak GPU memory (allocated, its
+CUDA context not counted) under the settings its `at:` names: the trl-async engine's memory estimate reads it."""
 MAX_REFERENCE = 1e7
 """The largest reference figure (about 4 months in seconds): anything larger is a typo."""
 
@@ -64,6 +67,8 @@ class Reference:
     source: str
     profile: str
     """The profile whose file holds it: a parent's when inherited."""
+    at: tuple[tuple[str, Any], ...] = ()
+    """The settings it was measured under (`section.key`, value), in the file's order; () = any."""
 
 
 @dataclass(frozen=True)
@@ -153,8 +158,9 @@ def _references(name: str, raw: Any) -> dict[str, dict[str, Reference]]:
             at = f"{where}.{engine}.{_short(key)}"
             if key not in REFERENCE_FIGURES:
                 raise ProfileError(f"{at}: unknown figure; known: {', '.join(REFERENCE_FIGURES)}")
-            if not isinstance(entry, dict) or set(entry) != {"value", "unit", "source"}:
-                raise ProfileError(f"{at} must be {{value: ..., unit: ..., source: '...'}}")
+            if not isinstance(entry, dict) or set(entry) - {"at"} != {"value", "unit", "source"}:
+                raise ProfileError(f"{at} must be {{value: ..., unit: ..., source: '...'}} (and optionally at: "
+                                   "{section.key: value})")
             value, unit, source = entry["value"], entry["unit"], entry["source"]
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
                     or not 0 < value <= MAX_REFERENCE:
@@ -164,9 +170,25 @@ def _references(name: str, raw: Any) -> dict[str, dict[str, Reference]]:
                 raise ProfileError(f"{at}.unit: {_short(unit)}; this figure is in {REFERENCE_FIGURES[key]!r}")
             if not isinstance(source, str) or not source.strip() or not source.isprintable():
                 raise ProfileError(f"{at}.source: must be one line of text naming where the figure was measured")
-            parsed[key] = Reference(float(value), unit, source, name)
+            parsed[key] = Reference(float(value), unit, source, name, _conditions(at, entry.get("at", {})))
         out[engine] = parsed
     return out
+
+
+def _conditions(where: str, raw: Any) -> tuple[tuple[str, Any], ...]:
+    """A reference figure's `at:`: a mapping of settings (`section.key`, a section of grpo_deploy.settings and one of
+    its fields) to a scalar each."""
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}.at must be a mapping of setting (section.key) -> value")
+    for key, value in raw.items():
+        section, _, field_name = str(key).partition(".")
+        fields = SETTINGS_SECTIONS[section].model_fields if section in SETTINGS_SECTIONS else {}
+        if field_name not in fields:
+            raise ProfileError(f"{where}.at.{_short(key)}: not a setting; write section.key with a section of "
+                               f"{', '.join(SECTIONS)} and one of its keys")
+        if not isinstance(value, str | int | float | bool):
+            raise ProfileError(f"{where}.at.{key}: {_short(value)} is not a single value (text, number, true/false)")
+    return tuple(raw.items())
 
 
 def _inherit(parent: Profile, raw: dict[str, Any], child: Profile) -> Profile:

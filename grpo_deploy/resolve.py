@@ -13,24 +13,17 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
-from importlib import resources
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from . import profiles
+from .architecture import known_models
 from .engines import ALL_ROLES, ENGINES, Engine
 from .runtime.shown import shown_key
 from .runtime.values import describe_error, error_location, parse_address
 from .settings import OWNED, SECTIONS, Settings, unknown_key_hint
 from .spec import LoadedSpec, Problem, SpecError, key_str
-
-
-@cache
-def known_models() -> dict[str, dict[str, Any]]:
-    return yaml.safe_load((resources.files("grpo_deploy") / "models.yaml").read_text(encoding="utf-8"))
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """The trl-async engine's bring-up on its hosts: the vLLM server (or its replicas, with the replica proxy beside the
-trainer) and the trainer started together (the trainer builds its model while the servers load), readiness (every
+trainer) and the trainer started together (the trainer builds its model while the servers load) — or, where they share
+a GPU, the server first and the trainer once it is ready (vLLM refuses to start unless gpu_memory_utilization of the
+GPU is free, and sizes its KV cache from what it finds) — readiness (every
 replica lists the model; one token generated, from the trainer's side), progress per optimizer step until the
 trainer exits, the restarts supervision asks for (no server left: trainer stopped, all started again; a dead replica
 or proxy: started again alone while the trainer goes on; a trainer over several hosts: every trainer host's container
@@ -19,7 +21,15 @@ from urllib.parse import urlsplit
 from .. import run_view
 from ..checks import cluster as cluster_checks
 from ..deployment import Deployment
-from ..engines.trl_async import ServerReplica, host_services, replica_urls, server_replicas, server_url, trainer_hosts
+from ..engines.trl_async import (
+    TRL_ASYNC,
+    ServerReplica,
+    host_services,
+    replica_urls,
+    server_replicas,
+    server_url,
+    trainer_hosts,
+)
 from ..hosts import facts as host_facts
 from ..hosts import oneoff
 from ..hosts.connect import HostError, on_all
@@ -123,22 +133,33 @@ def _stop_trainers(dep: Deployment) -> None:
             raise result
 
 
+def shared_gpu(res: Resolved) -> str:
+    """Where a server and the trainer share a GPU ("host h GPU 0"), or "" when none does: there the server starts
+    first."""
+    for host in res.spec.hosts:
+        if ids := TRL_ASYNC.shared_gpus(res, host):
+            return f"host {host.name} GPU {','.join(map(str, ids))}"
+    return ""
+
+
 def start(dep: Deployment, log: Callable[[str], None], ips: dict[str, str], since: float) -> None:
     """Start the server and the trainer (`--no-deps`: compose would otherwise hold the trainer until the server is
-    healthy, +15 s to the first step), then wait for readiness — the gate: if it fails, `up` rolls both back."""
+    healthy, +15 s to the first step), then wait for readiness — the gate: if it fails, `up` rolls both back. On a
+    shared GPU the trainer starts only once the server is ready (shared_gpu)."""
     replicas, trainer_host = _replicas(dep), dep.role_host("trainer")
     what = "the vLLM server" if len(replicas) == 1 else f"{len(replicas)} vLLM server replicas"
     proxy = " behind the replica proxy beside the trainer" if len(replicas) > 1 else ""
     trainers = _trainers(dep)
     where = trainer_host if len(trainers) == 1 else f"{', '.join(trainers)} (one process group; machine 0 on " \
         f"{trainer_host})"
-    log(f"starting {what} on {_where(replicas)}{proxy} and the trainer on {where} (the trainer builds its model while "
-        "the server loads)")
-    _up_servers(dep, replicas)
-    _up_trainer(dep)
-    dep.state.emit("trainer_started")
-    ready_s = wait_server(dep, log, since)
-    dep.state.emit("server_ready", seconds=round(ready_s, 2), replicas=len(replicas))
+    shared = shared_gpu(dep.res)
+    if shared:
+        log(f"starting {what} on {_where(replicas)}{proxy}, then the trainer on {where} once it is ready (they share "
+            f"{shared}: vLLM needs its gpu_memory_utilization of the GPU free when it starts)")
+    else:
+        log(f"starting {what} on {_where(replicas)}{proxy} and the trainer on {where} (the trainer builds its model "
+            "while the server loads)")
+    ready_s = _up_in_order(dep, log, since, replicas, shared)
     remote = [r for r in replicas if r.host != trainer_host]
     if not remote:
         first_completion(dep)
@@ -147,6 +168,27 @@ def start(dep: Deployment, log: Callable[[str], None], ips: dict[str, str], sinc
     else:
         log(f"{'server' if len(replicas) == 1 else 'every replica'} ready in {ready_s:.1f} s; from {trainer_host}: "
             f"{check_from_trainer(dep, ips, remote)}; progress per optimizer step:")
+
+
+def _up_in_order(dep: Deployment, log: Callable[[str], None], since: float, replicas: list[ServerReplica],
+                 shared: str, emit: bool = True) -> float:
+    """Start *replicas* and the trainer — the trainer after the servers are ready when they share a GPU, else at
+    once — and wait for the servers; their ready time (from *since*). *emit*: the trainer_started and server_ready
+    events, in the order they happen (`up`; a restart emits none)."""
+    def started() -> None:
+        _up_trainer(dep)
+        if emit:
+            dep.state.emit("trainer_started")
+
+    _up_servers(dep, replicas)
+    if not shared:
+        started()
+    ready_s = wait_server(dep, log, since)
+    if emit:
+        dep.state.emit("server_ready", seconds=round(ready_s, 2), replicas=len(replicas))
+    if shared:
+        started()
+    return ready_s
 
 
 def restart(dep: Deployment, log: Callable[[str], None], role: str) -> float:
@@ -167,9 +209,7 @@ def restart(dep: Deployment, log: Callable[[str], None], role: str) -> float:
         return 0.0
     _stop_trainers(dep)
     dep.returning.clear()
-    _up_servers(dep, _replicas(dep))
-    _up_trainer(dep)
-    ready_s = wait_server(dep, log, restart_at)
+    ready_s = _up_in_order(dep, log, restart_at, _replicas(dep), shared_gpu(dep.res), emit=False)
     log(f"server ready again in {ready_s:.1f} s; progress per optimizer step:")
     return ready_s
 

@@ -18,9 +18,10 @@ from .session import Context
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 EXIT_OK, EXIT_FAILED, EXIT_COULD_NOT_RUN = 0, 1, 2
 # The order checks run and are shown in, across their modules: reachable reads every remote fact at once (in
-# parallel), which the later checks reuse; disk needs the plan, images and driver the images each host runs.
-ORDER = ("spec", "identity", "reachable", "clock", "docker", "arch", "port", "cluster", "disk", "logger", "images",
-         "driver", "shared-volume", "cluster-reach")
+# parallel), which the later checks reuse; memory needs the plan's split, disk the plan, images and driver the images
+# each host runs.
+ORDER = ("spec", "memory", "identity", "reachable", "clock", "docker", "arch", "port", "cluster", "disk", "logger",
+         "images", "driver", "shared-volume", "cluster-reach")
 
 
 @dataclass

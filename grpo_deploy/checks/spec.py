@@ -1,9 +1,11 @@
-"""Checks that read only the resolved spec and this machine's environment (no host is contacted): spec, logger."""
+"""Checks that read only the resolved spec and this machine's environment (no host is contacted): spec, memory (the
+roles' memory on each host, plan's split), logger."""
 
 from __future__ import annotations
 
 from .. import facts
-from .registry import FAIL, OK, WARN, Result, check
+from ..plan import memory_shortfalls, role_plans
+from .registry import FAIL, OK, SKIP, WARN, Result, check
 from .session import Context
 
 
@@ -15,6 +17,28 @@ def check_spec(ctx: Context) -> list[Result]:
     res = ctx.res
     hosts = ", ".join(f"{h.name}({'+'.join(h.roles)})" for h in res.spec.hosts)
     return [Result("spec", "-", OK, f"{res.spec.engine} on {hosts}, shared volume at {res.spec.storage.mount}")]
+
+
+@check("memory", "Each host's roles fit its GPU memory: vLLM's gpu_memory_utilization and the trainer's need (plan)")
+
+
+def check_memory(ctx: Context) -> list[Result]:
+    hosts = role_plans(ctx.res)
+    short = memory_shortfalls(hosts)
+    if short:
+        return [Result("memory", s.host, FAIL, s.short, s.fix) for s in short]
+    out = []
+    for h in hosts:
+        judged = [m for m in h.memory if m.get("fits") is not None]
+        if not judged:
+            out.append(Result("memory", h.host, SKIP, "; ".join(m.get("note", "no estimate") for m in h.memory)
+                              or "no memory estimate for this engine"))
+            continue
+        words = [f"{m['role']} needs {m['need_gb']} of {m['available_gb']} GB" if "need_gb" in m else
+                 f"{m['role']} {m['budget_gb']} GB (KV cache {m['kv_cache_gb']} GB)" if "budget_gb" in m else
+                 f"{m['role']} fits" for m in judged]
+        out.append(Result("memory", h.host, OK, f"{h.gpus}: {'; '.join(words)}"))
+    return out
 
 
 @check("logger", "Credentials for the chosen logger exist before any model is loaded")

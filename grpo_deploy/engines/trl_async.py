@@ -2,7 +2,8 @@
 proxy), adapters handed over through the shared volume. It owns the rules that tie them (adapter slots, LoRA rank
 slots, context length, the GPU split of a shared host, GPUs and ports per replica, the in-flight cap scaled with the
 replicas), the servers' arguments, the proxy's and the trainer's config, each host's compose environment, replica
-services and GPU reservation, the server's values for Kubernetes, the memory of both roles and TRL's checkpoint size
+services and GPU reservation, the server's values for Kubernetes, the memory of both roles (a GPU both share: vLLM's
+fraction, the trainer the rest; grpo_deploy.engines.trl_memory) and TRL's checkpoint size
 (grpo_deploy.engines.trl_sizes)."""
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from ..runtime.config import RunConfig, SpeedSwitches, config_text
 from ..runtime.processes import MAIN_PORT, MAX_MACHINES
 from ..runtime.values import MAX_PORT, ip_literal, parse_address
 from ..settings import SECTIONS, SERVER_PORT, VLLM_KIT_FLAGS, VLLM_LORA_RANKS, KitFlag, vllm_flags
-from . import trl_sizes
-from .base import COMMON_SECTIONS, GB, ClusterPorts, Engine, Resolved, human
+from . import trl_memory, trl_sizes
+from .base import COMMON_SECTIONS, ClusterPorts, Engine, Resolved, human
 
 
 def _override(section: str, key: str) -> tuple[Any, ...]:
@@ -38,7 +39,8 @@ def _override(section: str, key: str) -> tuple[Any, ...]:
 class TrlAsync(Engine):
     def gpu_split(self, res: Resolved, host) -> dict[str, list[int]]:
         """The spec's hosts[].gpus, else server on GPU 0 and the trainer on the rest when both roles share a host
-        (and no unified memory), else every GPU of the profile for the one role."""
+        (and no unified memory) — both on GPU 0 when it is the host's only one (vLLM takes gpu_memory_utilization
+        of it, the trainer the rest) — else every GPU of the profile for the one role."""
         profile = res.profiles[host.name]
         if profile.accelerator != "cuda":
             return {}
@@ -46,10 +48,20 @@ class TrlAsync(Engine):
         given = dict(host.gpus or {})
         if len(host.roles) == 2 and not profile.hardware.get("unified_memory", False):
             given.setdefault("server", [0])
-            given.setdefault("trainer", list(range(1, n)))
+            given.setdefault("trainer", list(range(1, n)) if n > 1 else [0])
         for role in host.roles:
             given.setdefault(role, list(range(n)))
         return given
+
+    def shared_gpus(self, res: Resolved, host) -> list[int]:
+        """The GPUs of *host* that its server and trainer both use (on unified memory too): there the server starts
+        first and the trainer has what vLLM leaves."""
+        split = self.gpu_split(res, host)
+        return sorted(set(split.get("server", ())) & set(split.get("trainer", ())))
+
+    def _split_gpus(self, res: Resolved, host) -> list[int]:
+        """The shared GPUs whose memory is split (discrete: on unified memory the roles share the host's anyway)."""
+        return [] if res.profiles[host.name].hardware.get("unified_memory", False) else self.shared_gpus(res, host)
 
     def derive(self, res: Resolved, problem, derived: list) -> None:
         _check_gpus(self, res, problem)
@@ -202,7 +214,16 @@ class TrlAsync(Engine):
         if "trainer" in host.roles and machines > 1:
             more = f" (trainer machine {_machine_rank(res, host)} of {machines}: {ranks} process" \
                    f"{'es' if ranks > 1 else ''} here, FSDP2 over {trainer_ranks(res)})"
-        if (host.replicas or 1) == 1 or res.profiles[host.name].accelerator == "none":
+        profile = res.profiles[host.name]
+        shared = self._split_gpus(res, host)
+        if shared:
+            split, ids = self.gpu_split(res, host), ",".join(map(str, shared))
+            cap = profile.hardware.get("memory_gb_per_gpu")
+            words = f"vLLM {res.settings.vllm.gpu_memory_utilization:g} of {cap} GB, trainer the rest"
+            if split["server"] == split["trainer"] and (host.replicas or 1) == 1:
+                return f"server+trainer share GPU {ids} ({words})" + more
+            more = f" (GPU {ids} shared: {words})" + more
+        if (host.replicas or 1) == 1 or profile.accelerator == "none":
             return super().gpu_words(res, host) + more
         words = [f"{r.service} {','.join(map(str, r.gpus))}" for r in server_replicas(res) if r.host == host.name]
         split = self.gpu_split(res, host)
@@ -237,32 +258,13 @@ class TrlAsync(Engine):
         return {"served_model": res.settings.model.served_name, "server_port": res.settings.vllm.port}
 
     def memory(self, res: Resolved, arch: Architecture, host, role: str, cap: float) -> dict[str, Any] | None:
-        weights = arch.params() * 2
-        if role == "server":
-            gmu = res.settings.vllm.gpu_memory_utilization
-            pool = gmu * cap
-            kv = pool - weights
-            per_seq = arch.kv_bytes_per_token() * (res.settings.vllm.max_model_len or 0)
-            seqs = int(kv // per_seq) if per_seq and kv > 0 else 0
-            return {"role": "server", "budget_gb": round(pool / GB, 1), "weights_gb": round(weights / GB, 2),
-                    "kv_cache_gb": round(max(kv, 0) / GB, 1), "full_length_sequences": seqs,
-                    "fits": kv > 0 and seqs >= 1, "why": f"gpu_memory_utilization {gmu} x {cap / GB:.0f} GB"}
+        """vLLM's share and the trainer's need against the rest (grpo_deploy.engines.trl_memory); a short side carries
+        `short` (which side, need vs available, by how much) and `fix`."""
         profile = res.profiles[host.name]
-        trl = res.settings.trl
-        tokens = trl.token_budget or (res.settings.model.max_prompt_length + trl.max_completion_length) \
-            * trl.per_device_train_batch_size
-        ckpt = trl.gradient_checkpointing
-        per_tok = arch.num_hidden_layers * arch.hidden_size * (2 if ckpt else 34) + arch.hidden_size * 34
-        act = tokens * per_tok + tokens * arch.vocab_size * 6
-        lora = arch.lora_params(res.settings.lora.r, res.settings.lora.target_modules) * 16
-        need = weights + lora + act
-        avail = cap
-        if "server" in host.roles and profile.hardware.get("unified_memory", False) or profile.accelerator == "none":
-            avail = cap * (1 - res.settings.vllm.gpu_memory_utilization)
-        return {"role": "trainer", "estimate_gb": round(need / GB, 1), "available_gb": round(avail / GB, 1),
-                "fits": need <= avail,
-                "why": f"rough: weights {weights / GB:.1f} GB + LoRA/optimizer + activations for {tokens} "
-                       f"tokens per microbatch ({'with' if ckpt else 'without'} gradient checkpointing)"}
+        shared = self._split_gpus(res, host)
+        if role == "server":
+            return trl_memory.server(res, arch, cap, bool(shared))
+        return trl_memory.trainer(res, arch, profile, cap, "server" in host.roles, shared)
 
     def checkpoint_bytes(self, res: Resolved, arch: Architecture,
                          step: int | None = None) -> tuple[int, int, list[str]]:
@@ -537,18 +539,16 @@ def _check_replicas(engine: TrlAsync, res: Resolved, problem) -> None:
 
 
 def _check_gpus(engine: TrlAsync, res: Resolved, problem) -> None:
-    """Both roles on one host need GPUs of their own (unless the memory is unified)."""
+    """Every role of a GPU host gets at least one GPU. Server and trainer may share one: whether they fit is a matter
+    of memory (plan's split, preflight's memory check), not of the door."""
     for i, host in enumerate(res.spec.hosts):
-        split = engine.gpu_split(res, host)
         profile = res.profiles[host.name]
-        if split and any(not ids for ids in split.values()):
-            problem(("hosts", i, "gpus"), f"host {host.name} runs both roles but its profile {profile.name} has "
-                    f"{profile.hardware.get('gpus_per_host')} GPU: give each role its own GPUs, e.g. "
-                    "gpus: {server: [0], trainer: [1]}, or use two hosts")
-        elif split and "server" in split and "trainer" in split and set(split["server"]) & set(split["trainer"]) \
-                and not profile.hardware.get("unified_memory", False):
-            problem(("hosts", i, "gpus"), "server and trainer share a GPU: vLLM reserves gpu_memory_utilization of it "
-                    "and the trainer runs out of memory; give them separate GPUs")
+        for role, ids in engine.gpu_split(res, host).items():
+            if not ids:
+                problem(("hosts", i, "gpus"), f"host {host.name} gives the {role} no GPU (its profile {profile.name} "
+                        f"has {profile.hardware.get('gpus_per_host')}): list at least one in hosts[{i}].gpus.{role}, "
+                        "e.g. gpus: {server: [0], trainer: [0]} to share GPU 0")
+                break
 
 
 def _vllm_context(res: Resolved) -> dict[str, Any]:

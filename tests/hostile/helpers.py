@@ -19,11 +19,12 @@ from grpo_deploy.cli import main
 from grpo_deploy.spec import key_str
 from tests.specs import spec_data
 
-# The four init specs the suite starts from: (profile, engine, --hosts).
+# The init specs the suite starts from: (profile, engine, --hosts).
 BASES = {
     "cpu": ("cpu", "trl-async", ()),
     "gb10-pair": ("gb10", "trl-async", ("spark1", "spark2")),
     "h200": ("h200", "trl-async", ()),
+    "h100": ("h100", "trl-async", ()),  # one GPU for both roles
     "a100-verl": ("a100", "verl", ()),
 }
 SPEC_NAME = "spec.yaml"

@@ -138,6 +138,22 @@ def test_kit_owned_settings_are_refused_with_the_setting_to_use(tmp_path, base, 
     _refused(tmp_path, base, changes, key, *words)
 
 
+# ------------------------------------------------------------------ the memory split's input (one GPU for both roles)
+
+@pytest.mark.parametrize(("value", "words"), [
+    (0, ("greater than 0, got 0",)),
+    (1.5, ("less than or equal to 1, got 1.5",)),
+    (-1, ("greater than 0, got -1",)),
+    (float("nan"), ("got nan",)),
+    ("$x", ("valid number", "'$x'")),
+])
+def test_gpu_memory_utilization_out_of_range_is_refused_in_one_line(tmp_path, value, words):
+    """vLLM's fraction of the GPU the trainer shares on h100: plan's split never sees a value outside (0, 1]."""
+    run = _refused(tmp_path, "h100", {("overrides", "vllm", "gpu_memory_utilization"): value},
+                   "overrides.vllm.gpu_memory_utilization", *words)
+    assert len([line for line in run.err.splitlines() if line.startswith("  ")]) == 1, run.err
+
+
 # ------------------------------------------------------------------ did you mean
 
 @pytest.mark.parametrize(("base", "changes", "key", "suggestion"), [

@@ -5,11 +5,11 @@ import pytest
 from grpo_deploy import profiles
 
 
-def test_the_four_profiles_exist():
-    assert profiles.names() == ["a100", "cpu", "gb10", "h200"]
+def test_the_five_profiles_exist():
+    assert profiles.names() == ["a100", "cpu", "gb10", "h100", "h200"]
 
 
-@pytest.mark.parametrize("name", ["a100", "cpu", "gb10", "h200"])
+@pytest.mark.parametrize("name", ["a100", "cpu", "gb10", "h100", "h200"])
 def test_every_setting_has_a_reason(name):
     p = profiles.load(name)
     assert p.engines and p.hardware["arch"]
@@ -30,7 +30,7 @@ def test_seed_values():
 
 
 def test_unknown_profile_error_lists_known():
-    with pytest.raises(profiles.ProfileError, match="a100, cpu, gb10, h200"):
+    with pytest.raises(profiles.ProfileError, match="a100, cpu, gb10, h100, h200"):
         profiles.load("b200")
 
 
@@ -43,10 +43,10 @@ def test_engine_mismatch_names_the_profiles_that_fit():
     assert profiles.engine_mismatch(profiles.load("gb10"), "trl-async") is None
     msg = profiles.engine_mismatch(profiles.load("a100"), "trl-async")
     assert msg == ("profile 'a100' does not support engine 'trl-async' (it supports verl); "
-                   "profiles for trl-async: cpu, gb10, h200")
+                   "profiles for trl-async: cpu, gb10, h100, h200")
 
 
-@pytest.mark.parametrize("name", ["a100", "cpu", "gb10", "h200"])
+@pytest.mark.parametrize("name", ["a100", "cpu", "gb10", "h100", "h200"])
 def test_kubernetes_gpu_products_name_the_profiles_gpu(name):
     """GPU Feature Discovery's nvidia.com/gpu.product is the nvidia-smi name with spaces as '-': each listed product
     must be the GPU that preflight accepts (gpu_name_contains); a GPU profile lists at least one, cpu none."""

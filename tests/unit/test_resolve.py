@@ -36,11 +36,23 @@ def test_lora_rank_above_slot_rejected():
         _res(overrides="{lora: {r: 16}, vllm: {max_lora_rank: 8}}")
 
 
-def test_gpu_split_and_shared_gpu_rejected():
+def test_gpu_split_and_a_shared_gpu_judged_by_memory_not_refused():
+    """Server and trainer on one GPU is a topology (issue 40): the door takes it, plan's memory split judges it (h200's
+    vLLM 0.9 leaves the trainer 141 GB x 0.1 - two CUDA contexts)."""
+    from grpo_deploy import plan
+
     res = _res("h200", hosts=("h",))
     assert resolve.gpu_split(res, res.spec.hosts[0]) == {"server": [0], "trainer": [1]}
-    with pytest.raises(spec.SpecError, match="share a GPU"):
-        _res("h200", hosts=("h",), **{"hosts.0.gpus": {"server": [0], "trainer": [0]}})
+    shared = _res("h200", hosts=("h",), **{"hosts.0.gpus": {"server": [0], "trainer": [0]}})
+    assert resolve.gpu_split(shared, shared.spec.hosts[0]) == {"server": [0], "trainer": [0]}
+    (short,) = plan.memory_shortfalls(plan.role_plans(shared))
+    assert short.role == "trainer" and "has 12.9 GB" in short.short
+    assert "lower overrides.vllm.gpu_memory_utilization to 0.6" in short.fix
+
+
+def test_a_role_with_no_gpu_is_refused():
+    with pytest.raises(spec.SpecError, match=r"gives the trainer no GPU.*hosts\[0\]\.gpus\.trainer"):
+        _res("h200", hosts=("h",), **{"hosts.0.gpus": {"server": [0], "trainer": []}})
 
 
 def test_verl_divisibility():
