@@ -79,15 +79,18 @@ def parse_trial(text: str) -> Trial:
     return Trial(parts[0], steps, tokens, len(parts) < 4 or parts[3] == "on")
 
 
+ONE_GPU_PROFILE = "h100"  # the one-GPU shape's split (vLLM's share) for a profile made for several GPUs per host
+
+
 def device_profile(gpu_name: str | None) -> str:
-    """The profile whose `gpu_name_contains` is in the GPU's name; cpu without a GPU."""
+    """The profile whose `gpu_name_contains` is in the GPU's name, a one-GPU profile first; cpu without a GPU."""
     if not gpu_name:
         return "cpu"
-    for name in profiles.names():
-        hw = profiles.load(name).hardware
-        if hw.get("gpus_per_host") == 1 and hw.get("gpu_name_contains") and hw["gpu_name_contains"] in gpu_name:
-            return name
-    raise SystemExit(f"harness: no one-GPU profile matches GPU {gpu_name!r} (grpo_deploy/profiles/)")
+    found = [p for p in map(profiles.load, profiles.names())
+             if p.hardware.get("gpu_name_contains") and p.hardware["gpu_name_contains"] in gpu_name]
+    if not found:
+        raise SystemExit(f"harness: no profile matches GPU {gpu_name!r} (grpo_deploy/profiles/)")
+    return min(found, key=lambda p: p.hardware.get("gpus_per_host") != 1).name
 
 
 def _setting_values(profile: profiles.Profile, section: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -114,6 +117,9 @@ def trial_spec(trial: Trial, profile: str, mount: Path, model_dir: Path,
         overrides["vllm"] = {"max_model_len": 1024 + 3000}  # one server for every answer length
     if vllm_args:
         overrides.setdefault("vllm", {})["extra_args"] = list(vllm_args)
+    if gpu and profiles.load(profile).hardware.get("gpus_per_host", 1) > 1:  # e.g. h200 on one H200
+        share = profiles.load(ONE_GPU_PROFILE).value("vllm", "gpu_memory_utilization")
+        overrides.setdefault("vllm", {})["gpu_memory_utilization"] = share
     if not trial.switches:
         overrides["runtime"] = dict(SWITCHES_OFF)
         if gpu and profiles.load(profile).hardware.get("memory_gb_per_gpu", 0) <= 80:

@@ -38,8 +38,26 @@ def test_device_profile_without_a_gpu_is_cpu():
 
 
 def test_device_profile_refuses_an_unknown_gpu():
-    with pytest.raises(SystemExit, match="no one-GPU profile"):
+    with pytest.raises(SystemExit, match="no profile matches"):
         harness.device_profile("NVIDIA L4")
+
+
+def test_device_profile_by_gpu_name():
+    assert harness.device_profile("NVIDIA H100 80GB HBM3") == "h100"
+    assert harness.device_profile("NVIDIA H200") == "h200"
+
+
+def test_a_profile_for_several_gpus_gets_the_one_gpu_split(tmp_path):
+    spec = harness.trial_spec(harness.Trial("seed004", 4), "h200", tmp_path / "shared", tmp_path / "m")
+    assert spec["overrides"]["vllm"]["gpu_memory_utilization"] == \
+        profiles.load("h100").value("vllm", "gpu_memory_utilization")
+    assert "gpu_memory_utilization" not in harness.trial_spec(
+        harness.Trial("seed004", 4), "h100", tmp_path / "shared", tmp_path / "m")["overrides"]["vllm"]
+
+
+def test_switches_off_on_an_80_gb_card_leave_the_fp32_trainer_room(tmp_path):
+    off = harness.trial_spec(harness.Trial("seed004", 4, switches=False), "h100", tmp_path / "s", tmp_path / "m")
+    assert off["overrides"]["vllm"]["gpu_memory_utilization"] == harness.SWITCHES_OFF_VLLM_MEMORY
 
 
 def test_rehearsal_on_a_gpu_profile_takes_the_cpu_profiles_task(tmp_path):
@@ -50,7 +68,7 @@ def test_rehearsal_on_a_gpu_profile_takes_the_cpu_profiles_task(tmp_path):
     assert spec["overrides"]["lora"]["r"] == cpu.value("lora", "r")
     assert spec["overrides"]["model"]["path"] == str(tmp_path / "m")
     assert spec["hosts"][0]["gpus"] == {"server": [0], "trainer": [0]}
-    assert "vllm" not in spec["overrides"]  # the GPU profile's server settings stay
+    assert "max_num_seqs" not in spec["overrides"].get("vllm", {})  # the GPU profile's server settings stay
 
 
 def test_seed004_holds_128_answers_per_step_at_each_length(tmp_path):
