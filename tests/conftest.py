@@ -6,13 +6,16 @@ client from the kit's own factory, and the cpu and verl-cpu images each built at
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
 # TorchInductor's CPU code generation imports setuptools; after another test imported the standard library's
 # distutils (Python 3.11 still has it), setuptools' distutils shim asserts and the compile fails. One distutils for the
-# whole session: the standard library's.
-os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
+# whole session: the standard library's. Python 3.12 has none (the GPU machine's): there setuptools' own must serve, and
+# the setting would leave vLLM's import of setuptools without any distutils (found by the first harness run on a GPU).
+if sys.version_info < (3, 12):
+    os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
 
 from tests import ci_phases
 
