@@ -242,7 +242,7 @@ def _throughput_figures(timed: list[tuple[dict, float]], steps: list[dict], hint
         "forwarded_tok_s_fwd_bwd": _r(statistics.median(forwarded), 1) if forwarded else None,
         "generated_tok_s": _r(statistics.median(generated), 1) if generated else None,
         "samples_per_hour": _r(per_hour, 0),
-        "mfu_fwd_bwd": _r(statistics.median(mfu)) if mfu else None,
+        "mfu_fwd_bwd": _r(statistics.median(mfu) / 100) if mfu else None,  # TRL logs a percentage (compute_mfu)
         "packing": _packing(steps, hint),
         "trainer_memory_gb": hint.get("trainer_memory_gb"),
     }

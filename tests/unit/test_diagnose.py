@@ -257,3 +257,15 @@ def test_the_next_trainer_process_is_counted_per_trainer_host():
     knob = found.next_knobs[-1]
     assert (knob.setting, knob.value) == ("overrides.runtime.trainer_processes", "3")
     assert "on each of the 2 trainer hosts" in knob.why
+
+
+# (e) a real GPU run's own metrics ----------------------------------------------------------------------------------
+def test_one_h200_run_reads_mfu_as_trl_logs_it():
+    """tests/unit/metrics/h200_one_gpu_seed004.jsonl: seed 004's recipe shape on one H200, both roles on it (the GPU
+    harness, 2026-12-06). TRL 1.16 logs `perf/mfu_fwd_bwd` as a percentage (39.6); read as a fraction it showed as
+    3,961 % until that run."""
+    d = diagnose.diagnose(_events("h200_one_gpu_seed004"))
+    ev = d.evidence
+    assert ev["mfu_fwd_bwd"] == pytest.approx(0.396, abs=0.005)
+    assert "MFU (fwd/bwd)" in diagnose.diagnosis_text(d) and "39.6%" in diagnose.diagnosis_text(d)
+    assert ev["steps"] == 20 and ev["step_time_median_s"] == pytest.approx(6.98, abs=0.05)
