@@ -124,7 +124,7 @@ def _measured(res: Resolved, arch: Architecture, profile) -> tuple[float, float,
     weights = arch.params() * (4 if s.runtime.base_dtype == "fp32" else 2)
     peak = ref.value * GIB
     words = f"measured: {ref.source.split(',')[0]}, {measured_tokens or budget:,} tokens, {ref.value:g} GiB"
-    where = f" (profile {ref.profile} reference trainer_peak_gib; peak allocated)"
+    where = f" (profile {ref.profile} reference trainer_peak_gib; beside the CUDA context allowance)"
     if not measured_tokens or budget == measured_tokens:
         return peak, peak, 0.0, words, where
     per_token = (peak - weights) / measured_tokens

@@ -16,7 +16,7 @@ from tests.hostile.helpers import cli
 from tests.specs import loaded
 
 SPLIT = "server+trainer share GPU 0 (vLLM 0.3 of 80 GB, trainer the rest)"
-MEASURED = "measured: bench trainer on one NVIDIA H200, 16,384 tokens, 50.25 GiB"
+MEASURED = "measured: the GPU harness on one NVIDIA H200 with vLLM beside it (2026-12-06), 16,384 tokens, 50.75 GiB"
 
 
 def _init(tmp_path, gmu: float | None = None):
@@ -46,7 +46,7 @@ def test_h100_one_host_renders_one_gpu_for_both_and_plan_shows_the_split(tmp_pat
     assert data["ok"] is True and host["gpus"] == SPLIT
     assert server["budget_gb"] == 24.0 and server["full_length_sequences"] >= 128  # max_num_seqs at full length
     assert "starts first" in server["why"]
-    assert trainer["need_gb"] == 54.0 and trainer["available_gb"] == 54.8 and trainer["fits"] is True
+    assert trainer["need_gb"] == 54.5 and trainer["available_gb"] == 54.8 and trainer["fits"] is True
     assert trainer["why"].startswith(MEASURED) and "2 x 0.6 GB CUDA contexts" in trainer["why"]
 
 
@@ -55,16 +55,16 @@ def test_vllm_at_0_9_leaves_the_trainer_short_plan_exits_1_and_preflight_refuses
     run = cli(["plan", "-f", str(path), "--free-space", "local=100GB"], tmp_path)
     assert run.code == 1
     (line,) = [x for x in run.out.splitlines() if x.startswith("memory on ")]
-    assert line.startswith("memory on local: trainer on GPU 0 shared with the server is short by 47.2 GB: needs "
-                           f"54.0 GB ({MEASURED}), has 6.8 GB (80 GB x (1 - 0.9) - 2 x 0.6 GB CUDA contexts")
-    assert "-> fix: lower overrides.vllm.gpu_memory_utilization to 0.31; or turn on " \
+    assert line.startswith("memory on local: trainer on GPU 0 shared with the server is short by 47.7 GB: needs "
+                           f"54.5 GB ({MEASURED}), has 6.8 GB (80 GB x (1 - 0.9) - 2 x 0.6 GB CUDA contexts")
+    assert "-> fix: lower overrides.vllm.gpu_memory_utilization to 0.3; or turn on " \
            "overrides.trl.gradient_checkpointing; or give the trainer its own GPU" in line
     pre = cli(["preflight", "--json", "--only", "memory", "-f", str(path)], tmp_path)
     assert pre.code == checks.EXIT_FAILED
     (result,) = json.loads(pre.out)["checks"]
     assert result["verdict"] == "fail" and "\n" not in result["fact"]
-    assert "trainer on GPU 0 shared with the server is short by 47.2 GB" in result["fact"]
-    assert result["hint"].startswith("lower overrides.vllm.gpu_memory_utilization to 0.31")
+    assert "trainer on GPU 0 shared with the server is short by 47.7 GB" in result["fact"]
+    assert result["hint"].startswith("lower overrides.vllm.gpu_memory_utilization to 0.3")
 
 
 def test_the_memory_check_runs_before_anything_is_shipped_or_started():
@@ -78,12 +78,12 @@ def test_the_memory_check_runs_before_anything_is_shipped_or_started():
 
 
 def test_the_suggested_fraction_fits():
-    res = resolve.resolve(loaded("h100", "trl-async", ("h",), overrides={"vllm": {"gpu_memory_utilization": 0.31}}))
+    res = resolve.resolve(loaded("h100", "trl-async", ("h",), overrides={"vllm": {"gpu_memory_utilization": 0.3}}))
     assert plan.memory_shortfalls(plan.role_plans(res)) == []
 
 
 @pytest.mark.parametrize(("overrides", "need", "source"), [
-    ({"trl": {"token_budget": 8192}}, 28.5, MEASURED + ", scaled to 8,192 tokens"),
+    ({"trl": {"token_budget": 8192}}, 28.8, MEASURED + ", scaled to 8,192 tokens"),
     ({"runtime": {"compile_layers": False, "lora_elementwise": False}}, None, "rough estimate"),
     ({"trl": {"token_budget": 0}}, None, "rough estimate"),
     ({"lora": {"r": 8}}, None, "rough estimate"),
@@ -106,7 +106,7 @@ def test_another_model_of_the_same_shape_uses_the_figure_and_another_shape_does_
 
 def test_the_figure_is_read_from_the_profile_with_its_settings():
     ref = profiles.load("h100").reference["trl-async"]["trainer_peak_gib"]
-    assert ref.unit == "GiB" and ref.value == 50.25 and ref.profile == "_hf-recipe"
+    assert ref.unit == "GiB" and ref.value == 50.75 and ref.profile == "_hf-recipe"
     assert dict(ref.at)["trl.token_budget"] == 16384 and dict(ref.at)["runtime.base_dtype"] == "bf16"
     assert trl_memory.CUDA_CONTEXT_GB == 0.6
 
