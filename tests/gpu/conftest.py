@@ -25,3 +25,12 @@ def run_harness(tmp_path_factory, name: str, trials: list[str]) -> dict[str, dic
                        vllm_args=extra)
     assert json.loads((out / "report.json").read_text())["trials"] == done
     return {r["trial"]: r for r in done}
+
+
+def assert_roles_within_the_card(report: dict) -> None:
+    """Both roles held GPU memory, and together no more than the card has."""
+    import torch
+
+    total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    assert 0 < report["server_peak_gib"] and 0 < report["trainer_peak_gib"], report
+    assert report["server_peak_gib"] + report["trainer_peak_gib"] <= total_gib, (report, total_gib)
