@@ -25,6 +25,7 @@ from .render_text import RenderError
 from .resolve import Resolved, resolve
 from .runtime.readback import ReadRefused
 from .runtime.table import human_bytes, table
+from .runtime.values import SYSTEM_TREES
 from .spec import SpecError, load
 
 # ---------------------------------------------------------------- shared helpers
@@ -78,11 +79,6 @@ def cmd_init(args) -> int:
     return 0
 
 
-# Never rendered into (nor anything under them, but / itself only): writing there is always a mistake.
-SYSTEM_DIRS = tuple(Path(p) for p in ("/etc", "/usr", "/proc", "/sys", "/dev", "/bin", "/sbin", "/lib", "/lib64",
-                                      "/boot"))
-
-
 def cmd_render(args) -> int:
     if not isinstance(args.output, str):  # argparse hands `--output=--` over as []
         raise CliError("-o needs a directory name")
@@ -123,8 +119,8 @@ def _render_dir(args) -> Path:
     if out == Path.cwd().resolve():
         raise CliError(f"-o {args.output} is the current directory; render into a new or empty directory "
                        "(e.g. -o render)")
-    for path in (given, out):
-        system = next((s for s in SYSTEM_DIRS if path == s or s in path.parents), None)
+    for path in (given, out):  # never / itself, nor in a system tree (the trees a spec path may not be in either)
+        system = next((s for s in map(Path, SYSTEM_TREES) if path == s or s in path.parents), None)
         if path == Path(path.anchor) or system:
             where = f"under the system directory {system}" if system else "the root directory"
             raise CliError(f"-o {args.output} is {where}; render into a directory of your own")

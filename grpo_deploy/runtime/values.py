@@ -60,7 +60,7 @@ IMAGE_RE = re.compile(
 # Env values: what the compose env-file parser and Kubernetes env files read the same way, literally.
 ENV_VALUE_FORBIDDEN = set("$\"'`\\#")
 
-# Directories a shared volume or checkpoint dir must never be, or (second list) be inside of.
+# Directories a shared volume or checkpoint dir must never be, or (second list) be inside of; render -o neither.
 SYSTEM_DIRS = ("/", "/home", "/opt", "/srv", "/mnt", "/media", "/tmp", "/var", "/root")
 SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
                 "/sys", "/usr")
