@@ -200,6 +200,11 @@ def _ip(value: str) -> str:
         raise ValueError(f"{shown(value)} is not an IPv4 or IPv6 address") from None
 
 
+def host_part(address: str) -> str:
+    """The host part of a spec host's address (`[user@]host[:port]`), or "" for `local`."""
+    return parse_address(address).host if address != "local" else ""
+
+
 def ip_literal(host: str) -> str | None:
     """The host part as an IP address when it is one, else None (a name)."""
     try:
