@@ -17,14 +17,15 @@ from .k8s_overlay import OverlayError, overlay_dir, problems, regenerate
 from .kit_data import KitDataMissing
 from .names import STATE_DIR
 from .new_spec import InitError
-from .plan import memory_shortfalls
+from .plan import plan_text
 from .profiles import ProfileError
 from .render import render_files
 from .render_folder import WriteRefused, diff_tree, write_tree
 from .render_text import RenderError
 from .resolve import Resolved, resolve
 from .runtime.readback import ReadRefused
-from .runtime.table import human_bytes, table
+from .runtime.table import table
+from .runtime.values import SYSTEM_TREES
 from .spec import SpecError, load
 
 # ---------------------------------------------------------------- shared helpers
@@ -78,11 +79,6 @@ def cmd_init(args) -> int:
     return 0
 
 
-# Never rendered into (nor anything under them, but / itself only): writing there is always a mistake.
-SYSTEM_DIRS = tuple(Path(p) for p in ("/etc", "/usr", "/proc", "/sys", "/dev", "/bin", "/sbin", "/lib", "/lib64",
-                                      "/boot"))
-
-
 def cmd_render(args) -> int:
     if not isinstance(args.output, str):  # argparse hands `--output=--` over as []
         raise CliError("-o needs a directory name")
@@ -123,8 +119,8 @@ def _render_dir(args) -> Path:
     if out == Path.cwd().resolve():
         raise CliError(f"-o {args.output} is the current directory; render into a new or empty directory "
                        "(e.g. -o render)")
-    for path in (given, out):
-        system = next((s for s in SYSTEM_DIRS if path == s or s in path.parents), None)
+    for path in (given, out):  # never / itself, nor in a system tree (the trees a spec path may not be in either)
+        system = next((s for s in map(Path, SYSTEM_TREES) if path == s or s in path.parents), None)
         if path == Path(path.anchor) or system:
             where = f"under the system directory {system}" if system else "the root directory"
             raise CliError(f"-o {args.output} is {where}; render into a directory of your own")
@@ -153,12 +149,6 @@ def _render_check(out: Path, files: dict[str, str]) -> int:
     return 0
 
 
-def _saves_text(d) -> str:
-    if d.save_count <= len(d.save_steps):
-        return ", ".join(map(str, d.save_steps)) or "never"
-    return f"{', '.join(map(str, d.save_steps[:-1]))}, ... {d.save_steps[-1]} ({d.save_count} saves)"
-
-
 def _forecast(res: Resolved) -> forecast.Forecast:
     """The forecast of *res*, from this run name's own metrics where the deployer kept a copy (this folder's
     .grpo-deploy/<run>/), read through the bounded reader."""
@@ -181,41 +171,7 @@ def cmd_plan(args) -> int:
     if args.json:
         print(json.dumps({**plan.to_dict(), "forecast": fc.to_dict()}, indent=2, default=str))
         return 0 if plan.ok else 1
-    print(f"run {plan.run}: engine {plan.engine}, model {plan.model}"
-          + (f" ({plan.params / 1e6:,.1f} M params, LoRA {plan.lora_params / 1e6:,.2f} M)" if plan.params else ""))
-    rows = []
-    for h in plan.hosts:
-        for m in h.memory:
-            detail = ", ".join(f"{k}={v}" for k, v in m.items() if k not in ("role", "why", "fits", "short", "fix"))
-            rows.append([h.host, h.profile, m.get("role"), h.gpus,
-                         {True: "fits", False: "DOES NOT FIT", None: "?"}[m.get("fits")],
-                         f"{detail}. {m.get('why', '')}"])
-    print(table(["host", "profile", "role", "gpus", "memory", "estimate"], rows))
-    for short in memory_shortfalls(plan.hosts):
-        print(short.line())
-    if plan.disk:
-        d = plan.disk
-        print()
-        print(f"checkpoints: {human_bytes(d.checkpoint_bytes)} each, saved at steps "
-              f"{_saves_text(d)} of {d.total_steps}; keep "
-              f"{'all' if d.keep is None else d.keep}; adapters on the volume {d.adapters_kept} x "
-              f"{human_bytes(d.adapter_bytes)}")
-        print(f"disk: need {human_bytes(d.peak_bytes)} at peak on {d.filesystem}; free "
-              f"{human_bytes(d.free_bytes)} ({d.free_source}) -> "
-              + {True: "OK", False: "DOES NOT FIT", None: "unknown"}[d.fits])
-        for line in d.explanation:
-            print(f"  - {line}")
-    print()
-    print(forecast.forecast_text(fc))
-    for w in plan.warnings:
-        print(f"warning: {w}")
-    if args.explain:
-        print()
-        rows = [[f"{section}.{k}", v["value"], v["source"], v["why"]]
-                for section, values in plan.settings.items() for k, v in values.items()]
-        print(table(["setting", "value", "from", "why"], rows))
-    else:
-        print("\n(--explain lists every setting with where it came from and why)")
+    print(plan_text(plan, forecast.forecast_text(fc), explain=args.explain))
     return 0 if plan.ok else 1
 
 

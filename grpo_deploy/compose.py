@@ -1,5 +1,5 @@
-"""A run's containers on this machine's engine through the Docker SDK, by the kit's run label (preflight's port check
-and the test suites); the deployer itself drives compose through the hosts' connectors (grpo_deploy.hosts.project)."""
+"""A run's containers on this machine's engine through the Docker SDK, by the kit's run label: for the test suites
+only (no package module imports it); the deployer drives compose through the hosts' connectors (hosts.project)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Bottleneck diagnosis (pure, no I/O): the trainer's own step events -> which side bounds the run (trainer,
-generation, adapter sync), the figures that say so, and the next spec setting to change. Formatting lives here too.
+"""TRL async GRPO's bottleneck diagnosis (pure, no I/O): the trainer's own step events -> which side bounds the run
+(trainer, generation, adapter sync), the figures that say so, and the next spec setting to change. It also holds what
+both engines' diagnoses share: the Diagnosis and Knob types and diagnosis_text (diagnose_verl builds on them).
 
 The rules are seed 004's hand diagnosis, read from TRL 1.16's metric keys (shared/reference/trl_async_grpo.md §4):
 trainer-bound = the rollout queue sits near its cap while forward/backward fills the step; generation-bound = the

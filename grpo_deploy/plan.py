@@ -2,6 +2,7 @@
 
 Memory is the engine's answer per role on each host (`memory`); a side that does not fit carries `short` (which side,
 need vs available, by how much) and `fix`: memory_shortfalls gives those lines, for `plan` and preflight's memory check.
+plan_text is the `plan` verb's text (the CLI only prints it).
 
 Free space is an input (a fact gathered by the caller from the real filesystem, or a what-if figure), so
 every number here is reproducible in tests. Estimates are labelled as such; the disk rule is exact given
@@ -22,6 +23,7 @@ from typing import Any
 from .architecture import Architecture
 from .engines.base import GB, human
 from .resolve import Resolved, as_dict
+from .runtime.table import human_bytes, table
 
 
 @dataclass
@@ -288,3 +290,45 @@ def make_plan(res: Resolved, free_bytes: int | None = None, filesystem: str = "?
                              if arch else None),
                 hosts=hosts, disk=disk, settings=as_dict(res), warnings=warnings, ok=ok,
                 objective=res.engine_info.loss_objective(res))
+
+
+def plan_text(plan: Plan, forecast: str, explain: bool = False) -> str:
+    """`grpo-deploy plan`'s text: the run, the memory table and its shortfalls, the disk, *forecast* (the forecast as
+    forecast.forecast_text gives it), the warnings, and with *explain* every setting with its source and why."""
+    lines = [f"run {plan.run}: engine {plan.engine}, model {plan.model}"
+             + (f" ({plan.params / 1e6:,.1f} M params, LoRA {plan.lora_params / 1e6:,.2f} M)" if plan.params else "")]
+    rows = []
+    for h in plan.hosts:
+        for m in h.memory:
+            detail = ", ".join(f"{k}={v}" for k, v in m.items() if k not in ("role", "why", "fits", "short", "fix"))
+            rows.append([h.host, h.profile, m.get("role"), h.gpus,
+                         {True: "fits", False: "DOES NOT FIT", None: "?"}[m.get("fits")],
+                         f"{detail}. {m.get('why', '')}"])
+    lines.append(table(["host", "profile", "role", "gpus", "memory", "estimate"], rows))
+    lines += [short.line() for short in memory_shortfalls(plan.hosts)]
+    if plan.disk:
+        d = plan.disk
+        lines.append("")
+        lines.append(f"checkpoints: {human_bytes(d.checkpoint_bytes)} each, saved at steps "
+                     f"{_saves_text(d)} of {d.total_steps}; keep "
+                     f"{'all' if d.keep is None else d.keep}; adapters on the volume {d.adapters_kept} x "
+                     f"{human_bytes(d.adapter_bytes)}")
+        lines.append(f"disk: need {human_bytes(d.peak_bytes)} at peak on {d.filesystem}; free "
+                     f"{human_bytes(d.free_bytes)} ({d.free_source}) -> "
+                     + {True: "OK", False: "DOES NOT FIT", None: "unknown"}[d.fits])
+        lines += [f"  - {line}" for line in d.explanation]
+    lines += ["", forecast]
+    lines += [f"warning: {w}" for w in plan.warnings]
+    if explain:
+        rows = [[f"{section}.{k}", v["value"], v["source"], v["why"]]
+                for section, values in plan.settings.items() for k, v in values.items()]
+        lines += ["", table(["setting", "value", "from", "why"], rows)]
+    else:
+        lines.append("\n(--explain lists every setting with where it came from and why)")
+    return "\n".join(lines)
+
+
+def _saves_text(d: DiskPlan) -> str:
+    if d.save_count <= len(d.save_steps):
+        return ", ".join(map(str, d.save_steps)) or "never"
+    return f"{', '.join(map(str, d.save_steps[:-1]))}, ... {d.save_steps[-1]} ({d.save_count} saves)"

@@ -17,8 +17,8 @@ from .runtime.config import (
     LoraSettings,
     Reward,
     RuntimeSettings,
-    Scalar,
     did_you_mean,
+    pass_through,
 )
 from .runtime.data import DATASETS
 from .runtime.shown import shown, shown_key
@@ -238,7 +238,6 @@ VERL_OWNED = {
 }
 VERL_PREFIXES = ("algorithm.", "data.", "actor_rollout_ref.", "trainer.", "reward_model.", "reward.", "critic.",
                  "ray_kwargs.", "custom_reward_function.", "transfer_queue.", "+")
-_HYDRA_VALUE = Scalar | list[Scalar] | None
 
 
 class VerlSettings(Strict):
@@ -277,7 +276,6 @@ class VerlSettings(Strict):
     def _extras(self) -> VerlSettings:
         from pydantic import TypeAdapter
 
-        adapter = TypeAdapter(_HYDRA_VALUE, config=ConfigDict(strict=True))
         for key, value in (self.model_extra or {}).items():
             try:
                 TypeAdapter(HydraKey).validate_python(key)
@@ -288,13 +286,7 @@ class VerlSettings(Strict):
             if not key.lstrip("+").startswith(tuple(p for p in VERL_PREFIXES if p != "+")):
                 raise ValueError(f"{shown_key(key)}: not a verl config key (expected one under "
                                  f"{', '.join(p.rstrip('.') for p in VERL_PREFIXES if p != '+')})")
-            try:
-                adapter.validate_python(value)
-            except ValidationError:
-                raise ValueError(f"{shown_key(key)}: expected a number, a boolean, a string or a list of those "
-                                 "(integers within 64 bits, finite floats), "
-                                 f"got {shown(value)}") \
-                    from None
+            pass_through(key, value)
         return self
 
     def overrides(self, keys) -> dict[str, Any]:

@@ -512,3 +512,19 @@ def hosts_fixture(n: int = 2, scope: str = "module", **options):
             yield th
 
     return _hosts
+
+
+def two_host_spec(folder: Path) -> Path:
+    """folder/grpo-deploy.yaml: the cpu profile, trainer on spark1, server on spark2, hosts[].shared_dir SHARED_DIR,
+    no storage.nfs (no kernel NFS client in a container: the test hosts share a bind-mounted directory instead)."""
+    import yaml
+
+    from grpo_deploy import new_spec
+
+    data = yaml.safe_load(new_spec.spec_text("cpu", "trl-async", ["spark1", "spark2"]))
+    data["storage"]["nfs"] = None
+    for host in data["hosts"]:
+        host["shared_dir"] = SHARED_DIR
+    path = folder / "grpo-deploy.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

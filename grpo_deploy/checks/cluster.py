@@ -14,7 +14,7 @@ from ..engines.base import ClusterPorts
 from ..hosts.connect import HostError, on_all
 from ..names import MANAGED
 from ..runtime.ray_node import GCS_PORT, interface_of
-from ..runtime.values import ip_literal, parse_address
+from ..runtime.values import host_part, ip_literal
 from .images import image_on
 from .registry import FAIL, OK, SKIP, WARN, Result, check
 from .session import Context
@@ -55,7 +55,7 @@ def node_address(ctx: Context, host) -> NodeAddress | Result:
             return Result("cluster", host.name, FAIL, f"interface {host.interface} has no IPv4 address",
                           f"bring it up with an address, or set hosts[{i}].interface to another ({names})")
         return NodeAddress(ips[0], host.interface)
-    literal = ip_literal(parse_address(host.address).host) if host.address != "local" else None
+    literal = ip_literal(host_part(host.address))
     ip = literal or found.get("reached_at")
     if ip is None:
         return Result("cluster", host.name, FAIL, "its address as the other nodes reach it is unknown (this machine, "

@@ -31,8 +31,6 @@ def reached(ctx: Context) -> list[tuple[Any, dict[str, Any]]]:
 
 
 @check("reachable", "Every host answers over SSH with a verified host key (this machine needs none)")
-
-
 def check_reachable(ctx: Context) -> list[Result]:
     out = []
     for host in ctx.res.spec.hosts:
@@ -46,8 +44,6 @@ def check_reachable(ctx: Context) -> list[Result]:
 
 @check("clock", f"Host clocks agree within {CLOCK_TOLERANCE_S:.0f} s (logs, checkpoints and metrics are compared "
                 "across hosts)")
-
-
 def check_clock(ctx: Context) -> list[Result]:
     out = []
     for host, found in reached(ctx):
@@ -63,8 +59,6 @@ def check_clock(ctx: Context) -> list[Result]:
 
 
 @check("docker", "The Docker engine and Compose v2 answer on every host that runs containers")
-
-
 def check_docker(ctx: Context) -> list[Result]:
     out = []
     for host, found in reached(ctx):
@@ -114,8 +108,6 @@ def replicas_compose_problem(host, compose: str) -> Result | None:
 
 
 @check("arch", "Each host's machine type and accelerator match its profile")
-
-
 def check_arch(ctx: Context) -> list[Result]:
     return [arch_verdict(host, ctx.res.profiles[host.name], found) for host, found in reached(ctx)]
 
@@ -141,8 +133,6 @@ def arch_verdict(host, profile, found: dict[str, Any]) -> Result:
 
 
 @check("port", "The vLLM servers' published ports are free on each server host")
-
-
 def check_port(ctx: Context) -> list[Result]:
     res = ctx.res
     servers = res.hosts_with("server")
@@ -175,8 +165,6 @@ def check_port(ctx: Context) -> list[Result]:
 
 
 @check("driver", "The NVIDIA driver on each GPU host runs the CUDA its images are built with (CUDA 13: R580+)")
-
-
 def check_driver(ctx: Context) -> list[Result]:
     res, out = ctx.res, []
     client = ctx.docker()  # local images are what `up` ships to hosts that lack them

@@ -28,8 +28,6 @@ def _version_tuple(v: str) -> tuple[int, ...]:
 
 @check("images", "Images exist (or will be built), run as the run UID, and trainer/server carry the same vLLM",
        reads_images=True)
-
-
 def check_images(ctx: Context) -> list[Result]:
     res = ctx.res
     client = ctx.docker()  # this machine's engine: local hosts run from it, remote hosts get images shipped from it

@@ -10,8 +10,6 @@ from .session import Context
 
 
 @check("spec", "The spec validates and every cross-field rule holds")
-
-
 def check_spec(ctx: Context) -> list[Result]:
     # Reaching this point means load + resolve succeeded; invalid specs never get a Context.
     res = ctx.res
@@ -20,8 +18,6 @@ def check_spec(ctx: Context) -> list[Result]:
 
 
 @check("memory", "Each host's roles fit its GPU memory: vLLM's gpu_memory_utilization and the trainer's need (plan)")
-
-
 def check_memory(ctx: Context) -> list[Result]:
     hosts = role_plans(ctx.res)
     short = memory_shortfalls(hosts)
@@ -42,8 +38,6 @@ def check_memory(ctx: Context) -> list[Result]:
 
 
 @check("logger", "Credentials for the chosen logger exist before any model is loaded")
-
-
 def check_logger(ctx: Context) -> list[Result]:
     kind, env = ctx.res.spec.logger.kind, ctx.environ
     if kind == "wandb":

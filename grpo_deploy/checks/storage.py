@@ -37,8 +37,6 @@ def headroom_text(h: dict[str, Any] | None) -> str:
 
 
 @check("identity", "Trainer and server run as the same non-root UID/GID with a umask that keeps files readable")
-
-
 def check_identity(ctx: Context) -> list[Result]:
     res = ctx.res
     roles = res.engine_info.roles
@@ -62,8 +60,6 @@ def check_identity(ctx: Context) -> list[Result]:
 
 
 @check("disk", "Checkpoints x (retention + 1) + adapters + margin fit the free space where they are written")
-
-
 def check_disk(ctx: Context) -> list[Result]:
     plan = ctx.plan()
     host = storage_host(ctx.res).name
@@ -88,8 +84,6 @@ def _in_container(ctx: Context, host, image: str, ident, argv: list[str]):
 @check("shared-volume", "The trainer's adapter files, written as the trainer identity on the trainer host, are read "
                         "as the server identity on the server host through the real shared storage",
        needs_images=True)
-
-
 def check_shared_volume(ctx: Context) -> list[Result]:
     """Writes a real safetensors probe the way the trainer saves adapters, then reads it as the server would; with
     the main role on several hosts (a trainer over several hosts: every rank saves its shards), each of the others

@@ -1,6 +1,8 @@
 """The training engines: the registry (ENGINES by name, their names, every role any engine has, the default engine)
 over the interface (grpo_deploy.engines.base) and one module per engine with the same methods (trl_async, verl).
-Adding an engine adds a module and registers its instance here; nothing else names an engine."""
+Adding an engine adds a module and registers its instance here; outside engines/ it still needs a bring-up module
+(bringup/), a diagnosis, forecast.KNOBS rows, and the places that name an engine (profiles, the cluster check,
+supervise's role words, status's guess by data shape)."""
 
 from __future__ import annotations
 

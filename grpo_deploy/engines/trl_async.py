@@ -25,7 +25,7 @@ from ..render_text import dump_yaml, template
 from ..runtime.adapters import POLICY_PREFIX
 from ..runtime.config import RunConfig, SpeedSwitches, config_text
 from ..runtime.processes import MAIN_PORT, MAX_MACHINES
-from ..runtime.values import MAX_PORT, ip_literal, parse_address
+from ..runtime.values import MAX_PORT, host_part, ip_literal
 from ..settings import SECTIONS, SERVER_PORT, VLLM_KIT_FLAGS, VLLM_LORA_RANKS, KitFlag, vllm_flags
 from . import trl_memory, trl_sizes
 from .base import COMMON_SECTIONS, ClusterPorts, Engine, Resolved, human
@@ -482,7 +482,7 @@ def main_address(res: Resolved, resolved: dict[str, str] | None = None) -> str:
     first = trainer_hosts(res)[0]
     if resolved and first.name in resolved:
         return resolved[first.name]
-    return parse_address(first.address).host if first.address != "local" else ""
+    return host_part(first.address)
 
 
 def machine_of(res: Resolved, host, resolved: dict[str, str] | None = None) -> dict[str, Any] | None:
@@ -638,7 +638,7 @@ def publish_address(res: Resolved, server_host, resolved: dict[str, str] | None 
         return server_host.publish
     if resolved and server_host.name in resolved:
         return resolved[server_host.name]
-    literal = ip_literal(parse_address(server_host.address).host) if server_host.address != "local" else None
+    literal = ip_literal(host_part(server_host.address))
     return literal or "127.0.0.1"
 
 

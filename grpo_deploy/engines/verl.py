@@ -14,7 +14,7 @@ from ..names import COMPOSE_INFINIBAND, COMPOSE_VERL, COMPOSE_VERL_CLUSTER, proj
 from ..render_text import RenderError, template
 from ..runtime import verl_data
 from ..runtime.ray_node import GCS_PORT, NODE_PORTS, PEER_PORTS, WORKER_PORTS
-from ..runtime.values import CONTROL, MAX_STEPS, parse_address
+from ..runtime.values import CONTROL, MAX_STEPS, host_part
 from .base import COMMON_SECTIONS, GB, ClusterPorts, Engine, Resolved
 
 DATASET_SIZES = {"gsm8k": 7473, "boxed-math": 1460}
@@ -226,7 +226,7 @@ def head_address(res: Resolved, addresses: dict[str, str]) -> str:
     """The head's GCS as the workers join it: its address as the deployer resolved it, else the host part of its
     spec address (Ray resolves a name itself)."""
     head = res.hosts_with("head")[0]
-    ip = addresses.get(head.name) or (parse_address(head.address).host if head.address != "local" else "")
+    ip = addresses.get(head.name) or host_part(head.address)
     return f"{ip}:{GCS_PORT}" if ip else ""
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import facts
-from .connect import CHUNK, Host, HostError, LocalHost
+from .connect import CHUNK, Host, HostError, LocalHost, chunks_of
 
 
 @dataclass(frozen=True)
@@ -194,21 +194,10 @@ def _filtered_save(tag: str, skip: set[str] | None, progress: Callable[[int], No
 
     worker = threading.Thread(target=filter_tar, name=f"save-{tag}", daemon=True)
     worker.start()
-    total = 0
     with os.fdopen(read_fd, "rb") as stream:
-        last = 0.0
-        while True:
-            chunk = stream.read(CHUNK)
-            if not chunk:
-                break
-            total += len(chunk)
-            if time.time() - last >= 2:
-                progress(total)
-                last = time.time()
-            yield chunk
+        yield from chunks_of(stream, progress=progress)  # the running total each second, and at the end
     worker.join()
     failed = save is not None and save.wait() != 0
-    progress(total)
     if errors or failed:
         detail = (save.stderr.read().decode(errors="replace").strip() if save is not None else "") or \
             repr(errors[:1])

@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import re
 
+from ..runtime.values import CONTROL
+
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _TAG = re.compile(rf"(?:{_COMPONENT}(?::[0-9]{{1,5}})?/)?{_COMPONENT}(?:/{_COMPONENT})*"
                   r":[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _URL = re.compile(r"(?:https?|file)://[A-Za-z0-9._~:/?#\[\]@!&()*+,;=%-]+")
 MAX_ID = 2**31 - 2
 
@@ -40,7 +41,7 @@ def run_id(text: str) -> int:
 
 def checked_path(text: str) -> str:
     """A folder or file path: no control characters, no leading '-', no '..' part, no '$' or backquote."""
-    problem = ("empty" if not text else "a control character (newline, tab ...)" if _CONTROL.search(text)
+    problem = ("empty" if not text else "a control character (newline, tab ...)" if CONTROL.search(text)
                else "a leading '-' (it reads as an option)" if text.startswith("-")
                else "a '..' part" if ".." in text.split("/")
                else "'$' or a backquote" if "$" in text or "`" in text

@@ -74,7 +74,7 @@ def _not_a_big_int(value: Any) -> Any:
 # float, text.
 Scalar = bool | Annotated[int, Field(ge=-(2**63), le=2**63 - 1)] | \
     Annotated[float, BeforeValidator(_not_a_big_int), Field(allow_inf_nan=False)] | Text
-# What a passed-through TRL field may hold: TRL's fields are scalars or lists of them.
+# What a passed-through TRL field or Hydra override may hold: scalars or lists of them (pass_through).
 _PASS_THROUGH = TypeAdapter(Scalar | list[Scalar] | None, config=ConfigDict(strict=True))
 
 
@@ -201,13 +201,19 @@ class AsyncGrpoArgs(Strict):
             if key not in trl_fields():
                 raise ValueError(f"{shown_key(key)}: not an AsyncGRPOConfig field of trl {TRL_VERSION}"
                                  + did_you_mean(key, trl_fields()))
-            try:
-                _PASS_THROUGH.validate_python(value)
-            except ValidationError:
-                raise ValueError(f"{shown_key(key)}: expected a number, a boolean, a string or a list of those "
-                                 "(integers within 64 bits, finite floats), "
-                                 f"got {shown(value)}") from None
+            pass_through(key, value)
         return self
+
+
+def pass_through(key: str, value: Any) -> Any:
+    """*value*, checked as one the kit passes through untouched (a TRL extra, a verl override): a Scalar, a list of
+    them or None; anything else is a ValueError naming *key*."""
+    try:
+        return _PASS_THROUGH.validate_python(value)
+    except ValidationError:
+        raise ValueError(f"{shown_key(key)}: expected a number, a boolean, a string or a list of those "
+                         "(integers within 64 bits, finite floats), "
+                         f"got {shown(value)}") from None
 
 
 def did_you_mean(word: str, choices) -> str:

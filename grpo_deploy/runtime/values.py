@@ -60,7 +60,7 @@ IMAGE_RE = re.compile(
 # Env values: what the compose env-file parser and Kubernetes env files read the same way, literally.
 ENV_VALUE_FORBIDDEN = set("$\"'`\\#")
 
-# Directories a shared volume or checkpoint dir must never be, or (second list) be inside of.
+# Directories a shared volume or checkpoint dir must never be, or (second list) be inside of; render -o neither.
 SYSTEM_DIRS = ("/", "/home", "/opt", "/srv", "/mnt", "/media", "/tmp", "/var", "/root")
 SYSTEM_TREES = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib32", "/lib64", "/libx32", "/proc", "/run", "/sbin",
                 "/sys", "/usr")
@@ -198,6 +198,11 @@ def _ip(value: str) -> str:
         return str(ipaddress.ip_address(value))
     except ValueError:
         raise ValueError(f"{shown(value)} is not an IPv4 or IPv6 address") from None
+
+
+def host_part(address: str) -> str:
+    """The host part of a spec host's address (`[user@]host[:port]`), or "" for `local`."""
+    return parse_address(address).host if address != "local" else ""
 
 
 def ip_literal(host: str) -> str | None:

@@ -4,6 +4,7 @@ a traceback checked in a subprocess too, where the interpreter would print it.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -113,6 +114,14 @@ def test_render_output_too_deep(tmp_path):
 def test_render_output_double_dash(tmp_path):
     spec = write_spec(tmp_path, base_data("cpu"))
     assert_refused(cli(["render", "-f", str(spec), "--output=--"], tmp_path), words=("-o",))
+
+
+def test_render_output_under_run_is_refused_like_a_spec_path(tmp_path):
+    """/run is a system tree for a spec path (runtime/values.py SYSTEM_TREES) and so for render -o."""
+    spec = write_spec(tmp_path, base_data("cpu"))
+    target = f"/run/grpo-deploy-hostile-{os.getpid()}"
+    assert_refused(cli(["render", "-f", str(spec), "-o", target], tmp_path), words=("-o", "system directory /run"))
+    assert not os.path.lexists(target)
 
 
 def test_init_output_with_nul(tmp_path):

@@ -37,9 +37,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import new_spec
 from tests.check_output import check_lines
-from tests.testhosts import LOGIN_USER, SHARED_DIR, _docker, host_image, test_hosts
+from tests.testhosts import LOGIN_USER, SHARED_DIR, _docker, host_image, test_hosts, two_host_spec
 
 pytestmark = pytest.mark.docker
 
@@ -90,15 +89,8 @@ def hosts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spec(hosts, tmp_path_factory) -> Path:
-    """cpu profile, trainer on spark1, server on spark2, hosts[].shared_dir the shared directory, no storage.nfs
-    (no kernel NFS client in a container: the test hosts share a bind-mounted directory instead)."""
-    data = yaml.safe_load(new_spec.spec_text("cpu", "trl-async", ["spark1", "spark2"]))
-    data["storage"]["nfs"] = None
-    for host in data["hosts"]:
-        host["shared_dir"] = SHARED_DIR
-    path = tmp_path_factory.mktemp("ansiblespec") / "grpo-deploy.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    """The two-host cpu spec (testhosts.two_host_spec)."""
+    return two_host_spec(tmp_path_factory.mktemp("ansiblespec"))
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from grpo_deploy import new_spec
 from grpo_deploy.hosts.connect import SshHost, SshOptions, on_all
 from grpo_deploy.hosts.ship import ship
 from tests.check_output import check_lines
 from tests.clirun import run_cli as cli
-from tests.testhosts import SHARED_DIR, hosts_fixture
+from tests.testhosts import SHARED_DIR, hosts_fixture, two_host_spec
 
 pytestmark = pytest.mark.docker
 
@@ -29,14 +27,8 @@ SKIPPED = ("nfs_mount", "nvidia_runtime", "gpus_visible")  # no storage.nfs; the
 
 @pytest.fixture(scope="module")
 def spec(hosts, tmp_path_factory) -> Path:
-    """cpu profile, trainer on spark1, server on spark2, hosts[].shared_dir /srv/grpo-shared, addresses = aliases."""
-    data = yaml.safe_load(new_spec.spec_text("cpu", "trl-async", ["spark1", "spark2"]))
-    data["storage"]["nfs"] = None
-    for host in data["hosts"]:
-        host["shared_dir"] = SHARED_DIR
-    path = tmp_path_factory.mktemp("hostchecks") / "grpo-deploy.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    """The two-host cpu spec (testhosts.two_host_spec), addresses = the SSH aliases."""
+    return two_host_spec(tmp_path_factory.mktemp("hostchecks"))
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,16 @@ def test_seed000_runs_out_of_disk_at_step_80_and_recommends_keep_2():
     assert "step 80" in " ".join(p.disk.explanation)
 
 
+def test_plan_text_is_the_plan_the_cli_prints():
+    p = plan.make_plan(_resolved(seed000_text("all")), free_bytes=10**9, filesystem="/ckpt")
+    text = plan.plan_text(p, "forecast: (stand-in)")
+    assert text.startswith(f"run {p.run}: engine verl, model ") and "\n\nforecast: (stand-in)\n" in text
+    assert "DOES NOT FIT" in text and "saved at steps 20, 40, 60, 80, 100, 105 of 105" in text
+    assert text.endswith("\n\n(--explain lists every setting with where it came from and why)")
+    explained = plan.plan_text(p, "forecast: (stand-in)", explain=True)
+    assert "(--explain" not in explained and "\nsetting " in explained
+
+
 @pytest.mark.parametrize("keep,fits", [(2, True), (3, False)])
 def test_seed000_with_retention(keep, fits):
     res = _resolved(seed000_text(str(keep)))

@@ -66,7 +66,7 @@ def test_good_ids_and_paths_pass():
     assert door.checked_path("/abs/a..b/c") == "/abs/a..b/c"
 
 
-@pytest.mark.parametrize("value", ["a\nb", "$HOME/x", "-x", "../up"])
+@pytest.mark.parametrize("value", ["a\nb", "a\x85b", "a\u2028b", "$HOME/x", "-x", "../up"])
 def test_a_hostile_build_dir_in_the_environment_is_refused(value: str):
     with pytest.raises(door.BadValue, match=r"^GRPO_BUILD_DIR: .* is not a usable path"):
         places.build_dir({"GRPO_BUILD_DIR": value})

@@ -4,14 +4,11 @@ verdict on a real small filesystem (a tmpfs, mounted as root as CI runs)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-
-import pytest
 from transformers import TrainerControl, TrainerState
 
 from grpo_deploy.runtime.config import DiskWatchdogConfig
 from grpo_deploy.runtime.disk_watchdog import DiskWatchdog, free_bytes, judge
+from tests.unit.runtime.as_root import small_tmpfs
 from tests.unit.runtime.test_checkpoints import trl_checkpoint
 
 MB = 10**6
@@ -49,12 +46,7 @@ def test_free_bytes_of_a_path_not_made_yet(tmp_path):
 
 
 def test_on_a_real_small_filesystem(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
-    try:
+    with small_tmpfs(tmp_path, "4m") as mnt:
         ckpt = trl_checkpoint(mnt, 10)
         (ckpt / "optimizer.pt").write_bytes(b"o" * MB)  # a 1 MB checkpoint on a 4 MB filesystem
         free = free_bytes(str(mnt))
@@ -62,5 +54,3 @@ def test_on_a_real_small_filesystem(tmp_path):
         assert judge(str(mnt), DiskWatchdogConfig(margin_bytes=MB)).fits
         verdict = judge(str(mnt), DiskWatchdogConfig(margin_bytes=free - MB + 1))  # 1 MB checkpoint + margin > free
         assert not verdict.fits and verdict.free_bytes == free and verdict.need_bytes > free
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)

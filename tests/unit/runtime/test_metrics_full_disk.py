@@ -1,20 +1,15 @@
 """The metrics sink on a real full filesystem: a line that cannot be written goes to stderr, the caller carries on."""
 
 import os
-import subprocess
 
 import pytest
 
 from grpo_deploy.runtime.metrics import MetricsSink, read_events
+from tests.unit.runtime.as_root import small_tmpfs
 
 
 def test_a_full_disk_does_not_raise_from_emit(tmp_path, capfd):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], check=True)
-    try:
+    with small_tmpfs(tmp_path, "64k") as mnt:
         with MetricsSink(str(mnt / "metrics.jsonl")) as sink:
             sink.emit("step", step=1)
             fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)  # fill the rest of the filesystem
@@ -29,5 +24,3 @@ def test_a_full_disk_does_not_raise_from_emit(tmp_path, capfd):
         err = capfd.readouterr().err
         assert '"event":"run_end"' in err and "No space left on device" in err
         assert read_events(str(mnt / "metrics.jsonl"))[0]["step"] == 1
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)

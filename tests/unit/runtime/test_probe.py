@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("safetensors")
 
 from grpo_deploy.runtime import probe  # noqa: E402
+from tests.unit.runtime.as_root import as_uid  # noqa: E402
 
 
 def run(capsys, *argv):
@@ -59,21 +60,7 @@ def read_as(uid, directory):
     """`read_probes` in a forked child that has switched to `uid`, like a server running as another user."""
     import safetensors  # noqa: F401  (imported before the switch: the new user may not read the install)
 
-    rfd, wfd = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # child
-        try:
-            os.close(rfd)
-            os.setgid(uid)
-            os.setuid(uid)
-            os.write(wfd, json.dumps(probe.read_probes(directory)).encode())
-        finally:
-            os._exit(0)
-    os.close(wfd)
-    with os.fdopen(rfd) as handle:
-        data = handle.read()
-    os.waitpid(pid, 0)
-    return json.loads(data)
+    return as_uid(uid, lambda: probe.read_probes(directory))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching to another uid needs root")

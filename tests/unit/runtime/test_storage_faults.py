@@ -11,6 +11,7 @@ import pytest
 
 from grpo_deploy.runtime import storage_faults as sf
 from grpo_deploy.runtime.metrics import MetricsSink
+from tests.unit.runtime.as_root import as_uid
 
 NOBODY = 65534
 
@@ -20,22 +21,7 @@ def view_as_nobody(path: str) -> dict:
     interpreter under /root is not executable by nobody, so no new process)."""
     if os.getuid() != 0:
         return dataclasses.asdict(sf.view(path))
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: drop to nobody, answer, leave without running pytest's cleanup
-        try:
-            os.close(read)
-            os.setgroups([])
-            os.setgid(NOBODY)
-            os.setuid(NOBODY)
-            os.write(write, json.dumps(dataclasses.asdict(sf.view(path))).encode())
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as answer:
-        text = answer.read()
-    os.waitpid(pid, 0)
-    return json.loads(text)
+    return as_uid(NOBODY, lambda: dataclasses.asdict(sf.view(path)))
 
 
 @pytest.fixture()
