@@ -1,7 +1,7 @@
 """The preflight session: the spec's connectors, the facts read once from every host, the local engine's client and
 the plan, shared by every check; where the checkpoints land and how much is free there (the plan is made from it).
 
-Nothing here gives a verdict: the checks (grpo_deploy.checks.host, .storage, .images, .spec) read this session.
+Nothing here gives a verdict: the checks (grpo_deploy.preflight.host, .storage, .images, .spec) read this session.
 """
 
 from __future__ import annotations
