@@ -22,11 +22,11 @@ from tests import ci_phases
 
 @pytest.fixture(scope="session")
 def docker_client():
-    """The kit's own client factory (grpo_deploy.hosts.engine), the same timeouts as the product: no second client
+    """The kit's own client factory (grpo_deploy.hosts.docker_api), the same timeouts as the product: no second client
     with other numbers. Raises (a test error, not a skip) when no engine answers: CI starts one."""
-    from grpo_deploy.hosts import engine
+    from grpo_deploy.hosts import docker_api
 
-    return engine.client()
+    return docker_api.client()
 
 
 def _image_of(docker_client, name: str, spec_text: str, log_glob: str) -> str:

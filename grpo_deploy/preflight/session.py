@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..hosts import engine
+from ..hosts import docker_api
 from ..hosts import facts as host_facts
 from ..hosts.connect import Host, HostError, SshOptions, connect, on_all
 from ..names import RUN_LABEL
@@ -70,8 +70,8 @@ class Context:
         """The local engine's client, or None (the reason is kept in docker_error)."""
         if self.client is None and self._docker_error is None:
             try:
-                self.client = engine.client()
-            except engine.DockerUnavailable as exc:
+                self.client = docker_api.client()
+            except docker_api.DockerUnavailable as exc:
                 self._docker_error = str(exc)
         return self.client
 

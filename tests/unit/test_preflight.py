@@ -109,12 +109,12 @@ class _FakeClient:
 
 
 def test_context_uses_the_client_it_is_given(monkeypatch):
-    from grpo_deploy.hosts import engine
+    from grpo_deploy.hosts import docker_api
 
     def no_new_client():
         raise AssertionError("a second Docker client was made")
 
-    monkeypatch.setattr(engine, "client", no_new_client)
+    monkeypatch.setattr(docker_api, "client", no_new_client)
     client = _FakeClient()
     ctx = ctx_for(CPU, client=client)
     assert ctx.docker() is client and ctx.docker_error is None
