@@ -1,12 +1,13 @@
-"""A run's containers on this machine's engine through the Docker SDK, by the kit's run label (preflight's port check
-and the test suites); the deployer itself drives compose through the hosts' connectors (grpo_deploy.hosts.project)."""
+"""A run's containers on this machine's engine through the Docker SDK, by the kit's run label, for the test suites
+(no package module uses it); the deployer itself drives compose through the hosts' connectors
+(grpo_deploy.hosts.project)."""
 
 from __future__ import annotations
 
 import io
 import tarfile
 
-from .names import RUN_LABEL
+from grpo_deploy.names import RUN_LABEL
 
 
 def containers(client, run: str, role: str | None = None, all_: bool = True):
