@@ -1,6 +1,5 @@
-"""A run's containers on this machine's engine through the Docker SDK, by the kit's run label, for the test suites
-(no package module uses it); the deployer itself drives compose through the hosts' connectors
-(grpo_deploy.hosts.project)."""
+"""A run's containers on this machine's engine through the Docker SDK, by the kit's run label (preflight's port check
+and the test suites); the deployer itself drives compose through the hosts' connectors (grpo_deploy.hosts.project)."""
 
 from __future__ import annotations
 
