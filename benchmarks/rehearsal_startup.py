@@ -19,7 +19,7 @@ from pathlib import Path
 
 from grpo_deploy import deploy, new_spec, resolve
 from grpo_deploy.deployment import Deployment
-from grpo_deploy.hosts import engine
+from grpo_deploy.hosts import docker_api
 from grpo_deploy.hosts.connect import SshOptions
 from grpo_deploy.render_folder import parse_env
 from grpo_deploy.runtime.health import server_healthy
@@ -29,7 +29,7 @@ TARGET_HANDOFF_S = 0.3
 
 
 def bare_server_start(res, timeout: float = 900.0) -> float:
-    client = engine.client()
+    client = docker_api.client()
     dep = Deployment(res, SshOptions())
     deploy.put_render(dep, {})  # the render `up` puts on this machine: the server's args and env files
     state = dep.state

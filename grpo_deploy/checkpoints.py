@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import checks
+from . import preflight
 from .hosts import oneoff
 from .resolve import Resolved
 from .runtime.table import human_bytes, table
@@ -17,7 +17,7 @@ class CheckpointsError(RuntimeError):
     """The checkpoints could not be read (host, image or storage)."""
 
 
-def run_manager(res: Resolved, ctx: checks.Context, action: str, keep: int | None = None,
+def run_manager(res: Resolved, ctx: preflight.Context, action: str, keep: int | None = None,
                 dry_run: bool = False) -> dict[str, Any]:
     """The manager's JSON answer for *action* (list, verify, prune) on the run's checkpoint directory."""
     role = res.engine_info.main_role
@@ -26,7 +26,7 @@ def run_manager(res: Resolved, ctx: checks.Context, action: str, keep: int | Non
     argv = ["python3", "-m", "grpo_deploy.runtime.checkpoints", action, res.checkpoint_dir, "--layout", layout]
     if action == "prune":
         argv += ["--keep", str(keep), *(["--dry-run"] if dry_run else [])]
-    present = checks.image_on(ctx, host, image)
+    present = preflight.image_on(ctx, host, image)
     if present is False:
         raise CheckpointsError(f"{host.name}: image {image} is not there (the checkpoint manager runs in the {role}'s "
                                "image) -> grpo-deploy up builds or ships it")

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import checks, forecast, new_spec, profiles
+from . import forecast, new_spec, preflight, profiles
 from .cli_parser import DEFAULT_SPEC, EXIT_USAGE, CliError, build_parser, host_list, parse_size
 from .hosts.connect import HostError, SshOptions
 from .k8s_overlay import OverlayError, overlay_dir, problems, regenerate
@@ -165,7 +165,7 @@ def _forecast(res: Resolved) -> forecast.Forecast:
 
 def cmd_plan(args) -> int:
     res = _load(args)
-    ctx = checks.Context(res, free_space=_free_space(args.free_space, res))
+    ctx = preflight.Context(res, free_space=_free_space(args.free_space, res))
     plan = ctx.plan()
     fc = _forecast(res)
     if args.json:
@@ -180,22 +180,22 @@ def cmd_preflight(args) -> int:
         res = _load(args)
     except SpecError as exc:
         if args.json:
-            print(json.dumps({"ok": False, "exit_code": checks.EXIT_COULD_NOT_RUN,
+            print(json.dumps({"ok": False, "exit_code": preflight.EXIT_COULD_NOT_RUN,
                               "error": "invalid spec", "problems": [str(p) for p in exc.problems]}, indent=2))
-            return checks.EXIT_COULD_NOT_RUN
+            return preflight.EXIT_COULD_NOT_RUN
         raise
-    ctx = checks.Context(res, free_space=_free_space(args.free_space, res), ssh=_ssh(args))
+    ctx = preflight.Context(res, free_space=_free_space(args.free_space, res), ssh=_ssh(args))
     try:
-        results = checks.run_checks(ctx, only=args.only)
+        results = preflight.run_checks(ctx, only=args.only)
     finally:
         ctx.close()
     if args.json:
-        print(checks.to_json(results))
+        print(preflight.to_json(results))
     else:
-        print(checks.table_text(results))
-        failed = sum(r.verdict == checks.FAIL for r in results)
+        print(preflight.table_text(results))
+        failed = sum(r.verdict == preflight.FAIL for r in results)
         print(f"\npreflight: {'FAILED, ' + str(failed) + ' check(s)' if failed else 'all checks passed'}")
-    return checks.exit_code(results)
+    return preflight.exit_code(results)
 
 
 def cmd_profiles(args) -> int:
@@ -276,7 +276,7 @@ def _status_once(res: Resolved, args) -> tuple[int, str]:
                         [[h["host"], h.get("service", h["role"]), h["state"], h["health"] or "-"]
                          for h in hosts]) + "\n")
         print(status.summary_text(summary))
-        print(checks.headroom_text(disk))
+        print(preflight.headroom_text(disk))
         if args.plot:
             print(f"plot: {args.plot}")
     return (0 if summary.state != "not-started" else 1), summary.state
@@ -337,7 +337,7 @@ def cmd_checkpoints(args) -> int:
     keep = args.keep if args.keep is not None else res.keep
     if args.action == "prune" and keep is None:
         raise CliError("prune: checkpoints.keep is unset in the spec (keep all): pass --keep N")
-    ctx = checks.Context(res, ssh=_ssh(args))
+    ctx = preflight.Context(res, ssh=_ssh(args))
     try:
         answer = checkpoints.run_manager(res, ctx, args.action, keep=keep, dry_run=args.dry_run)
     except (checkpoints.CheckpointsError, HostError) as exc:

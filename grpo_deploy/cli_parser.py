@@ -7,7 +7,7 @@ import argparse
 import re
 from collections.abc import Callable, Mapping
 
-from . import __version__, checks, profiles
+from . import __version__, preflight, profiles
 from .bench import add_bench_parser
 from .engines import ENGINE_NAMES
 from .image_build.cli import add_images_parser
@@ -181,8 +181,8 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
     _add_spec(p)
     _add_json(p)
     _add_free_space(p)
-    p.add_argument("--only", action=_Append, metavar="CHECK", choices=checks.names(),
-                   help=f"run only this check (repeatable): {', '.join(checks.names())}")
+    p.add_argument("--only", action=_Append, metavar="CHECK", choices=preflight.names(),
+                   help=f"run only this check (repeatable): {', '.join(preflight.names())}")
     _add_ssh(p)
     p.set_defaults(fn=verbs["preflight"])
 

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from . import checks, run_view
+from . import preflight, run_view
 from .bringup import steps_of
 from .deployment import Deployment
 from .hosts import oneoff
@@ -49,7 +49,7 @@ def refuse_foreign_run(dep: Deployment) -> None:
 
 def _ship_all(dep: Deployment, log: Callable[[str], None]) -> list[Shipped]:
     res = dep.res
-    wanted = {h.name: sorted({res.images[r] for r in checks.image_roles(res, h)})
+    wanted = {h.name: sorted({res.images[r] for r in preflight.image_roles(res, h)})
               for h in res.spec.hosts if not dep.hosts[h.name].is_local}
     if not wanted:
         return []
@@ -155,9 +155,9 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
     try:
         refuse_foreign_run(dep)
         log(f"preflight on {', '.join(dep.hosts)} (facts only: nothing is changed)")
-        ctx = checks.Context(res, ssh=ssh, connectors=dep.hosts)
-        if _failed(checks.run_checks(ctx, only=checks.before_shipping()), out, log, state):
-            return checks.EXIT_FAILED
+        ctx = preflight.Context(res, ssh=ssh, connectors=dep.hosts)
+        if _failed(preflight.run_checks(ctx, only=preflight.before_shipping()), out, log, state):
+            return preflight.EXIT_FAILED
         client = ctx.docker()  # images are built (or refreshed) here, then shipped from here
         if client is None:
             raise LaunchError(f"no Docker engine answers on this machine: {ctx.docker_error}")
@@ -169,8 +169,8 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         put_render(dep, ips)
         log(f"render and compose files on {', '.join(dep.hosts)}; {bringup.addresses_words(ips)}")
         ctx.forget_facts()  # the images are there now
-        if _failed(checks.run_checks(ctx, only=checks.after_shipping()), out, log, state):
-            return checks.EXIT_FAILED
+        if _failed(preflight.run_checks(ctx, only=preflight.after_shipping()), out, log, state):
+            return preflight.EXIT_FAILED
         state.emit("preflight_done")
         if fresh:
             main = dep.role_host(res.engine_info.main_role)
@@ -205,8 +205,8 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
 
 
 def _failed(results, out, log, state) -> bool:
-    print(checks.table_text(results), file=out)
-    if checks.exit_code(results) != checks.EXIT_OK:
+    print(preflight.table_text(results), file=out)
+    if preflight.exit_code(results) != preflight.EXIT_OK:
         log("preflight failed: nothing was started")
         state.emit("up_end", status="preflight-failed")
         return True

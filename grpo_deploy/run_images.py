@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from . import facts
+from .hosts import local_facts
 from .names import GID_LABEL, UID_LABEL
 from .resolve import Resolved
 from .run_state import LaunchError
@@ -32,7 +32,7 @@ def build_images(client, res: Resolved, log: Callable[[str], None]) -> float:
     profile = res.profiles[res.spec.hosts[0].name]
     by_tag = {r.tag: r for r in RECIPES.values() if r.tag}
     for tag in sorted(set(res.images.values())):
-        labels = facts.image_labels(client, tag)
+        labels = local_facts.image_labels(client, tag)
         cpu = profile.name == "cpu"
         # the recipe of the profile's own tag for this image (a spec may name another tag for the same image)
         key = next(k for k, v in res.images.items() if v == tag)

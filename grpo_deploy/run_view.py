@@ -7,7 +7,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from . import checks
+from . import preflight
 from .deployment import Deployment
 from .hosts.connect import HostError, SshOptions, on_all
 from .resolve import Resolved
@@ -66,12 +66,12 @@ def status_facts(res: Resolved, ssh: SshOptions) -> tuple[list[dict], list[dict]
     """What `status` shows of a run on its hosts — container states, the run's events, checkpoint headroom —
     gathered at once, every query bounded by STATUS_QUERY_S."""
     options = replace(ssh, command_cap_s=STATUS_QUERY_S)
-    dep, ctx = Deployment(res, options), checks.Context(res, ssh=options)
+    dep, ctx = Deployment(res, options), preflight.Context(res, ssh=options)
     try:
         with ThreadPoolExecutor(max_workers=3) as pool:
             states = pool.submit(host_states, dep)
             events = pool.submit(run_events, dep, True)
-            disk = pool.submit(checks.checkpoint_headroom, ctx)
+            disk = pool.submit(preflight.checkpoint_headroom, ctx)
             return states.result(), events.result(), disk.result()
     finally:
         dep.close()

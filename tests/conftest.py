@@ -22,24 +22,25 @@ from tests import ci_phases
 
 @pytest.fixture(scope="session")
 def docker_client():
-    """The kit's own client factory (grpo_deploy.hosts.engine), the same timeouts as the product: no second client
+    """The kit's own client factory (grpo_deploy.hosts.docker_api), the same timeouts as the product: no second client
     with other numbers. Raises (a test error, not a skip) when no engine answers: CI starts one."""
-    from grpo_deploy.hosts import engine
+    from grpo_deploy.hosts import docker_api
 
-    return engine.client()
+    return docker_api.client()
 
 
 def _image_of(docker_client, name: str, spec_text: str, log_glob: str) -> str:
     """The image of the spec's first role, built or refreshed the way `up` does it, at most once a session: a failed
     build is reported in full once, then in one line by each test that needed it; its time is a phase-table row."""
-    from grpo_deploy import facts, resolve, run_images, spec
+    from grpo_deploy import resolve, run_images, spec
+    from grpo_deploy.hosts import local_facts
     from grpo_deploy.image_build import places
 
     def build() -> str:
         res = resolve.resolve(spec.loads(spec_text, source=f"{name}-image.yaml"))
         run_images.build_images(docker_client, res, print)
         tag = next(iter(res.images.values()))
-        assert facts.image_labels(docker_client, tag) is not None, f"{tag} is not on the engine after its build"
+        assert local_facts.image_labels(docker_client, tag) is not None, f"{tag} is not on the engine after its build"
         return tag
 
     return ci_phases.built_once(name, build, str(places.build_dir() / "logs" / log_glob))

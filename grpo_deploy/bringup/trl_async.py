@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from .. import run_view
-from ..checks import cluster as cluster_checks
 from ..deployment import Deployment
 from ..engines.trl_async import (
     TRL_ASYNC,
@@ -34,6 +33,7 @@ from ..hosts import facts as host_facts
 from ..hosts import oneoff
 from ..hosts.connect import HostError, on_all
 from ..names import PROXY_SERVICE, READY_TIMEOUT_S
+from ..preflight import cluster as cluster_checks
 from ..resolve import Resolved
 from ..run_state import LaunchError
 from ..runtime.metrics import parse_events

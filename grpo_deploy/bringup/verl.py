@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..checks import cluster as cluster_checks
 from ..deployment import Deployment
 from ..hosts.connect import HostError, on_all
+from ..preflight import cluster as cluster_checks
 from ..run_state import LaunchError
 from ..runtime.metrics import parse_events
 from ..supervise import EnginePatience, RoleDied, exit_words

@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from grpo_deploy import checks
-from grpo_deploy.checks import host as host_checks
-from grpo_deploy.checks import storage as storage_checks
+from grpo_deploy import preflight
 from grpo_deploy.hostchecks import mounts
 from grpo_deploy.hosts import facts as host_facts
+from grpo_deploy.preflight import host as host_checks
+from grpo_deploy.preflight import storage as storage_checks
 
 DOCKER_SOCKET = "/var/run/docker.sock"
 
@@ -35,7 +35,7 @@ def _sh(conn, *argv: str):
 
 
 def _said(spec_host, result) -> str:
-    """A preflight verdict (grpo_deploy.checks) as this check's failure line."""
+    """A preflight verdict (grpo_deploy.preflight) as this check's failure line."""
     return f"{spec_host.name}: {result.fact} -> {result.hint}" if result.hint else f"{spec_host.name}: {result.fact}"
 
 
@@ -167,7 +167,7 @@ def test_checkpoint_disk_headroom(conn, spec_host, res):
     free = host_facts.free_space(conn, path)
     assert free is not None, f"{spec_host.name}: df cannot measure {path}"
     storage_host = res.host_for(res.engine_info.main_role).name
-    disk = checks.Context(res, free_space={storage_host: free.free_bytes}).plan().disk
+    disk = preflight.Context(res, free_space={storage_host: free.free_bytes}).plan().disk
     if disk is None:
         pytest.skip(f"plan cannot size checkpoints of model {res.settings.model.path!r}: set model.architecture")
     gb = 1e9
@@ -179,7 +179,7 @@ def test_checkpoint_disk_headroom(conn, spec_host, res):
 def test_shared_dir_cross_host_write_read(res, on_host):
     """A real safetensors file (weights 0600, as adapters and checkpoints are saved) written as the main role's
     identity on its host is read as the reader role's identity on the reader's host, both in the run's images,
-    through the real shared storage: preflight's shared-volume probe (checks.storage.shared_volume_probe), run
+    through the real shared storage: preflight's shared-volume probe (preflight.storage.shared_volume_probe), run
     through testinfra's connectors."""
     engine = res.engine_info
     writer = res.host_for(engine.main_role)
@@ -189,7 +189,7 @@ def test_shared_dir_cross_host_write_read(res, on_host):
         pytest.skip(f"shared_dir_cross_host_write_read: the spec has one host ({writer.name}) for "
                     f"{engine.main_role} and {engine.reader_role}: nothing crosses hosts")
     label = f"{writer.name}->{reader.name}"
-    ctx = checks.Context(res, connectors={writer.name: on_host(writer, label), reader.name: on_host(reader, label)})
+    ctx = preflight.Context(res, connectors={writer.name: on_host(writer, label), reader.name: on_host(reader, label)})
     verdict = storage_checks.shared_volume_probe(ctx, engine.main_role, engine.reader_role)
     if verdict.verdict == "skip":
         pytest.skip(f"{verdict.fact} (the probe runs in the run's images) -> `grpo-deploy up` ships them, or docker "

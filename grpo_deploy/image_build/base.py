@@ -12,8 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..hosts import engine
-from ..hosts.engine import image_or_none
+from ..hosts import docker_api
+from ..hosts.docker_api import image_or_none
 from ..image_tags import MACHINES
 from .progress import Step, StepFailed, human
 from .recipes import BASE_SUITES, BaseSuite
@@ -142,7 +142,7 @@ def build_base(client, tag: str, script: Path, work_dir: Path, log_dir: Path, mi
             with subprocess.Popen(["tar", "--numeric-owner", "-C", str(rootfs), "-c", "."],
                                   stdout=subprocess.PIPE, stderr=step.log) as tar:
                 chunks = iter(lambda: tar.stdout.read(1 << 20), b"")
-                import_rootfs(engine.for_work(client), chunks, repo, version, [*ENV_CHANGES, label_change], arch)
+                import_rootfs(docker_api.for_work(client), chunks, repo, version, [*ENV_CHANGES, label_change], arch)
             if tar.returncode != 0:
                 raise StepFailed(f"tar of the root filesystem failed (exit {tar.returncode})")
             step.done(f"built {tag} ({human(client.images.get(tag).attrs['Size'])})")

@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .. import __version__
-from ..hosts import engine
-from ..hosts.engine import image_or_none
+from ..hosts import docker_api
+from ..hosts.docker_api import image_or_none
 from . import locks, wheelhouse
 from .base import build_base
 from .progress import Step, StepFailed, human
@@ -208,14 +208,14 @@ def build_deps(client, recipe: Recipe, images: Path, wheel_dir: Path, log_dir: P
 
 def tidy_after_deps(client, tag: str, image_id: str, step: Step) -> str:
     """After a dependency build that succeeded: untag the older dependency images and say how big the new one is.
-    None of it can fail the build (engine.housekeeping); the built image is looked up by its id and tagged again if
+    None of it can fail the build (docker_api.housekeeping); the built image is looked up by its id and tagged again if
     its tag went missing."""
-    work = engine.for_work(client)
-    retired = engine.housekeeping("untagging older dependency images", lambda: retire_old_deps(work, tag),
+    work = docker_api.for_work(client)
+    retired = docker_api.housekeeping("untagging older dependency images", lambda: retire_old_deps(work, tag),
                                   step.write, default=[])
-    image = engine.housekeeping("reading the new image", lambda: work.images.get(image_id), step.write)
+    image = docker_api.housekeeping("reading the new image", lambda: work.images.get(image_id), step.write)
     if image is not None and tag not in image.tags:
-        engine.housekeeping(f"tagging {tag}", lambda: image.tag(*tag.rsplit(":", 1)), step.write)
+        docker_api.housekeeping(f"tagging {tag}", lambda: image.tag(*tag.rsplit(":", 1)), step.write)
     size = human(image.attrs["Size"]) if image is not None else "size not read"
     return size + (f"; untagged {len(retired)} older one(s) of this recipe" if retired else "")
 
@@ -297,8 +297,8 @@ def build(client, recipe: Recipe, images: Path, package_dir: Path, build_dir: Pa
         new_id = docker_build(client, [Member("Dockerfile", dockerfile), *members], step, tag=tag,
                               buildargs={**args, "BUILD_HASH": key})
         if current is not None and current.id != new_id and "org.grpo-deploy.build-hash" in current.labels:
-            engine.housekeeping("removing the image this build replaced",  # and the old deps it held
-                                lambda: remove_untagged(engine.for_work(client), current.id), step.write)
+            docker_api.housekeeping("removing the image this build replaced",  # and the old deps it held
+                                lambda: remove_untagged(docker_api.for_work(client), current.id), step.write)
         step.done(f"built {tag} for UID:GID {uid}:{gid}")
     return BuildResult(tag, base_tag, deps_built, True)
 

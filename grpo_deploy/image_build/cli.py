@@ -18,11 +18,11 @@ IMAGE_RECIPES = sorted(n for n, r in RECIPES.items() if r.tag)
 
 
 def _client():
-    from ..hosts import engine
+    from ..hosts import docker_api
 
     try:
-        return engine.client()
-    except engine.DockerUnavailable as exc:
+        return docker_api.client()
+    except docker_api.DockerUnavailable as exc:
         raise StepFailed(f"no Docker engine answers: {exc}") from None
 
 

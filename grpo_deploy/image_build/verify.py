@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..hosts import engine
-from ..hosts.engine import image_or_none
+from ..hosts import docker_api
+from ..hosts.docker_api import image_or_none
 from ..image_tags import MACHINES
 from ..names import GID_LABEL, LABEL_PREFIX, MANAGED_BY_LABEL, UID_LABEL
 from .progress import Step, StepFailed
@@ -73,7 +73,7 @@ def verify(client, recipe: Recipe, images: Path, tag: str, log_dir: Path, uid: i
         emulated = emulation_options(client, image, log_dir)
         if emulated:
             step.update(f"running the in-image checks under QEMU user emulation ({image.attrs['Architecture']})")
-        work = engine.for_work(client)
+        work = docker_api.for_work(client)
         container = work.containers.run(tag, command, environment=env, detach=True, **emulated,
                                         labels={MANAGED_BY_LABEL: "grpo-deploy-images"})
         try:

@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import compose, plan, resolve, spec
+from grpo_deploy import plan, resolve, spec
 from grpo_deploy.runtime.checkpoints import list_checkpoints
 from grpo_deploy.runtime.metrics import parse_events
+from tests import compose
 from tests.specs import spec_data
 
 from .running import cli

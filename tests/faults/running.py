@@ -73,7 +73,7 @@ def stopped_by_storage_fault(run: dict, docker_client, role: str, at_step: int, 
     """`up` of the fault run with *inject*(container of *role*) at *at_step*; the run must stop (exit 1, no
     traceback) with one storage_fault of *kind* recorded within *within_s* of the injection. up's output is kept
     beside the run (up-output.txt). Returns output, events, the fault and run_end events, and the timings."""
-    from grpo_deploy import compose
+    from tests import compose
 
     injected = {}
 

@@ -17,11 +17,12 @@ import time
 
 import pytest
 
-from grpo_deploy import compose, deploy
+from grpo_deploy import deploy
 from grpo_deploy.deployment import Deployment
 from grpo_deploy.hosts.connect import SshOptions
 from grpo_deploy.runtime.checkpoints import list_checkpoints
 from grpo_deploy.runtime.metrics import parse_events
+from tests import compose
 
 from .replay_disk import (
     SEED_FAILING_SAVE,

@@ -11,8 +11,8 @@ import time
 
 import yaml
 
-from grpo_deploy import compose
 from grpo_deploy.runtime.metrics import parse_events
+from tests import compose
 
 from .conftest import MAX_STEPS, RUN
 from .running import up_with_fault

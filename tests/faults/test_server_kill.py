@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 
-from grpo_deploy import compose
+from tests import compose
 
 from .conftest import MAX_STEPS, RUN, SAVE_EVERY
 from .running import cli, resumed_after_kill, up_with_fault

@@ -12,11 +12,11 @@ import time
 
 import yaml
 
-from grpo_deploy import compose
 from grpo_deploy.hosts import oneoff
 from grpo_deploy.hosts.connect import LocalHost
 from grpo_deploy.runtime.metrics import parse_events
 from grpo_deploy.runtime.trl_hooks import FAILPOINT_DIR, PAUSE_MID_SAVE
+from tests import compose
 
 from .conftest import MAX_STEPS, RUN, SAVE_EVERY
 from .running import cli, up_with_fault

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from grpo_deploy import checks
+from grpo_deploy import preflight
 from grpo_deploy import spec as spec_module
 from tests.hostile.helpers import assert_refused, base_data, changed, cli, write_spec
 
@@ -63,7 +63,7 @@ def test_preflight_only_typo_names_the_known_checks(tmp_path):
     run = cli(["preflight", "--json", "-f", str(spec), "--only", "spce"], tmp_path)
     assert run.code == 2 and "Traceback" not in run.err
     assert "--only" in run.err and "'spce'" in run.err
-    for name in checks.names():
+    for name in preflight.names():
         assert f"'{name}'" in run.err, name
 
 

@@ -13,7 +13,7 @@ import yaml
 from hypothesis import HealthCheck, assume, event, example, given, settings
 from hypothesis import strategies as st
 
-from grpo_deploy import checks
+from grpo_deploy import preflight
 from grpo_deploy import spec as spec_module
 from grpo_deploy.runtime.config import parse_config
 from grpo_deploy.settings import VLLM_OWNED_FLAGS
@@ -34,7 +34,7 @@ from tests.hostile.helpers import (
     write_spec,
 )
 
-CHECK_NAMES = set(checks.names())
+CHECK_NAMES = set(preflight.names())
 FAST = settings(database=None, max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # ------------------------------------------------------------------ hostile values

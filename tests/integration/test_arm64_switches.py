@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from grpo_deploy.hosts import engine
+from grpo_deploy.hosts import docker_api
 from grpo_deploy.image_build import places
 from grpo_deploy.image_build.recipes import RECIPES
 from grpo_deploy.image_build.verify import emulation_options
@@ -51,7 +51,7 @@ def report(docker_client, trainer_image, tmp_path_factory) -> dict:
                            str(out): {"bind": arm64_switches.OUT_MOUNT, "mode": "rw"}}
     command = ["nice", "-n", "19", *arm64_switches.bench_argv(f"{arm64_switches.OUT_MOUNT}/report.json")]
     started = time.monotonic()
-    container = engine.for_work(docker_client).containers.run(
+    container = docker_api.for_work(docker_client).containers.run(
         trainer_image, command, detach=True, **options, labels={MANAGED_BY_LABEL: "grpo-deploy-tests"},
         environment=arm64_switches.ENVIRONMENT)
     try:

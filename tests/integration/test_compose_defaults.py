@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from grpo_deploy import compose as compose_mod
 from grpo_deploy.runtime.metrics import parse_events
+from tests import compose as compose_mod
 
 from .conftest import REPO
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from grpo_deploy import compose as compose_mod
 from grpo_deploy import new_spec
+from tests import compose as compose_mod
 
 RUN = "probe-split"
 

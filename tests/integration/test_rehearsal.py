@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy import compose as compose_mod
 from grpo_deploy import new_spec, resolve
 from grpo_deploy.hosts import oneoff
 from grpo_deploy.hosts.connect import LocalHost
+from tests import compose as compose_mod
 
 RUN = "rehearsal"
 # Planted, not real: long enough for the kit's secret detection, unique enough to grep for.

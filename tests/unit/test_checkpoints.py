@@ -8,7 +8,7 @@ from dataclasses import asdict
 
 import pytest
 
-from grpo_deploy import checkpoints, checks, resolve, spec
+from grpo_deploy import checkpoints, preflight, resolve, spec
 from grpo_deploy.cli import main
 from grpo_deploy.runtime import checkpoints as manager
 from tests.unit.runtime.test_checkpoints import verl_checkpoint
@@ -60,7 +60,7 @@ VERL_LOCAL = ("engine: verl\nhosts: [{name: box, profile: a100, roles: [head]}]\
 def test_a_verl_spec_runs_the_manager_in_the_verl_image_or_says_in_one_line_why_not():
     """The head runs the verl image (the engine says so): with that image absent, one line naming it, no KeyError."""
     res = resolve.resolve(spec.loads(VERL_LOCAL))
-    ctx = checks.Context(res)
+    ctx = preflight.Context(res)
     try:
         with pytest.raises(checkpoints.CheckpointsError) as exc:
             checkpoints.run_manager(res, ctx, "list")

@@ -9,10 +9,10 @@ import os
 import yaml
 from transformers import TrainerControl, TrainerState
 
-from grpo_deploy import checks, plan, resolve, spec
-from grpo_deploy.checks import session
+from grpo_deploy import plan, preflight, resolve, spec
 from grpo_deploy.engines import trl_sizes
 from grpo_deploy.hosts import oneoff
+from grpo_deploy.preflight import session
 from grpo_deploy.runtime.config import DiskWatchdogConfig
 from grpo_deploy.runtime.disk_watchdog import DiskWatchdog
 from tests.specs import spec_data, spec_yaml
@@ -100,16 +100,16 @@ def test_a_resume_counts_the_runs_own_checkpoints_as_free(tmp_path, monkeypatch)
     (ckpt / "checkpoint-20" / "optimizer.pt").write_bytes(b"o" * 10**6)
     (ckpt / "quarantine" / "checkpoint-40").mkdir(parents=True)
     (ckpt / "quarantine" / "checkpoint-40" / "optimizer.pt").write_bytes(b"q" * 3 * 10**6)
-    measured = checks.measured_free_space(checks.Context(res))
+    measured = preflight.measured_free_space(preflight.Context(res))
     raw = measured[0]
     # the filesystem's free space, read once: another job writing to the same disk between two reads is not the kit
     monkeypatch.setattr(session, "measured_free_space", lambda ctx: measured)
-    free, where, how = checks.checkpoint_free_space(checks.Context(res))
+    free, where, how = preflight.checkpoint_free_space(preflight.Context(res))
     assert 10**6 <= free - raw < 10**6 + 3 * 4096 + 8192  # the checkpoint, not the quarantined one
     assert "this run's own checkpoints" in how
-    assert checks.checkpoint_headroom(checks.Context(res))["free_bytes"] <= raw + 4096  # status: what is free
+    assert preflight.checkpoint_headroom(preflight.Context(res))["free_bytes"] <= raw + 4096  # status: what is free
     monkeypatch.undo()
-    given = checks.checkpoint_free_space(checks.Context(res, free_space={"local": 123}))
+    given = preflight.checkpoint_free_space(preflight.Context(res, free_space={"local": 123}))
     assert given[0] == 123  # a what-if figure is taken as given
 
 

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from grpo_deploy import checks, engines, new_spec, plan, profiles, render, resolve, spec
+from grpo_deploy import engines, new_spec, plan, preflight, profiles, render, resolve, spec
 from grpo_deploy.cli import main
 from grpo_deploy.engines import ENGINES, TRL_ASYNC, VERL
 from grpo_deploy.engines.base import Engine, Unsupported
@@ -89,9 +89,9 @@ def test_a_third_engine_plans_with_its_own_steps_memory_and_checkpoints(toy):
 
 
 def test_a_third_engine_passes_preflight_spec_level_checks(toy):
-    ctx = checks.Context(toy(), free_space={"box": 10**12})
+    ctx = preflight.Context(toy(), free_space={"box": 10**12})
     try:
-        results = checks.run_checks(ctx, only=["spec", "logger", "identity", "disk"])
+        results = preflight.run_checks(ctx, only=["spec", "logger", "identity", "disk"])
     finally:
         ctx.close()
     assert [r.verdict for r in results] == ["ok"] * 4, results

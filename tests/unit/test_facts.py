@@ -1,9 +1,10 @@
-"""Tests of grpo_deploy.facts (read-only probes of this machine) and of the free-space fact every host is read by."""
+"""Tests of grpo_deploy.hosts.local_facts (read-only probes of this machine) and of the free-space fact every host is
+read by (grpo_deploy.hosts.facts)."""
 
 import shutil
 
-from grpo_deploy import facts
 from grpo_deploy.hosts import facts as host_facts
+from grpo_deploy.hosts import local_facts
 from grpo_deploy.hosts.connect import LocalHost
 
 
@@ -21,5 +22,5 @@ def test_netrc_lookup(tmp_path):
     p = tmp_path / "netrc"
     p.write_text("machine api.wandb.ai login u password p\n")
     p.chmod(0o600)
-    assert facts.netrc_has("api.wandb.ai", str(p)) and not facts.netrc_has("other", str(p))
-    assert not facts.netrc_has("api.wandb.ai", str(tmp_path / "missing"))
+    assert local_facts.netrc_has("api.wandb.ai", str(p)) and not local_facts.netrc_has("other", str(p))
+    assert not local_facts.netrc_has("api.wandb.ai", str(tmp_path / "missing"))

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import json
 
-from grpo_deploy import checks, new_spec, resolve, spec
-from grpo_deploy.checks import registry
+from grpo_deploy import new_spec, preflight, resolve, spec
 from grpo_deploy.cli import main
+from grpo_deploy.preflight import registry
 
 
-def ctx_for(text: str, **kw) -> checks.Context:
-    return checks.Context(resolve.resolve(spec.loads(text)), **kw)
+def ctx_for(text: str, **kw) -> preflight.Context:
+    return preflight.Context(resolve.resolve(spec.loads(text)), **kw)
 
 
 CPU = new_spec.spec_text("cpu", "trl-async")
 
 
 def _only(ctx, name):
-    return [r for r in checks.run_checks(ctx, only=[name])]
+    return [r for r in preflight.run_checks(ctx, only=[name])]
 
 
 def test_identity_split_uid_fails_naming_uid_umask_and_path():
@@ -74,7 +74,7 @@ def test_a_check_that_raises_is_reported_not_raised(monkeypatch):
         raise RuntimeError("probe exploded")
 
     monkeypatch.setattr(registry, "CHECKS", [registry.Check("boom", "explodes", boom)])
-    (r,) = checks.run_checks(ctx_for(CPU))
+    (r,) = preflight.run_checks(ctx_for(CPU))
     assert r.verdict == "fail" and "probe exploded" in r.fact
 
 
@@ -109,12 +109,12 @@ class _FakeClient:
 
 
 def test_context_uses_the_client_it_is_given(monkeypatch):
-    from grpo_deploy.hosts import engine
+    from grpo_deploy.hosts import docker_api
 
     def no_new_client():
         raise AssertionError("a second Docker client was made")
 
-    monkeypatch.setattr(engine, "client", no_new_client)
+    monkeypatch.setattr(docker_api, "client", no_new_client)
     client = _FakeClient()
     ctx = ctx_for(CPU, client=client)
     assert ctx.docker() is client and ctx.docker_error is None
@@ -141,17 +141,17 @@ def test_port_check_refuses_a_run_with_running_containers():
 def test_checkpoint_headroom_warns_below_one_checkpoint_plus_margin():
     roomy = {"filesystem": "spark1:/shared", "free_bytes": 10 * 10**9, "checkpoint_bytes": 10**9,
              "margin_bytes": 2 * 10**9, "ok": True}
-    assert "WARNING" not in checks.headroom_text(roomy)
-    assert "10.0 GB free; next checkpoint 1.00 GB + 2.0 GB margin (spark1:/shared)" in checks.headroom_text(roomy)
+    assert "WARNING" not in preflight.headroom_text(roomy)
+    assert "10.0 GB free; next checkpoint 1.00 GB + 2.0 GB margin (spark1:/shared)" in preflight.headroom_text(roomy)
     short = {**roomy, "free_bytes": int(2.5 * 10**9), "ok": False}
-    assert "WARNING: the next checkpoint may not fit" in checks.headroom_text(short)
-    assert "free space unknown" in checks.headroom_text(None)
+    assert "WARNING: the next checkpoint may not fit" in preflight.headroom_text(short)
+    assert "free space unknown" in preflight.headroom_text(None)
 
 
 def test_checkpoint_headroom_from_the_plan():
     res = resolve.resolve(spec.loads(new_spec.spec_text("cpu", "trl-async")))
     for free, ok in ((10**12, True), (10**6, False)):
-        ctx = checks.Context(res, free_space={"local": free})
-        h = checks.checkpoint_headroom(ctx)
+        ctx = preflight.Context(res, free_space={"local": free})
+        h = preflight.checkpoint_headroom(ctx)
         assert h["free_bytes"] == free and h["ok"] is ok
         assert h["checkpoint_bytes"] == ctx.plan().disk.checkpoint_bytes

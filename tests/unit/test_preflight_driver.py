@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy import checks, image_tags, new_spec, resolve, spec
-from grpo_deploy.checks import host as checks_host
+from grpo_deploy import image_tags, new_spec, preflight, resolve, spec
 from grpo_deploy.hosts import facts as host_facts
 from grpo_deploy.hosts.connect import LocalHost
+from grpo_deploy.preflight import host as checks_host
 
 OUTPUTS = Path(__file__).parent / "nvidia_smi"
 H200_TAG = image_tags.arch_tag("vllm", "amd64")
@@ -84,8 +84,8 @@ def test_no_driver_fails():
 
 
 def test_cpu_profile_is_skipped():
-    ctx = checks.Context(resolve.resolve(spec.loads(new_spec.spec_text("cpu", "trl-async"))))
-    (r,) = checks.run_checks(ctx, only=["driver"])
+    ctx = preflight.Context(resolve.resolve(spec.loads(new_spec.spec_text("cpu", "trl-async"))))
+    (r,) = preflight.run_checks(ctx, only=["driver"])
     assert r.verdict == "skip" and "no GPU" in r.fact
 
 
@@ -93,11 +93,11 @@ def test_check_reads_this_hosts_driver_and_the_images_cuda(fake_gpu_nvidia_smi):
     """An h200 spec on this machine: the driver from nvidia-smi, the CUDA from the image's label or, while the image
     is not built here, from the kit's image table for its tag."""
     fake_gpu_nvidia_smi("h200-r570.csv")
-    ctx = checks.Context(resolve.resolve(spec.loads(new_spec.spec_text("h200", "trl-async"))))
-    results = checks.run_checks(ctx, only=["driver"])
+    ctx = preflight.Context(resolve.resolve(spec.loads(new_spec.spec_text("h200", "trl-async"))))
+    results = preflight.run_checks(ctx, only=["driver"])
     assert {r.verdict for r in results} == {"fail"}
     assert len(results) == 2  # the server and the trainer image on the one host
     assert all("CUDA 13.0" in r.fact and "570.133.20" in r.fact for r in results)
     fake_gpu_nvidia_smi("h200-r580.csv")
-    ctx = checks.Context(resolve.resolve(spec.loads(new_spec.spec_text("h200", "trl-async"))))
-    assert {r.verdict for r in checks.run_checks(ctx, only=["driver"])} == {"ok"}
+    ctx = preflight.Context(resolve.resolve(spec.loads(new_spec.spec_text("h200", "trl-async"))))
+    assert {r.verdict for r in preflight.run_checks(ctx, only=["driver"])} == {"ok"}

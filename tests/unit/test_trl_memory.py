@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 
-from grpo_deploy import checks, plan, profiles, resolve
+from grpo_deploy import plan, preflight, profiles, resolve
 from grpo_deploy.engines import trl_memory
 from tests.hostile.helpers import cli
 from tests.specs import loaded
@@ -60,7 +60,7 @@ def test_vllm_at_0_9_leaves_the_trainer_short_plan_exits_1_and_preflight_refuses
     assert "-> fix: lower overrides.vllm.gpu_memory_utilization to 0.3; or turn on " \
            "overrides.trl.gradient_checkpointing; or give the trainer its own GPU" in line
     pre = cli(["preflight", "--json", "--only", "memory", "-f", str(path)], tmp_path)
-    assert pre.code == checks.EXIT_FAILED
+    assert pre.code == preflight.EXIT_FAILED
     (result,) = json.loads(pre.out)["checks"]
     assert result["verdict"] == "fail" and "\n" not in result["fact"]
     assert "trainer on GPU 0 shared with the server is short by 47.7 GB" in result["fact"]
@@ -70,11 +70,11 @@ def test_vllm_at_0_9_leaves_the_trainer_short_plan_exits_1_and_preflight_refuses
 def test_the_memory_check_runs_before_anything_is_shipped_or_started():
     """`up` runs the checks before_shipping first and stops at a failure ('nothing was started'): memory is one of
     them, right after the spec, and reads no host."""
-    assert checks.names()[:2] == ["spec", "memory"] and "memory" in checks.before_shipping()
+    assert preflight.names()[:2] == ["spec", "memory"] and "memory" in preflight.before_shipping()
     res = resolve.resolve(loaded("h100", "trl-async", ("h",), overrides={"vllm": {"gpu_memory_utilization": 0.9}}))
-    ctx = checks.Context(res)
-    (r,) = checks.run_checks(ctx, only=["memory"])
-    assert r.verdict == checks.FAIL and r.host == "h" and not ctx.connectors  # no host was reached
+    ctx = preflight.Context(res)
+    (r,) = preflight.run_checks(ctx, only=["memory"])
+    assert r.verdict == preflight.FAIL and r.host == "h" and not ctx.connectors  # no host was reached
 
 
 def test_the_suggested_fraction_fits():

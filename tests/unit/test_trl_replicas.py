@@ -147,7 +147,7 @@ def test_a_dead_proxy_is_restarted_and_one_server_needs_none():
 
 
 def test_several_replicas_need_a_compose_that_knows_override():
-    from grpo_deploy.checks.host import replicas_compose_problem
+    from grpo_deploy.preflight.host import replicas_compose_problem
 
     res = _res(**{"hosts.0.replicas": 2})
     host = res.spec.hosts[0]

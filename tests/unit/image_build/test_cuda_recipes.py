@@ -47,7 +47,7 @@ def test_the_lock_holds_the_cuda_build_and_no_cpu_build():
 
 def test_trls_accepted_vllm_range_holds_for_the_lock():
     """TRL 1.16 accepts vLLM 0.22.0-0.31.0 (preflight's TRL_VLLM_GATE mirrors trl.import_utils)."""
-    from grpo_deploy.checks import TRL_VLLM_GATE
+    from grpo_deploy.preflight import TRL_VLLM_GATE
 
     low, high = TRL_VLLM_GATE
     assert low <= tuple(int(p) for p in pins()["vllm"].split(".")) <= high

@@ -1,19 +1,20 @@
-"""Tests of grpo_deploy.checks.registry: the order checks run in, and `up`'s phases taken from what each check needs."""
+"""Tests of grpo_deploy.preflight.registry: the order checks run in, and `up`'s phases taken from what each check
+needs."""
 
 from __future__ import annotations
 
-from grpo_deploy import checks
+from grpo_deploy import preflight
 
 
 def test_checks_run_in_the_stated_order():
-    assert checks.names() == list(checks.registry.ORDER)
+    assert preflight.names() == list(preflight.registry.ORDER)
 
 
 def test_up_picks_its_phases_from_what_each_check_needs():
-    assert {c.name for c in checks.CHECKS if c.needs_images} == {"shared-volume", "cluster-reach"}
-    assert checks.before_shipping() == [c.name for c in checks.CHECKS if not c.needs_images]
+    assert {c.name for c in preflight.CHECKS if c.needs_images} == {"shared-volume", "cluster-reach"}
+    assert preflight.before_shipping() == [c.name for c in preflight.CHECKS if not c.needs_images]
     # images re-read once they are on the hosts; the probes between hosts run in the images
-    assert checks.after_shipping() == ["images", "shared-volume", "cluster-reach"]
+    assert preflight.after_shipping() == ["images", "shared-volume", "cluster-reach"]
 
 
 def test_a_check_decorator_on_anything_but_its_check_is_refused_at_import():
@@ -25,8 +26,8 @@ def test_a_check_decorator_on_anything_but_its_check_is_refused_at_import():
         return []
 
     with pytest.raises(TypeError, match=r"@check\('clock'\) decorates reached; it belongs on check_clock"):
-        checks.registry.check("clock", "x")(reached)
-    assert checks.names() == list(checks.registry.ORDER)  # nothing was registered
+        preflight.registry.check("clock", "x")(reached)
+    assert preflight.names() == list(preflight.registry.ORDER)  # nothing was registered
 
 
 def test_every_check_answers_with_results_on_this_machine():
@@ -34,11 +35,11 @@ def test_every_check_answers_with_results_on_this_machine():
     Result and the table prints."""
     from grpo_deploy import new_spec, resolve
 
-    ctx = checks.Context(resolve.resolve(new_spec.embedded_default()))
+    ctx = preflight.Context(resolve.resolve(new_spec.embedded_default()))
     try:
-        results = checks.run_checks(ctx, only=checks.before_shipping())
+        results = preflight.run_checks(ctx, only=preflight.before_shipping())
     finally:
         ctx.close()
-    assert results and all(isinstance(r, checks.Result) for r in results), [type(r) for r in results]
+    assert results and all(isinstance(r, preflight.Result) for r in results), [type(r) for r in results]
     assert {r.check for r in results} >= {"reachable", "clock", "docker", "arch", "port", "disk"}
-    assert "reachable" in checks.table_text(results)
+    assert "reachable" in preflight.table_text(results)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import tarfile
 
-from .names import RUN_LABEL
+from grpo_deploy.names import RUN_LABEL
 
 
 def containers(client, run: str, role: str | None = None, all_: bool = True):

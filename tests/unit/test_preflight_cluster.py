@@ -1,21 +1,21 @@
-"""grpo_deploy.checks.cluster over gathered facts (no host): each Ray node's address and interface (named, from the
+"""grpo_deploy.preflight.cluster over gathered facts (no host): each Ray node's address and interface (named, from the
 spec's IP, from where SSH reached it), Ray's ports taken, InfiniBand on one side only, GPUs short of
 n_gpus_per_node; each with the fix in the spec's own key. The network probe itself runs in the cluster test."""
 
 from __future__ import annotations
 
-from grpo_deploy import checks, resolve, spec
-from grpo_deploy.checks import cluster as cluster_checks
+from grpo_deploy import preflight, resolve, spec
 from grpo_deploy.hosts.facts import Gpu
+from grpo_deploy.preflight import cluster as cluster_checks
 from tests.specs import spec_yaml
 
 ETH = {"lo": ["127.0.0.1"], "eth0": ["10.0.0.1"], "docker0": ["172.17.0.1"]}
 
 
-def ctx_for(facts: dict, profile: str = "cpu", **changes) -> checks.Context:
+def ctx_for(facts: dict, profile: str = "cpu", **changes) -> preflight.Context:
     text = spec_yaml(profile, "verl", ("node1", "node2"), **{"storage.nfs": None, "hosts.0.shared_dir": "/srv/s",
                                                              "hosts.1.shared_dir": "/srv/s", **changes})
-    ctx = checks.Context(resolve.resolve(spec.loads(text, source="spec.yaml")))
+    ctx = preflight.Context(resolve.resolve(spec.loads(text, source="spec.yaml")))
     ctx._facts = facts
     return ctx
 
@@ -81,17 +81,17 @@ def test_a_gpu_host_with_fewer_gpus_than_n_gpus_per_node_is_refused():
 
 def test_one_host_has_no_cluster_to_check():
     text = spec_yaml("cpu", "verl", ())
-    ctx = checks.Context(resolve.resolve(spec.loads(text, source="spec.yaml")))
+    ctx = preflight.Context(resolve.resolve(spec.loads(text, source="spec.yaml")))
     assert [r.verdict for r in cluster_checks.check_cluster(ctx)] == ["skip"]
     assert [r.verdict for r in cluster_checks.check_cluster_reach(ctx)] == ["skip"]
 
 
-def trainers_ctx(facts: dict, **changes) -> checks.Context:
+def trainers_ctx(facts: dict, **changes) -> preflight.Context:
     """trl-async over two trainer hosts (node1: machine 0 and the server, node2: machine 1)."""
     text = spec_yaml("cpu", "trl-async", ("node1", "node2"), **{
         "storage.nfs": None, "hosts.0.shared_dir": "/srv/s", "hosts.1.shared_dir": "/srv/s",
         "hosts.0.roles": ["trainer", "server"], "hosts.1.roles": ["trainer"], **changes})
-    ctx = checks.Context(resolve.resolve(spec.loads(text, source="spec.yaml")))
+    ctx = preflight.Context(resolve.resolve(spec.loads(text, source="spec.yaml")))
     ctx._facts = facts
     return ctx
 
@@ -113,5 +113,5 @@ def test_trainer_hosts_are_a_cluster_whose_rendezvous_port_must_be_free_on_machi
 def test_one_trainer_host_has_no_cluster():
     text = spec_yaml("cpu", "trl-async", ("a", "b"), **{"storage.nfs": None, "hosts.0.shared_dir": "/s",
                                                         "hosts.1.shared_dir": "/s"})
-    ctx = checks.Context(resolve.resolve(spec.loads(text, source="spec.yaml")))
+    ctx = preflight.Context(resolve.resolve(spec.loads(text, source="spec.yaml")))
     assert [r.verdict for r in cluster_checks.check_cluster(ctx)] == ["skip"]

@@ -6,8 +6,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .. import facts, image_tags
+from .. import image_tags
 from ..hosts import facts as host_facts
+from ..hosts import local_facts
 from ..hosts.connect import HostError
 from ..names import CUDA_LABEL
 from ..resolve import Resolved
@@ -179,7 +180,7 @@ def check_driver(ctx: Context) -> list[Result]:
         for role, tag in [(r, t) for h, r, t in images_needed(res) if h.name == host.name]:
             labels = ((found.get("images") or {}).get(role) or {}).get("labels")
             if labels is None and client is not None:
-                labels = facts.image_labels(client, tag)
+                labels = local_facts.image_labels(client, tag)
             out.append(driver_verdict(host.name, drivers, _image_cuda(tag, labels), tag, _compat_env(res)))
     return out
 

@@ -3,7 +3,7 @@ roles' memory on each host, plan's split), logger."""
 
 from __future__ import annotations
 
-from .. import facts
+from ..hosts import local_facts
 from ..plan import memory_shortfalls, role_plans
 from .registry import FAIL, OK, SKIP, WARN, Result, check
 from .session import Context
@@ -44,7 +44,7 @@ def check_logger(ctx: Context) -> list[Result]:
         mode = env.get("WANDB_MODE", "")
         if mode in ("offline", "disabled"):
             return [Result("logger", "-", OK, f"wandb in {mode} mode: no key needed")]
-        if facts.env_set("WANDB_API_KEY", env) or facts.netrc_has("api.wandb.ai"):
+        if local_facts.env_set("WANDB_API_KEY", env) or local_facts.netrc_has("api.wandb.ai"):
             return [Result("logger", "-", OK, "W&B key found (WANDB_API_KEY or ~/.netrc); it is passed at start, "
                                               "never written to rendered files")]
         return [Result("logger", "-", FAIL,
@@ -52,7 +52,7 @@ def check_logger(ctx: Context) -> list[Result]:
                        "The trainer would load the model first and crash minutes later, after the GPUs were already "
                        "paid for",
                        "export WANDB_API_KEY=... (or run `wandb login`), or WANDB_MODE=offline, or logger.kind: jsonl")]
-    if kind == "mlflow" and not facts.env_set("MLFLOW_TRACKING_URI", env):
+    if kind == "mlflow" and not local_facts.env_set("MLFLOW_TRACKING_URI", env):
         return [Result("logger", "-", WARN, "MLFLOW_TRACKING_URI unset: metrics go to a local sqlite file",
                        "export MLFLOW_TRACKING_URI=http://...")]
     return [Result("logger", "-", OK, f"logger {kind}: no credentials needed")]

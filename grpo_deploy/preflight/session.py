@@ -1,7 +1,7 @@
 """The preflight session: the spec's connectors, the facts read once from every host, the local engine's client and
 the plan, shared by every check; where the checkpoints land and how much is free there (the plan is made from it).
 
-Nothing here gives a verdict: the checks (grpo_deploy.checks.host, .storage, .images, .spec) read this session.
+Nothing here gives a verdict: the checks (grpo_deploy.preflight.host, .storage, .images, .spec) read this session.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..hosts import engine
+from ..hosts import docker_api
 from ..hosts import facts as host_facts
 from ..hosts.connect import Host, HostError, SshOptions, connect, on_all
 from ..names import RUN_LABEL
@@ -70,8 +70,8 @@ class Context:
         """The local engine's client, or None (the reason is kept in docker_error)."""
         if self.client is None and self._docker_error is None:
             try:
-                self.client = engine.client()
-            except engine.DockerUnavailable as exc:
+                self.client = docker_api.client()
+            except docker_api.DockerUnavailable as exc:
                 self._docker_error = str(exc)
         return self.client
 

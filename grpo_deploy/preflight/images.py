@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import facts
 from ..hosts import facts as host_facts
+from ..hosts import local_facts
 from ..hosts.connect import HostError
 from ..names import GID_LABEL, UID_LABEL, VLLM_VERSION_LABEL
 from ..resolve import Resolved
@@ -36,7 +36,7 @@ def check_images(ctx: Context) -> list[Result]:
         found = ctx.facts_of(host)
         if isinstance(found, HostError):
             continue
-        here = facts.image_labels(client, tag) if client is not None else None
+        here = local_facts.image_labels(client, tag) if client is not None else None
         there = (found["images"].get(role) or {}).get("labels") if found["images"].get(role) else None
         labels = there if there is not None else here  # on this machine's engine only: `up` ships it from here
         shipped = "" if there is not None else f" (not on {host.name} yet: `up` ships it from this machine)"
