@@ -280,7 +280,8 @@ class Engine:
         if not settings.enabled:
             return None
         return {"settings": settings.model_dump(mode="json"), "keys": dict(self.watch_keys),
-                "total_steps": self.total_steps(res), "gpus": self.gpus_in_use(res),
+                # none when the run's length is not a step count (TRL: max_steps -1 or 0 = epochs)
+                "total_steps": self.total_steps(res) or None, "gpus": self.gpus_in_use(res),
                 "max_completion_length": self.max_completion_length(res),
                 # its name: loss_objective's words before their explanation in parentheses
                 "objective": self.loss_objective(res).split(" (")[0]}

@@ -280,3 +280,18 @@ def test_a_trainer_host_interface_that_is_not_a_name_is_refused_in_one_line(tmp_
     run, out = render(tmp_path, data)
     assert_refused(run, key="hosts[1].interface")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("steps", [0, -1])
+def test_a_run_counted_in_epochs_renders_with_no_planned_end(steps):
+    """TRL takes max_steps 0 or -1 as 'count in epochs'. The watcher's planned end is then unknown (null), not 0:
+    a 0 ended `render` in a traceback (found by test_any_value_at_any_key)."""
+    import yaml
+
+    from grpo_deploy.render import render_files
+    from grpo_deploy.resolve import resolve
+    from tests.specs import loaded
+
+    res = resolve(loaded("cpu", "trl-async", ("local",), overrides={"trl": {"max_steps": steps}}))
+    config = yaml.safe_load(render_files(res)["config/trainer.yaml"])
+    assert config["watch"]["total_steps"] is None and config["async_grpo"]["max_steps"] == steps
