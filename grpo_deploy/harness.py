@@ -82,6 +82,17 @@ def parse_trial(text: str) -> Trial:
 ONE_GPU_PROFILE = "h100"  # the one-GPU shape's split (vLLM's share) for a profile made for several GPUs per host
 
 
+def seconds(text: str) -> float:
+    """A timeout: a finite number of seconds from 1 to a day."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 1 <= value <= 86400:  # nan fails too
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds from 1 to 86400")
+    return value
+
+
 def device_profile(gpu_name: str | None) -> str:
     """The profile whose `gpu_name_contains` is in the GPU's name, a one-GPU profile first; cpu without a GPU."""
     if not gpu_name:
@@ -413,8 +424,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trial", action="append", type=parse_trial, required=True,
                         help="SHAPE:STEPS[:ANSWER_TOKENS[:on|off]] (repeatable), e.g. rehearsal:40, seed004:20:1300:on")
     parser.add_argument("--out", required=True, type=Path, help="folder for the work tree, logs and report.json")
-    parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds the server may take (900)")
-    parser.add_argument("--trial-timeout", type=float, default=1800.0,
+    parser.add_argument("--ready-timeout", type=seconds, default=900.0, help="seconds the server may take (900)")
+    parser.add_argument("--trial-timeout", type=seconds, default=1800.0,
                         help="seconds a trial's trainer may run before it is stopped and reported as it stands (1800)")
     parser.add_argument("--vllm-arg", action="append", default=[], metavar="ARG",
                         help="an extra vLLM argument (repeatable; the spec's overrides.vllm.extra_args), e.g. "

@@ -141,3 +141,16 @@ def test_report_reads_the_trainers_own_metrics(tmp_path):
     assert r["gpu_hours_per_500_steps"] == round(4.0 * 500 / 3600, 3)
     assert (r["server_peak_gib"], r["trainer_peak_gib"]) == (1.0, 2.0)
     harness.REPORT_LINE.format(**r)  # every key the line names is in the report
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "nan", "inf", "1e9", "$x", ""])
+def test_bad_timeouts_are_refused(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        harness.seconds(text)
+
+
+def test_a_bad_flag_ends_in_one_usage_line_before_anything_runs(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        harness.main(["--trial", "rehearsal:4", "--out", str(tmp_path / "o"), "--trial-timeout", "nan"])
+    assert exc.value.code == 2 and "seconds from 1 to 86400" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
