@@ -288,7 +288,7 @@ def wait_ready(server: Role, rendered: Rendered, timeout: float, say) -> float:
     raise RuntimeError(f"the server was not ready in {timeout:.0f} s:\n{log_tail(server.log)}")
 
 
-def run_trainer(rendered: Rendered, work: Path, watch: MemoryWatch, timeout: float, say) -> Role:
+def run_trainer(rendered: Rendered, watch: MemoryWatch, timeout: float, say) -> Role:
     config = local_trainer_config(rendered)
     metrics = Path(rendered.trainer_config["metrics_path"])
     trainer = start_role("trainer", [sys.executable, "-m", "grpo_deploy.runtime.train", "--config", str(config)],
@@ -386,6 +386,8 @@ def run(trials: list[Trial], out: Path, ready_timeout: float, trial_timeout: flo
     server: Role | None = None
     serving: tuple | None = None
     ready_s: float | None = None
+    watch = MemoryWatch([])  # the roles running now
+    watch.start()
     try:
         for trial in trials:
             model_dir = work / "models" / model_kind(trial.shape)
@@ -393,18 +395,18 @@ def run(trials: list[Trial], out: Path, ready_timeout: float, trial_timeout: flo
             build_model(model_kind(trial.shape), model_dir, say)
             if server is not None and serving != rendered.server_key:
                 server.stop()
+                watch.roles.remove(server)
                 server = None
             if server is None:
                 say(f"starting the vLLM server for {trial.name}")
                 server = start_role("server", [sys.executable, "-m", "grpo_deploy.runtime.serve", "--args-file",
                                                str(rendered.folder / "config/server.args")],
                                     rendered.server_env, rendered.folder / "server.log")
-                watch = MemoryWatch([server])
-                watch.start()
+                watch.roles.append(server)
                 ready_s, serving = wait_ready(server, rendered, ready_timeout, say), rendered.server_key
                 say(f"  server ready in {ready_s:.0f} s")
             say(f"training {trial.name} ({trial.steps} steps)")
-            trainer = run_trainer(rendered, work, watch, trial_timeout, say)
+            trainer = run_trainer(rendered, watch, trial_timeout, say)
             watch.roles.remove(trainer)
             reports.append(report(trial, rendered, server, trainer, ready_s))
             ready_s = None  # a server kept for the next trial was ready before it
@@ -413,6 +415,7 @@ def run(trials: list[Trial], out: Path, ready_timeout: float, trial_timeout: flo
                                                          "commit": os.environ.get("GRPO_COMMIT"),
                                                          "trials": reports}, indent=2) + "\n")
     finally:
+        watch.done.set()
         if server is not None:
             server.stop()
     return reports
