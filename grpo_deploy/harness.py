@@ -439,6 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SpecError, RenderError) as exc:  # e.g. a --vllm-arg the spec's door refuses
         print(f"harness: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # --out where nothing can be written (a file, a read-only folder)
+        print(f"harness: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     except RuntimeError as exc:
         print(f"harness: {exc}", file=sys.stderr)
         return 1

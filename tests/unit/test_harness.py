@@ -154,3 +154,10 @@ def test_a_bad_flag_ends_in_one_usage_line_before_anything_runs(tmp_path, capsys
         harness.main(["--trial", "rehearsal:4", "--out", str(tmp_path / "o"), "--trial-timeout", "nan"])
     assert exc.value.code == 2 and "seconds from 1 to 86400" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_an_out_folder_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert harness.main(["--trial", "rehearsal:2", "--out", str(blocker / "o")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
