@@ -94,7 +94,7 @@ ci-fresh: ## rehearse CI as a fresh machine runs it: a fresh clone of HEAD again
 	bash scripts/fresh-engine-ci.sh
 
 render-defaults: ## rewrite the committed renders: compose/.env, compose/rendered/, k8s/*/generated/
-	$(PYTHON) -m grpo_deploy.committed
+	$(PYTHON) -m grpo_deploy.render.committed
 
 clean: ## remove local run state and build outputs (not Docker images or volumes)
 	rm -rf .grpo-deploy build

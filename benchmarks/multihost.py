@@ -35,9 +35,9 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from grpo_deploy import new_spec  # noqa: E402
 from grpo_deploy.hosts.connect import SshHost, SshOptions  # noqa: E402
 from grpo_deploy.hosts.ship import ship  # noqa: E402
+from grpo_deploy.spec import new_spec  # noqa: E402
 from tests.testhosts import SHARED_DIR, test_hosts  # noqa: E402
 
 IMAGE = "grpo-deploy/cpu:0.1.0"

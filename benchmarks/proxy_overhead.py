@@ -2,7 +2,7 @@
 replica on this machine. Prints its numbers; it is not a test.
 
 Two fake, fast vLLM replicas (this script with --fake-replicas, one process, canned TRL-shaped answers) and the proxy
-(`python3 -m grpo_deploy.runtime.replica_proxy`, its own process) run here; one client sends TRL's
+(`python3 -m grpo_deploy.runtime.serving.proxy`, its own process) run here; one client sends TRL's
 /v1/completions payload (token-id prompts of 300 tokens from a pool of 64, so the affinity index is in play)
 alternately straight to replica 0 and through the proxy, one request at a time on kept-alive connections, and prints
 min / median / p90 of both and their difference. Target: median overhead under 2 ms.
@@ -127,7 +127,7 @@ def measure(requests: int, warmup: int) -> None:
                 [
                     sys.executable,
                     "-m",
-                    "grpo_deploy.runtime.replica_proxy",
+                    "grpo_deploy.runtime.serving.proxy",
                     "--listen",
                     f"127.0.0.1:{proxy_port}",
                     *[arg for port in replica_ports for arg in ("--replica", f"http://127.0.0.1:{port}")],

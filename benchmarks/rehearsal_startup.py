@@ -17,12 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_deploy import deploy, new_spec, resolve
-from grpo_deploy.deployment import Deployment
+from grpo_deploy.deploy import lifecycle as deploy
+from grpo_deploy.deploy.deployment import Deployment
 from grpo_deploy.hosts import docker_api
 from grpo_deploy.hosts.connect import SshOptions
-from grpo_deploy.render_folder import parse_env
+from grpo_deploy.render.folder import parse_env
 from grpo_deploy.runtime.health import server_healthy
+from grpo_deploy.spec import new_spec, resolve
 
 TARGET_RATIO = 2.0
 TARGET_HANDOFF_S = 0.3
@@ -40,7 +41,7 @@ def bare_server_start(res, timeout: float = 900.0) -> float:
     start = time.time()
     container = client.containers.run(
         res.images["server"],
-        ["python3", "-m", "grpo_deploy.runtime.serve", "--args-file", "/etc/grpo-deploy/server.args"],
+        ["python3", "-m", "grpo_deploy.runtime.serving.serve", "--args-file", "/etc/grpo-deploy/server.args"],
         detach=True, user=res.identities["server"].user, ports={"8000/tcp": ("127.0.0.1", port)},
         volumes={str(state.render_dir / "config"): {"bind": "/etc/grpo-deploy", "mode": "ro"}},
         environment=parse_env((state.render_dir / "config" / "server.env").read_text()), shm_size="1g",

@@ -12,8 +12,8 @@ from typing import Annotated, Any
 import yaml
 from pydantic import ConfigDict, Field
 
-from .runtime.strict import Strict
-from .runtime.values import Count
+from grpo_deploy.common.strict import Strict
+from grpo_deploy.common.values import Count
 
 Dim = Annotated[Count, Field(le=2**24)]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .runtime import bench_trainer
+from grpo_deploy.runtime.bench import trainer as bench_trainer
 
 
 def add_bench_parser(subparsers) -> None:

@@ -1,5 +1,5 @@
 """The `grpo-deploy` verbs: each reads its arguments, calls the library and prints; the grammar is
-grpo_deploy.cli_parser's, the work happens in the modules below (a run on its hosts: grpo_deploy.deployer)."""
+grpo_deploy.cli_parser's, the work happens in the modules below (a run on its hosts: grpo_deploy.deploy)."""
 
 from __future__ import annotations
 
@@ -10,23 +10,23 @@ import sys
 import time
 from pathlib import Path
 
-from . import forecast, new_spec, preflight, profiles
-from .cli_parser import DEFAULT_SPEC, EXIT_USAGE, CliError, build_parser, host_list, parse_size
-from .hosts.connect import HostError, SshOptions
-from .k8s_overlay import OverlayError, overlay_dir, problems, regenerate
-from .kit_data import KitDataMissing
-from .names import STATE_DIR
-from .new_spec import InitError
-from .plan import plan_text
-from .profiles import ProfileError
-from .render import render_files
-from .render_folder import WriteRefused, diff_tree, write_tree
-from .render_text import RenderError
-from .resolve import Resolved, resolve
-from .runtime.readback import ReadRefused
-from .runtime.table import table
-from .runtime.values import SYSTEM_TREES
-from .spec import SpecError, load
+from grpo_deploy import forecast, preflight
+from grpo_deploy.cli_parser import DEFAULT_SPEC, EXIT_USAGE, CliError, build_parser, host_list, parse_size
+from grpo_deploy.common.readback import ReadRefused
+from grpo_deploy.common.table import table
+from grpo_deploy.common.values import SYSTEM_TREES
+from grpo_deploy.hosts.connect import HostError, SshOptions
+from grpo_deploy.kit_data import KitDataMissing
+from grpo_deploy.names import STATE_DIR
+from grpo_deploy.plan import plan_text
+from grpo_deploy.render import render_files
+from grpo_deploy.render.folder import WriteRefused, diff_tree, write_tree
+from grpo_deploy.render.k8s_overlay import OverlayError, overlay_dir, problems, regenerate
+from grpo_deploy.spec import SpecError, load, new_spec, profiles
+from grpo_deploy.spec.new_spec import InitError
+from grpo_deploy.spec.profiles import ProfileError
+from grpo_deploy.spec.resolve import Resolved, resolve
+from grpo_deploy.templating import RenderError
 
 # ---------------------------------------------------------------- shared helpers
 
@@ -152,7 +152,7 @@ def _render_check(out: Path, files: dict[str, str]) -> int:
 def _forecast(res: Resolved) -> forecast.Forecast:
     """The forecast of *res*, from this run name's own metrics where the deployer kept a copy (this folder's
     .grpo-deploy/<run>/), read through the bounded reader."""
-    from .run_state import RunState
+    from grpo_deploy.deploy.run_state import RunState
 
     state = RunState(res)
     where = f"{STATE_DIR}/{res.spec.run.name}/"
@@ -208,7 +208,7 @@ def cmd_profiles(args) -> int:
 
 
 def cmd_up(args) -> int:
-    from . import deployer
+    from grpo_deploy import deploy as deployer
 
     res = _load(args)
     if args.hosts:
@@ -234,7 +234,7 @@ def _interrupt(signum, frame):
 
 
 def cmd_status(args) -> int:
-    from . import status
+    from grpo_deploy import status
 
     res = _load(args)
     if args.watch is None:
@@ -257,7 +257,8 @@ def cmd_status(args) -> int:
 
 def _status_once(res: Resolved, args) -> tuple[int, str]:
     """Print the run's status once (table or JSON); (exit code, run state)."""
-    from . import deployer, status
+    from grpo_deploy import deploy as deployer
+    from grpo_deploy import status
 
     hosts, events, disk = deployer.status_facts(res, _ssh(args))
     summary = status.summarize(res.spec.run.name, events, max_steps=res.engine_info.total_steps(res),
@@ -283,7 +284,7 @@ def _status_once(res: Resolved, args) -> tuple[int, str]:
 
 
 def cmd_down(args) -> int:
-    from . import deployer
+    from grpo_deploy import deploy as deployer
 
     res = _load(args)
     try:
@@ -295,7 +296,7 @@ def cmd_down(args) -> int:
 
 
 def cmd_logs(args) -> int:
-    from . import deployer
+    from grpo_deploy import deploy as deployer
 
     res = _load(args)
     try:
@@ -307,7 +308,7 @@ def cmd_logs(args) -> int:
 
 def cmd_check(args) -> int:
     """testinfra checks of every spec host (grpo_deploy.hostchecks) through pytest; exit 0 / 1 / 2."""
-    from .hostchecks import runner
+    from grpo_deploy.hostchecks import runner
 
     path = args.file or os.environ.get("GRPO_DEPLOY_SPEC") or (DEFAULT_SPEC if Path(DEFAULT_SPEC).exists() else None)
     if path is None:
@@ -325,13 +326,13 @@ def cmd_check(args) -> int:
 
 def _run_events(res: Resolved, args) -> list[dict]:
     """The run's events (the deployer's and the trainer's), live from its hosts."""
-    from . import deployer
+    from grpo_deploy import deploy as deployer
 
     return deployer.events(res, _ssh(args))
 
 
 def cmd_checkpoints(args) -> int:
-    from . import checkpoints
+    from grpo_deploy.deploy import checkpoints
 
     res = _load(args)
     keep = args.keep if args.keep is not None else res.keep
@@ -352,7 +353,7 @@ def cmd_checkpoints(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    from . import diagnose, status
+    from grpo_deploy import diagnose, status
 
     res = _load(args)
     res.engine_info.refuse("diagnose", CliError)

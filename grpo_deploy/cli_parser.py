@@ -7,11 +7,12 @@ import argparse
 import re
 from collections.abc import Callable, Mapping
 
-from . import __version__, preflight, profiles
-from .bench import add_bench_parser
-from .engines import ENGINE_NAMES
-from .image_build.cli import add_images_parser
-from .names import UP_RESTARTS
+from grpo_deploy import __version__, preflight
+from grpo_deploy.bench import add_bench_parser
+from grpo_deploy.engines import ENGINE_NAMES
+from grpo_deploy.image_build.cli import add_images_parser
+from grpo_deploy.names import UP_RESTARTS
+from grpo_deploy.spec import profiles
 
 DEFAULT_SPEC = "grpo-deploy.yaml"
 EXIT_USAGE = 2

@@ -427,7 +427,7 @@ def trl_auto_inflight(trl, processes: int) -> int:
 
 
 def settings_hint(res, processes: int = 1, machines: int = 1) -> dict[str, Any]:
-    """The settings `diagnose` cannot read from events, from a resolved spec (grpo_deploy.resolve.Resolved), the
+    """The settings `diagnose` cannot read from events, from a resolved spec (grpo_deploy.spec.resolve.Resolved), the
     trainer's processes (every rank) and its hosts (the engine knows them, and adds its replica count)."""
     trl, vllm = res.settings.trl, res.settings.vllm
     trainer = res.host_for("trainer")

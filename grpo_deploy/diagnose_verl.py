@@ -1,5 +1,5 @@
 """verl's bottleneck diagnosis (pure, no I/O): the kit's step events of a verl run (verl's own `timing_s/*` per
-phase, carried by grpo_deploy.runtime.verl_node) -> the phase that bounds a step (generation, old log-prob,
+phase, carried by grpo_deploy.runtime.verl.node) -> the phase that bounds a step (generation, old log-prob,
 reference, actor update), the figures that say so, and the seed-000 knobs to change next: rollout tensor parallelism,
 `gpu_memory_utilization`, `rollout.n`, the PPO mini- and micro-batch sizes.
 
@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .diagnose import Diagnosis, Knob
+from grpo_deploy.diagnose import Diagnosis, Knob
 
 PHASES = {"generation": "timing_s/gen", "old log-prob": "timing_s/old_log_prob", "reference": "timing_s/ref",
           "actor update": "timing_s/update_actor"}
@@ -63,7 +63,7 @@ def _first(steps: list[dict], key: str, window: int = 5) -> float | None:
 
 
 def settings_hint(res) -> dict[str, Any]:
-    """The verl settings the events do not carry, from a resolved spec (grpo_deploy.resolve.Resolved)."""
+    """The verl settings the events do not carry, from a resolved spec (grpo_deploy.spec.resolve.Resolved)."""
     verl = res.settings.verl
     extra = verl.model_extra or {}
     return {"rollout_tp": verl.rollout_tp, "gpu_memory_utilization": verl.rollout_memory, "rollout_n": verl.rollout_n,

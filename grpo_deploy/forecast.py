@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .runtime.table import table
-from .status import summarize
+from grpo_deploy.common.table import table
+from grpo_deploy.status import summarize
 
 UNKNOWN = "unknown"
 BENCH_NOT_KEPT = ("no `bench trainer` results: the kit keeps none it can read here (a report goes where its --out "
@@ -153,7 +153,7 @@ def _rollout_n(res):
 
 
 def _replicas(res):
-    from .engines.trl_async import replica_count, server_replicas
+    from grpo_deploy.engines.trl_async import replica_count, server_replicas
 
     n = replica_count(res)
     replicas = server_replicas(res)

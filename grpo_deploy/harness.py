@@ -29,14 +29,14 @@ from typing import Any
 
 import yaml
 
-from . import diagnose, profiles, status
-from .render import render_files
-from .render_folder import parse_env, write_tree
-from .render_text import RenderError
-from .resolve import resolve
-from .runtime import health
-from .runtime.metrics import read_events
-from .spec import SpecError, load
+from grpo_deploy import diagnose, status
+from grpo_deploy.common.metrics import read_events
+from grpo_deploy.render import render_files
+from grpo_deploy.render.folder import parse_env, write_tree
+from grpo_deploy.runtime import health
+from grpo_deploy.spec import SpecError, load, profiles
+from grpo_deploy.spec.resolve import resolve
+from grpo_deploy.templating import RenderError
 
 SHAPES = ("rehearsal", "seed004")
 SWITCHES_OFF = {"base_dtype": "fp32", "compile_layers": False, "lora_elementwise": False}
@@ -291,7 +291,8 @@ def wait_ready(server: Role, rendered: Rendered, timeout: float, say) -> float:
 def run_trainer(rendered: Rendered, watch: MemoryWatch, timeout: float, say) -> Role:
     config = local_trainer_config(rendered)
     metrics = Path(rendered.trainer_config["metrics_path"])
-    trainer = start_role("trainer", [sys.executable, "-m", "grpo_deploy.runtime.train", "--config", str(config)],
+    trainer = start_role("trainer", [sys.executable, "-m", "grpo_deploy.runtime.trainer.train", "--config",
+                                     str(config)],
                          rendered.trainer_env, rendered.folder / "trainer.log")
     watch.roles.append(trainer)
     deadline, last = time.time() + timeout, time.time()
@@ -399,7 +400,7 @@ def run(trials: list[Trial], out: Path, ready_timeout: float, trial_timeout: flo
                 server = None
             if server is None:
                 say(f"starting the vLLM server for {trial.name}")
-                server = start_role("server", [sys.executable, "-m", "grpo_deploy.runtime.serve", "--args-file",
+                server = start_role("server", [sys.executable, "-m", "grpo_deploy.runtime.serving.serve", "--args-file",
                                                str(rendered.folder / "config/server.args")],
                                     rendered.server_env, rendered.folder / "server.log")
                 watch.roles.append(server)

@@ -20,10 +20,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .architecture import Architecture
-from .engines.base import GB, human
-from .resolve import Resolved, as_dict
-from .runtime.table import human_bytes, table
+from grpo_deploy.architecture import Architecture
+from grpo_deploy.common.table import human_bytes, table
+from grpo_deploy.engines.base import GB, human
+from grpo_deploy.spec.resolve import Resolved, as_dict
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Typed run settings: one model per section (model, lora, data, trl, vllm, verl, runtime, checkpoints) whose fields
 hold the one default, the type and a description (vllm's also their server flag). Profiles, spec fields and overrides
 are all validated against them; the trainer-side sections (lora, runtime, trl) are the trainer config's own
-(grpo_deploy.runtime.config)."""
+(grpo_deploy.runtime.trainer.config)."""
 
 from __future__ import annotations
 
@@ -11,19 +11,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .runtime.config import (
-    KIT_OWNED_TRL,
-    AsyncGrpoArgs,
-    LoraSettings,
-    Reward,
-    RuntimeSettings,
-    did_you_mean,
-    pass_through,
-)
-from .runtime.data import DATASETS
-from .runtime.shown import shown, shown_key
-from .runtime.strict import Strict
-from .runtime.values import (
+from grpo_deploy.common.shown import shown, shown_key
+from grpo_deploy.common.strict import Strict
+from grpo_deploy.common.values import (
     MAX_DISK_GB,
     MAX_STEPS,
     AbsPath,
@@ -39,6 +29,16 @@ from .runtime.values import (
     Resume,
     ServedName,
     Text,
+)
+from grpo_deploy.runtime.tasks.data import DATASETS
+from grpo_deploy.runtime.trainer.config import (
+    KIT_OWNED_TRL,
+    AsyncGrpoArgs,
+    LoraSettings,
+    Reward,
+    RuntimeSettings,
+    did_you_mean,
+    pass_through,
 )
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

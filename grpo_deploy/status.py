@@ -1,6 +1,6 @@
 """Run status from events (pure): the trainer's metrics.jsonl plus the deployer's own events -> summary and plot.
 
-Event shapes are the runtime's contract (grpo_deploy.runtime.metrics): run_start, trainer_ready, step,
+Event shapes are the runtime's contract (grpo_deploy.common.metrics): run_start, trainer_ready, step,
 adapter_load, adapter_prune, storage_fault, run_end; the deployer adds up_start, images_ready (seconds spent building
 images), server_ready, trainer_started, server_view (what the server sees of an adapter it could not read), up_end.
 """
@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .runtime.run_watch import STOPPED_EARLY
+from grpo_deploy.runtime.watch.run_watch import STOPPED_EARLY
 
 
 def one_line(text: object, limit: int = 300) -> str:
@@ -74,7 +74,7 @@ class Summary:
     kl_loss_last5: float | None = None
     grad_norm_last5: float | None = None
     watch: dict[str, Any] | None = None
-    """The run watcher's state (grpo_deploy.runtime.watcher.Watcher.state): the reward's trend, a plateau and the
+    """The run watcher's state (grpo_deploy.runtime.watch.watcher.Watcher.state): the reward's trend, a plateau and the
     compute spent after it, answers at the length cap, time to the target reward."""
     watch_findings: list[dict[str, Any]] = field(default_factory=list)
     """What the watcher found that still stands: the latest `watch` event of each kind, unless it cleared."""
@@ -97,16 +97,16 @@ WATCH_FINDING_KEYS = ("kind", "level", "step", "message")
 
 def watch_state(events: list[dict[str, Any]], watch=None) -> dict[str, Any] | None:
     """The watcher's state: the runtime's own `watch_summary` at the run's end when it is the newest word, else the
-    run's steps replayed through a Watcher of config *watch* (a grpo_deploy.runtime.watcher.WatchConfig or its dict, as
-    Engine.watch renders it; None: unknown)."""
+    run's steps replayed through a Watcher of config *watch* (a grpo_deploy.runtime.watch.watcher.WatchConfig or its
+    dict, as Engine.watch renders it; None: unknown)."""
     starts = [e["time"] for e in events if e.get("event") == "run_start"]
     summaries = [e for e in events if e.get("event") == "watch_summary" and (not starts or e["time"] >= starts[-1])]
     if summaries:
         return {k: v for k, v in summaries[-1].items() if k not in ("event", "time")}
     if watch is None:
         return None
-    from .runtime.run_watch import history
-    from .runtime.watcher import WatchConfig, Watcher
+    from grpo_deploy.runtime.watch.run_watch import history
+    from grpo_deploy.runtime.watch.watcher import WatchConfig, Watcher
 
     watcher = Watcher(WatchConfig.model_validate(watch) if isinstance(watch, dict) else watch)
     watcher.replay(history(events))

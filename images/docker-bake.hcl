@@ -4,7 +4,7 @@
 #
 # Tags: REGISTRY/<image>:<TAG>-<CUDA>-<arch>, e.g. grpo-deploy/vllm:0.1.0-cu130-arm64,
 # and the manifest REGISTRY/<image>:<TAG>-<CUDA>. The same formula is
-# grpo_deploy/image_tags.py, and the profiles name these per-arch tags;
+# grpo_deploy/image_build/tags.py, and the profiles name these per-arch tags;
 # tests/static/test_images.py fails when they disagree.
 #
 # Run from the repository root (bake resolves contexts against the current

@@ -42,7 +42,7 @@ def bench_argv(out: str) -> list[str]:
     """The tiny bench as the CPU test runs it (tests/unit/runtime/test_bench_trainer.py), every switch row, without
     the packing table, the attention paths and the profiler's breakdown (no switch in them; under emulation they
     would double the time)."""
-    return ["python3", "-m", "grpo_deploy.runtime.bench_trainer", "--tiny", "--device", "cpu", "--speed-only",
+    return ["python3", "-m", "grpo_deploy.runtime.bench.trainer", "--tiny", "--device", "cpu", "--speed-only",
             "--skip-attention", "--breakdown", "", "--speed-rows", ROWS, "--out", out]
 
 

@@ -32,9 +32,11 @@ def docker_client():
 def _image_of(docker_client, name: str, spec_text: str, log_glob: str) -> str:
     """The image of the spec's first role, built or refreshed the way `up` does it, at most once a session: a failed
     build is reported in full once, then in one line by each test that needed it; its time is a phase-table row."""
-    from grpo_deploy import resolve, run_images, spec
+    from grpo_deploy import spec
+    from grpo_deploy.deploy import images as run_images
     from grpo_deploy.hosts import local_facts
     from grpo_deploy.image_build import places
+    from grpo_deploy.spec import resolve
 
     def build() -> str:
         res = resolve.resolve(spec.loads(spec_text, source=f"{name}-image.yaml"))
@@ -50,7 +52,7 @@ def _image_of(docker_client, name: str, spec_text: str, log_glob: str) -> str:
 def cpu_image(docker_client):
     """The embedded default's cpu image (debootstrap base + host wheelhouse + --no-index install; only the code layer
     is rebuilt when the kit's code changed)."""
-    from grpo_deploy import new_spec
+    from grpo_deploy.spec import new_spec
 
     return _image_of(docker_client, "cpu", new_spec.spec_text(), "image-cpu*.log")
 
@@ -58,7 +60,7 @@ def cpu_image(docker_client):
 @pytest.fixture(scope="session")
 def verl_image(docker_client, cpu_image):
     """The cpu profile's verl image (verl-cpu: verl, Ray and TransferQueue on the cpu image's dependency image)."""
-    from grpo_deploy import new_spec
+    from grpo_deploy.spec import new_spec
 
     return _image_of(docker_client, "verl-cpu", new_spec.spec_text("cpu", "verl", []), "image-verl*.log")
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import yaml
 
-from grpo_deploy import new_spec, spec
+from grpo_deploy import spec
+from grpo_deploy.spec import new_spec
 from tests.testhosts import SHARED_DIR
 
 

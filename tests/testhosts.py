@@ -519,7 +519,7 @@ def two_host_spec(folder: Path) -> Path:
     no storage.nfs (no kernel NFS client in a container: the test hosts share a bind-mounted directory instead)."""
     import yaml
 
-    from grpo_deploy import new_spec
+    from grpo_deploy.spec import new_spec
 
     data = yaml.safe_load(new_spec.spec_text("cpu", "trl-async", ["spark1", "spark2"]))
     data["storage"]["nfs"] = None

@@ -6,9 +6,9 @@ supervise's role words, status's guess by data shape)."""
 
 from __future__ import annotations
 
-from .base import Engine, Unsupported
-from .trl_async import TRL_ASYNC
-from .verl import VERL
+from grpo_deploy.engines.base import Engine, Unsupported
+from grpo_deploy.engines.trl_async import TRL_ASYNC
+from grpo_deploy.engines.verl import VERL
 
 ENGINES: dict[str, Engine] = {}
 

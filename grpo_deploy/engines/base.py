@@ -8,11 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..architecture import Architecture
-from ..names import COMPOSE_BIND, COMPOSE_NFS
+from grpo_deploy.architecture import Architecture
+from grpo_deploy.names import COMPOSE_BIND, COMPOSE_NFS
 
 Resolved = Any
-"""grpo_deploy.resolve.Resolved, which the engines are given but never import (resolve imports the engines)."""
+"""grpo_deploy.spec.resolve.Resolved, which the engines are given but never import (resolve imports the engines)."""
 GB = 1e9
 # The sections every engine reads (the model, its adapter, the data, checkpoints); an engine adds its own.
 COMMON_SECTIONS = ("model", "lora", "data", "checkpoints")
@@ -65,7 +65,7 @@ class Engine:
     sections: tuple[str, ...]
     """The settings sections the engine reads."""
     checkpoint_layout: str
-    """The checkpoint manager's --layout for this engine's checkpoints (grpo_deploy.runtime.checkpoints)."""
+    """The checkpoint manager's --layout for this engine's checkpoints (grpo_deploy.runtime.storage.checkpoints)."""
     reader_role: str
     """The role that reads, from another host, what the main role writes on the share (the cross-host check)."""
     single_host_roles: tuple[str, ...]
@@ -73,7 +73,8 @@ class Engine:
     multi_host_roles: tuple[tuple[str, ...], tuple[str, ...]]
     """`init --hosts a,b,...`: the roles of the first host, then of every other host."""
     bringup: str = ""
-    """The module of its bring-up on the hosts (grpo_deploy.bringup: hosts, start, follow, restart, after_failure)."""
+    """The module of its bring-up on the hosts (grpo_deploy.deploy.bringup: hosts, start, follow, restart,
+    after_failure)."""
     progress: tuple[tuple[str, str, str], ...] = ()
     """`up`'s progress line per step after reward and length: (label, step event key, format) of its own metrics."""
     saves_last_step: bool = False
@@ -91,7 +92,7 @@ class Engine:
     unread_keys: dict[str, str] = field(default_factory=dict)
     """Spec keys (dotted) the engine never reads -> why: refused at the door when set, not silently dropped."""
     watch_keys: dict[str, str | None] = field(default_factory=dict)
-    """The engine's metric names the run watcher reads (grpo_deploy.runtime.watcher.MetricKeys' fields: reward,
+    """The engine's metric names the run watcher reads (grpo_deploy.runtime.watch.watcher.MetricKeys' fields: reward,
     length, capped, kl, ratio, staleness, validation); a key not named keeps MetricKeys' default."""
     logger_keys: dict[str, tuple[str, ...]] = field(default_factory=lambda: {
         "project": ("wandb", "tensorboard", "mlflow"), "entity": ("wandb",)})
@@ -273,7 +274,7 @@ class Engine:
         return None
 
     def watch(self, res: Resolved) -> dict[str, Any] | None:
-        """The run watcher's config (grpo_deploy.runtime.watcher.WatchConfig): the spec's `watch:` settings, this
+        """The run watcher's config (grpo_deploy.runtime.watch.watcher.WatchConfig): the spec's `watch:` settings, this
         engine's metric names, the planned steps, the GPUs the run holds, the answer cap and the loss objective; None
         when the spec turns the watcher off."""
         settings = res.spec.watch

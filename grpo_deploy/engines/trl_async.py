@@ -11,9 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .. import diagnose
-from ..architecture import Architecture
-from ..names import (
+from grpo_deploy import diagnose
+from grpo_deploy.architecture import Architecture
+from grpo_deploy.common.values import MAX_PORT, host_part, ip_literal
+from grpo_deploy.engines import trl_memory, trl_sizes
+from grpo_deploy.engines.base import COMMON_SECTIONS, ClusterPorts, Engine, Resolved, human
+from grpo_deploy.names import (
     COMPOSE_BASE,
     COMPOSE_TRAINER_HOSTS,
     COMPOSE_TRAINER_INFINIBAND,
@@ -21,14 +24,11 @@ from ..names import (
     REPLICA_LABEL,
     project_name,
 )
-from ..render_text import dump_yaml, template
-from ..runtime.adapters import POLICY_PREFIX
-from ..runtime.config import RunConfig, SpeedSwitches, config_text
-from ..runtime.processes import MAIN_PORT, MAX_MACHINES
-from ..runtime.values import MAX_PORT, host_part, ip_literal
-from ..settings import SECTIONS, SERVER_PORT, VLLM_KIT_FLAGS, VLLM_LORA_RANKS, KitFlag, vllm_flags
-from . import trl_memory, trl_sizes
-from .base import COMMON_SECTIONS, ClusterPorts, Engine, Resolved, human
+from grpo_deploy.runtime.storage.adapters import POLICY_PREFIX
+from grpo_deploy.runtime.trainer.config import RunConfig, SpeedSwitches, config_text
+from grpo_deploy.runtime.trainer.processes import MAIN_PORT, MAX_MACHINES
+from grpo_deploy.settings import SECTIONS, SERVER_PORT, VLLM_KIT_FLAGS, VLLM_LORA_RANKS, KitFlag, vllm_flags
+from grpo_deploy.templating import dump_yaml, template
 
 
 def _override(section: str, key: str) -> tuple[Any, ...]:
@@ -148,7 +148,7 @@ class TrlAsync(Engine):
             "config/trainer.yaml": config_text(
                 trainer_config(res, publish_ips),
                 f"# Trainer config for run {spec.run.name}, rendered by grpo-deploy; read by "
-                "grpo_deploy.runtime.train.\n"),
+                "grpo_deploy.runtime.trainer.train.\n"),
         }
 
     def host_files(self, res: Resolved, host, config_dir: str,
@@ -578,8 +578,8 @@ def _kit_args(res: Resolved, kit: KitFlag) -> list[str]:
 
 
 def trainer_config(res: Resolved, publish_ips: dict[str, str] | None = None) -> RunConfig:
-    """The trainer entrypoint's config (grpo_deploy.runtime.config's schema, validated here as in the container);
-    async_grpo goes to TRL's AsyncGRPOConfig."""
+    """The trainer entrypoint's config (grpo_deploy.runtime.trainer.config's schema, validated here as in the
+    container); async_grpo goes to TRL's AsyncGRPOConfig."""
     s, spec = res.settings, res.spec
     kit = {"output_dir": res.checkpoint_dir, "vllm_server_base_url": server_url(res, publish_ips),
            "seed": spec.run.seed,
@@ -647,7 +647,7 @@ TRL_ASYNC = TrlAsync(
     description="TRL async GRPO trainer + a vLLM server, adapters handed over through the shared volume",
     roles=("server", "trainer"),
     main_role="trainer",
-    bringup="grpo_deploy.bringup.trl_async",
+    bringup="grpo_deploy.deploy.bringup.trl_async",
     progress=(("staleness", "sample/staleness_mean", ".2f"), ("ratio", "ratio", ".4f"),
               ("queue", "sample/rollout_queue_size", ".0f")),
     role_images={"server": "server", "trainer": "trainer"},

@@ -4,8 +4,9 @@ and for a short side one line saying by how much and one saying what to change.
 
 vLLM (0.2x/0.3x) takes gpu_memory_utilization x the GPU's total: at start it refuses to run unless that much is free,
 and its KV cache is that budget less the weights, its activation peak and (unless enforce_eager) its CUDA graphs; its
-own CUDA context comes on top. So on a GPU the trainer shares, the server starts first (grpo_deploy.bringup.trl_async)
-and the trainer has what is left: total x (1 - gpu_memory_utilization) less both processes' CUDA contexts.
+own CUDA context comes on top. So on a GPU the trainer shares, the server starts first
+(grpo_deploy.deploy.bringup.trl_async) and the trainer has what is left: total x (1 - gpu_memory_utilization) less
+both processes' CUDA contexts.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..architecture import Architecture, known_models
-from .base import GB, Resolved
+from grpo_deploy.architecture import Architecture, known_models
+from grpo_deploy.engines.base import GB, Resolved
 
 GIB = 2**30
 CUDA_CONTEXT_GB = 0.6

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
-from ..architecture import Architecture
-from .base import Resolved
+from grpo_deploy.architecture import Architecture
+from grpo_deploy.engines.base import Resolved
 
 # TRL checkpoint parts besides the LoRA weights and Adam state, measured on the CPU rehearsal (transformers 5.24,
 # TRL 1.16, PEFT 0.21, torch 2.13): the flat 8 MiB once used here made plan and the disk watchdog overestimate a

@@ -8,14 +8,14 @@ import json
 import re
 from typing import Any
 
-from .. import diagnose_verl
-from ..architecture import Architecture
-from ..names import COMPOSE_INFINIBAND, COMPOSE_VERL, COMPOSE_VERL_CLUSTER, project_name
-from ..render_text import RenderError, template
-from ..runtime import verl_data
-from ..runtime.ray_node import GCS_PORT, NODE_PORTS, PEER_PORTS, WORKER_PORTS
-from ..runtime.values import CONTROL, MAX_STEPS, host_part
-from .base import COMMON_SECTIONS, GB, ClusterPorts, Engine, Resolved
+from grpo_deploy import diagnose_verl
+from grpo_deploy.architecture import Architecture
+from grpo_deploy.common.values import CONTROL, MAX_STEPS, host_part
+from grpo_deploy.engines.base import COMMON_SECTIONS, GB, ClusterPorts, Engine, Resolved
+from grpo_deploy.names import COMPOSE_INFINIBAND, COMPOSE_VERL, COMPOSE_VERL_CLUSTER, project_name
+from grpo_deploy.runtime.verl import data as verl_data
+from grpo_deploy.runtime.verl.ray_node import GCS_PORT, NODE_PORTS, PEER_PORTS, WORKER_PORTS
+from grpo_deploy.templating import RenderError, template
 
 DATASET_SIZES = {"gsm8k": 7473, "boxed-math": 1460}
 """Training prompts of the known datasets (steps per epoch = size // train_batch_size); dataset.size overrides."""
@@ -191,9 +191,9 @@ def ray_resources(res: Resolved, profile) -> dict[str, int]:
 
 
 KIT_REWARDS = ("brevity", "boxed-math")
-"""Datasets whose reward verl does not know: grpo_deploy.runtime.verl_data.compute_score scores them (GSM8K rows
+"""Datasets whose reward verl does not know: grpo_deploy.runtime.verl.data.compute_score scores them (GSM8K rows
 carry data_source openai/gsm8k, which verl's own scorer knows)."""
-KIT_REWARD_FILE = "/opt/grpo-deploy/lib/grpo_deploy/runtime/verl_data.py"
+KIT_REWARD_FILE = "/opt/grpo-deploy/lib/grpo_deploy/runtime/verl/data.py"
 """The reward file inside the kit's images (the package lives in /opt/grpo-deploy/lib)."""
 
 
@@ -203,7 +203,7 @@ answers, so this covers their container start and `ray start`)."""
 
 
 def node_config(engine: Engine, res: Resolved) -> dict[str, Any]:
-    """config/verl-node.json: what the head does around verl (grpo_deploy.runtime.verl_node.VerlNodeConfig)."""
+    """config/verl-node.json: what the head does around verl (grpo_deploy.runtime.verl.node.VerlNodeConfig)."""
     s = res.settings
     return {"run_dir": res.run_dir, "dataset": s.data.dataset, "data_dir": data_dir(res),
             "data_source": data_source(res), "num_prompts": s.data.num_prompts, "checkpoint_dir": res.checkpoint_dir,
@@ -324,7 +324,7 @@ VERL = Verl(
     description="verl with colocated vLLM (one node, or a Ray cluster of a head and workers)",
     roles=("head", "worker"),
     main_role="head",
-    bringup="grpo_deploy.bringup.verl",
+    bringup="grpo_deploy.deploy.bringup.verl",
     role_images={"head": "verl", "worker": "verl"},
     role_counts={"head": (1, 1), "worker": (0, 1 << 16)},
     sections=COMMON_SECTIONS + ("verl",),

@@ -9,7 +9,7 @@ import io
 import sys
 from dataclasses import dataclass, field
 
-from .targets import hostspecs
+from grpo_deploy.hostchecks.targets import hostspecs
 
 EXIT_OK, EXIT_FAILED, EXIT_COULD_NOT_RUN = 0, 1, 2
 INSTALL_HINT = "pip install 'grpo-deploy[check]'"

@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..hosts.connect import Host, Result
-from ..runtime.values import parse_address
+from grpo_deploy.common.values import parse_address
+from grpo_deploy.hosts.connect import Host, Result
 
 
 def hostspec(address: str) -> str:

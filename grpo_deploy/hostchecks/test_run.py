@@ -12,8 +12,8 @@ import pytest
 
 from grpo_deploy.hosts.project import RemoteProject
 from grpo_deploy.render import render_files
-from grpo_deploy.render_folder import parse_env
-from grpo_deploy.runtime.adapters import LORA_SUBDIR
+from grpo_deploy.render.folder import parse_env
+from grpo_deploy.runtime.storage.adapters import LORA_SUBDIR
 
 LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"  # vLLM serves /v1/load_lora_adapter only with it set
 METRICS_TAIL_LINES = 2000

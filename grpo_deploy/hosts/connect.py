@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..names import STATE_DIR
-from ..runtime.values import parse_address
+from grpo_deploy.common.values import parse_address
+from grpo_deploy.names import STATE_DIR
 
 CONNECT_TIMEOUT_S = 15
 CHUNK = 1 << 20
@@ -170,11 +170,11 @@ class LocalHost(Host):
         return str((Path(STATE_DIR) / run_name).resolve())
 
     def put_tree(self, folder: str, files: dict[str, tuple[str, int]]) -> None:
-        """On this machine the render folder is written as `render -o` writes one (grpo_deploy.render_folder): only
+        """On this machine the render folder is written as `render -o` writes one (grpo_deploy.render.folder): only
         into a new folder or the kit's own earlier render, files of that render this one lacks removed, nothing
         written through a link, folders kept (containers of the run still up bind-mount config/); HostError when
         refused, the folder untouched."""
-        from ..render_folder import WriteRefused, write_tree
+        from grpo_deploy.render.folder import WriteRefused, write_tree
 
         try:
             written = write_tree({rel: text for rel, (text, _) in files.items()}, Path(folder))

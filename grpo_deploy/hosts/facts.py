@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from .connect import Host
+from grpo_deploy.hosts.connect import Host
 
 
 def machine(host: Host) -> str | None:

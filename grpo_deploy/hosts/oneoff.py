@@ -4,8 +4,8 @@ to start one means, in the engine's own words."""
 
 from __future__ import annotations
 
-from ..names import MANAGED
-from .connect import Host, Result
+from grpo_deploy.hosts.connect import Host, Result
+from grpo_deploy.names import MANAGED
 
 ENGINE_REFUSED = 125  # `docker run`: the engine could not create or start the container (mount, image, options)
 _USAGE_HINTS = ("Run 'docker run --help'", "See 'docker run --help'")

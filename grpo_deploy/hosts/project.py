@@ -8,9 +8,9 @@ import json
 import tarfile
 from dataclasses import dataclass
 
-from ..kit_data import kit_dir
-from ..names import COMPOSE_FILES, ROLE_LABEL, RUN_LABEL, project_name
-from .connect import Host, HostError, Result
+from grpo_deploy.hosts.connect import Host, HostError, Result
+from grpo_deploy.kit_data import kit_dir
+from grpo_deploy.names import COMPOSE_FILES, ROLE_LABEL, RUN_LABEL, project_name
 
 ENV_FILE_LABEL = "com.docker.compose.project.environment_file"  # compose's label: the env file a container came from
 SERVICE_LABEL = "com.docker.compose.service"  # compose's label: the service a container runs

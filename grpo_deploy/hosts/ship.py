@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import facts
-from .connect import CHUNK, Host, HostError, LocalHost, chunks_of
+from grpo_deploy.hosts import facts
+from grpo_deploy.hosts.connect import CHUNK, Host, HostError, LocalHost, chunks_of
 
 
 @dataclass(frozen=True)

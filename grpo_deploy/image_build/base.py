@@ -12,12 +12,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..hosts import docker_api
-from ..hosts.docker_api import image_or_none
-from ..image_tags import MACHINES
-from .progress import Step, StepFailed, human
-from .recipes import BASE_SUITES, BaseSuite
-from .wheelhouse import run_logged
+from grpo_deploy.hosts import docker_api
+from grpo_deploy.hosts.docker_api import image_or_none
+from grpo_deploy.image_build.progress import Step, StepFailed, human
+from grpo_deploy.image_build.recipes import BASE_SUITES, BaseSuite
+from grpo_deploy.image_build.tags import MACHINES
+from grpo_deploy.image_build.wheelhouse import run_logged
 
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 BINFMT = Path("/proc/sys/fs/binfmt_misc")

@@ -14,13 +14,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .. import __version__
-from ..hosts import docker_api
-from ..hosts.docker_api import image_or_none
-from . import locks, wheelhouse
-from .base import build_base
-from .progress import Step, StepFailed, human
-from .recipes import BASE_SUITES, RECIPES, Recipe, known_base
+from grpo_deploy import __version__
+from grpo_deploy.hosts import docker_api
+from grpo_deploy.hosts.docker_api import image_or_none
+from grpo_deploy.image_build import locks, wheelhouse
+from grpo_deploy.image_build.base import build_base
+from grpo_deploy.image_build.progress import Step, StepFailed, human
+from grpo_deploy.image_build.recipes import BASE_SUITES, RECIPES, Recipe, known_base
 
 DEPS_REPO_SUFFIX = "-deps"
 _STEP = re.compile(r"^Step (\d+)/(\d+) :")

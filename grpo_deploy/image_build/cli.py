@@ -8,17 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..names import GID_LABEL, UID_LABEL
-from .door import BadValue, base_arch, base_suite, checked_path, image_tag, mirror_url, run_id
-from .progress import StepFailed
-from .recipes import BASE_SUITES, BASE_TAG, RECIPES, base_tag
+from grpo_deploy.image_build.door import BadValue, base_arch, base_suite, checked_path, image_tag, mirror_url, run_id
+from grpo_deploy.image_build.progress import StepFailed
+from grpo_deploy.image_build.recipes import BASE_SUITES, BASE_TAG, RECIPES, base_tag
+from grpo_deploy.names import GID_LABEL, UID_LABEL
 
 EXIT_FAILED, EXIT_USAGE = 1, 2
 IMAGE_RECIPES = sorted(n for n, r in RECIPES.items() if r.tag)
 
 
 def _client():
-    from ..hosts import docker_api
+    from grpo_deploy.hosts import docker_api
 
     try:
         return docker_api.client()
@@ -27,7 +27,7 @@ def _client():
 
 
 def _places():
-    from . import places
+    from grpo_deploy.image_build import places
 
     return places.images_dir(), places.package_dir(), places.build_dir()
 
@@ -35,7 +35,7 @@ def _places():
 def _run(fn, args) -> int:
     """One error path: a refused environment value -> one line, exit 2; a failed step -> one line (after the log's
     tail), exit 1."""
-    from .locks import LockError
+    from grpo_deploy.image_build.locks import LockError
 
     try:
         return fn(args)
@@ -48,7 +48,7 @@ def _run(fn, args) -> int:
 
 
 def cmd_base(args) -> int:
-    from .base import build_base
+    from grpo_deploy.image_build.base import build_base
 
     images, _, build = _places()
     suite = BASE_SUITES[args.suite]
@@ -61,7 +61,7 @@ def cmd_base(args) -> int:
 
 
 def cmd_wheelhouse(args) -> int:
-    from .wheelhouse import ensure
+    from grpo_deploy.image_build.wheelhouse import ensure
 
     images, _, build = _places()
     recipe = RECIPES[args.recipe]
@@ -78,7 +78,7 @@ def _one_tag(args) -> None:
 
 
 def cmd_build(args) -> int:
-    from .build import build as build_image
+    from grpo_deploy.image_build.build import build as build_image
 
     _one_tag(args)
     images, package, build = _places()
@@ -93,7 +93,7 @@ def cmd_build(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from .verify import verify
+    from grpo_deploy.image_build.verify import verify
 
     _one_tag(args)
     images, _, build = _places()
@@ -105,8 +105,8 @@ def cmd_verify(args) -> int:
 
 
 def cmd_lock(args) -> int:
-    from .lockgen import lock
-    from .places import in_checkout
+    from grpo_deploy.image_build.lockgen import lock
+    from grpo_deploy.image_build.places import in_checkout
 
     images, _, build = _places()
     if not in_checkout():

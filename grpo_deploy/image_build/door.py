@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from ..runtime.values import CONTROL
+from grpo_deploy.common.values import CONTROL
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _TAG = re.compile(rf"(?:{_COMPONENT}(?::[0-9]{{1,5}})?/)?{_COMPONENT}(?:/{_COMPONENT})*"
@@ -54,7 +54,7 @@ def checked_path(text: str) -> str:
 
 def base_suite(text: str) -> str:
     """A suite `images base` knows how to debootstrap (recipes.BASE_SUITES)."""
-    from .recipes import BASE_SUITES
+    from grpo_deploy.image_build.recipes import BASE_SUITES
 
     if text not in BASE_SUITES:
         raise BadValue(f"{_shown(text)} is not a base suite: give one of {', '.join(sorted(BASE_SUITES))}")
@@ -63,7 +63,7 @@ def base_suite(text: str) -> str:
 
 def base_arch(text: str) -> str:
     """An architecture the kit builds images for (image_tags.ARCHES: Docker's names)."""
-    from ..image_tags import ARCHES
+    from grpo_deploy.image_build.tags import ARCHES
 
     if text not in ARCHES:
         raise BadValue(f"{_shown(text)} is not an architecture: give one of {', '.join(ARCHES)} (Docker's names; "

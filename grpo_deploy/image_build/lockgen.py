@@ -12,10 +12,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import locks
-from .progress import Step, StepFailed
-from .recipes import Recipe, pip_flags
-from .wheelhouse import run_logged
+from grpo_deploy.image_build import locks
+from grpo_deploy.image_build.progress import Step, StepFailed
+from grpo_deploy.image_build.recipes import Recipe, pip_flags
+from grpo_deploy.image_build.wheelhouse import run_logged
 
 _TEMPLATE = re.compile(r"\{(?P<file>[^:{}]+):(?P<arg>[A-Z0-9_]+)\}")
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..kit_data import CHECKOUT_DIR, PACKAGE_DIR, kit_dir
-from .door import BadValue, checked_path
+from grpo_deploy.image_build.door import BadValue, checked_path
+from grpo_deploy.kit_data import CHECKOUT_DIR, PACKAGE_DIR, kit_dir
 
 BUILD_DIR_ENV = "GRPO_BUILD_DIR"
 

@@ -9,7 +9,7 @@ import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import image_tags
+from grpo_deploy.image_build import tags as image_tags
 
 
 @dataclass(frozen=True)
@@ -200,7 +200,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
       for arch in image_tags.ARCHES),
     # The verl rehearsal: verl 0.9.1, Ray, TransferQueue and Hydra added to the cpu image's venv (its dependency image
     # is the base), verl's own pins (transformers < 5.11, vllm 0.24.0 with torch 2.11.0) overridden: the CPU vLLM
-    # installable beside torch 2.13.0+cpu is 0.32.0, and the kit's plugin (grpo_deploy.runtime.verl_cpu) bridges it.
+    # installable beside torch 2.13.0+cpu is 0.32.0, and the kit's plugin (grpo_deploy.runtime.verl.cpu) bridges it.
     Recipe("verl-cpu", "verl-cpu/requirements.lock", BOOKWORM_AMD64, tag=image_tags.VERL_CPU_TAG,
            deps_dockerfile="verl-cpu/Dockerfile.deps", dockerfile="verl-cpu/Dockerfile", base_recipe="cpu",
            deps_files=("verl-cpu/requirements-sdist.lock",), code_files=COMMON, verify="verl-cpu/verify.sh",

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..hosts import docker_api
-from ..hosts.docker_api import image_or_none
-from ..image_tags import MACHINES
-from ..names import GID_LABEL, LABEL_PREFIX, MANAGED_BY_LABEL, UID_LABEL
-from .progress import Step, StepFailed
-from .recipes import Recipe
+from grpo_deploy.hosts import docker_api
+from grpo_deploy.hosts.docker_api import image_or_none
+from grpo_deploy.image_build.progress import Step, StepFailed
+from grpo_deploy.image_build.recipes import Recipe
+from grpo_deploy.image_build.tags import MACHINES
+from grpo_deploy.names import GID_LABEL, LABEL_PREFIX, MANAGED_BY_LABEL, UID_LABEL
 
 LABELS_TO_ENV = {"EXPECT_ROLE": "image-role", "EXPECT_CUDA": "cuda-version", "EXPECT_VLLM": "vllm-version",
                  "EXPECT_TRL": "trl-version", "EXPECT_VERL": "verl-version", "MODEL": "model-path"}
@@ -45,7 +45,7 @@ def emulation_options(client, image, log_dir: Path) -> dict:
     """Options for a throw-away container of *image* when it is not of the engine's architecture (QEMU user
     emulation), else none: the emulated CPU identity, and the image's entrypoint without tini, whose
     PR_SET_CHILD_SUBREAPER qemu-user does not emulate (tini's own presence is one of the checks)."""
-    from .base import is_foreign
+    from grpo_deploy.image_build.base import is_foreign
 
     arch = image.attrs.get("Architecture", "")
     if arch not in MACHINES or not is_foreign(arch, client.info().get("Architecture", "")):

@@ -16,9 +16,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote, unquote
 
-from . import locks
-from .progress import Step, StepFailed, human
-from .recipes import Recipe, pip_flags
+from grpo_deploy.image_build import locks
+from grpo_deploy.image_build.progress import Step, StepFailed, human
+from grpo_deploy.image_build.recipes import Recipe, pip_flags
 
 _COLLECTING = re.compile(r"^(?:Collecting|Processing) (\S+)")  # from an index | from a local file
 _SIZE = re.compile(r"^\s*Downloading \S+ \((?P<n>[0-9.]+) (?P<unit>[kMG]?B)\)")

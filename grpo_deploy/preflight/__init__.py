@@ -6,30 +6,30 @@ with what each check needs, the runner, table and JSON), and the checks by what 
 Importing this package registers every check, in registry.ORDER.
 """
 
-from . import cluster, host, images, spec, storage  # noqa: F401  (registers the checks)
-from .images import TRL_VLLM_GATE, image_on
-from .registry import (
-    CHECKS,
-    EXIT_COULD_NOT_RUN,
-    EXIT_FAILED,
-    EXIT_OK,
-    FAIL,
-    OK,
-    SKIP,
-    WARN,
-    Check,
-    Result,
-    after_shipping,
-    before_shipping,
-    check,
-    exit_code,
-    names,
-    run_checks,
-    table_text,
-    to_json,
+from grpo_deploy.preflight import cluster, host, images, spec, storage  # noqa: F401  (registers the checks)
+from grpo_deploy.preflight.images import TRL_VLLM_GATE, image_on
+from grpo_deploy.preflight.registry import (
+           CHECKS,
+           EXIT_COULD_NOT_RUN,
+           EXIT_FAILED,
+           EXIT_OK,
+           FAIL,
+           OK,
+           SKIP,
+           WARN,
+           Check,
+           Result,
+           after_shipping,
+           before_shipping,
+           check,
+           exit_code,
+           names,
+           run_checks,
+           table_text,
+           to_json,
 )
-from .session import Context, checkpoint_free_space, image_roles, measured_free_space
-from .storage import checkpoint_headroom, headroom_text
+from grpo_deploy.preflight.session import Context, checkpoint_free_space, image_roles, measured_free_space
+from grpo_deploy.preflight.storage import checkpoint_headroom, headroom_text
 
 __all__ = ["CHECKS", "EXIT_COULD_NOT_RUN", "EXIT_FAILED", "EXIT_OK", "FAIL", "OK", "SKIP", "TRL_VLLM_GATE", "WARN",
            "Check", "Context", "Result", "after_shipping", "before_shipping", "check", "checkpoint_free_space",

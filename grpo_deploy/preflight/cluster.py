@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..engines.base import ClusterPorts
-from ..hosts.connect import HostError, on_all
-from ..names import MANAGED
-from ..runtime.ray_node import GCS_PORT, interface_of
-from ..runtime.values import host_part, ip_literal
-from .images import image_on
-from .registry import FAIL, OK, SKIP, WARN, Result, check
-from .session import Context
+from grpo_deploy.common.values import host_part, ip_literal
+from grpo_deploy.engines.base import ClusterPorts
+from grpo_deploy.hosts.connect import HostError, on_all
+from grpo_deploy.names import MANAGED
+from grpo_deploy.preflight.images import image_on
+from grpo_deploy.preflight.registry import FAIL, OK, SKIP, WARN, Result, check
+from grpo_deploy.preflight.session import Context
+from grpo_deploy.runtime.verl.ray_node import GCS_PORT, interface_of
 
 LISTEN_S = 45
 """How long each node's probe listener stays up (the connections are tried within it)."""

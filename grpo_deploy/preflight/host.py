@@ -6,15 +6,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .. import image_tags
-from ..hosts import facts as host_facts
-from ..hosts import local_facts
-from ..hosts.connect import HostError
-from ..names import CUDA_LABEL
-from ..resolve import Resolved
-from .images import images_needed
-from .registry import FAIL, OK, SKIP, WARN, Result, check
-from .session import Context
+from grpo_deploy.hosts import facts as host_facts
+from grpo_deploy.hosts import local_facts
+from grpo_deploy.hosts.connect import HostError
+from grpo_deploy.image_build import tags as image_tags
+from grpo_deploy.names import CUDA_LABEL
+from grpo_deploy.preflight.images import images_needed
+from grpo_deploy.preflight.registry import FAIL, OK, SKIP, WARN, Result, check
+from grpo_deploy.preflight.session import Context
+from grpo_deploy.spec.resolve import Resolved
 
 CLOCK_TOLERANCE_S = 5.0  # hosts whose clocks disagree more than this make logs and checkpoint times misleading
 # The oldest driver branch each CUDA major runs on (NVIDIA's CUDA compatibility: CUDA 12.x R525, CUDA 13.x R580).

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..hosts import facts as host_facts
-from ..hosts import local_facts
-from ..hosts.connect import HostError
-from ..names import GID_LABEL, UID_LABEL, VLLM_VERSION_LABEL
-from ..resolve import Resolved
-from .registry import FAIL, OK, WARN, Result, check
-from .session import Context, image_roles
+from grpo_deploy.hosts import facts as host_facts
+from grpo_deploy.hosts import local_facts
+from grpo_deploy.hosts.connect import HostError
+from grpo_deploy.names import GID_LABEL, UID_LABEL, VLLM_VERSION_LABEL
+from grpo_deploy.preflight.registry import FAIL, OK, WARN, Result, check
+from grpo_deploy.preflight.session import Context, image_roles
+from grpo_deploy.spec.resolve import Resolved
 
 TRL_VLLM_GATE = ((0, 22, 0), (0, 31, 0))  # trl 1.16.0: vllm>=0.22.0,<=0.31.0
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..runtime.table import table
-from .session import Context
+from grpo_deploy.common.table import table
+from grpo_deploy.preflight.session import Context
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 EXIT_OK, EXIT_FAILED, EXIT_COULD_NOT_RUN = 0, 1, 2

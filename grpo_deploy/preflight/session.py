@@ -10,13 +10,13 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..hosts import docker_api
-from ..hosts import facts as host_facts
-from ..hosts.connect import Host, HostError, SshOptions, connect, on_all
-from ..names import RUN_LABEL
-from ..plan import Plan, make_plan
-from ..resolve import Resolved
-from ..runtime.checkpoints import QUARANTINE_DIR
+from grpo_deploy.hosts import docker_api
+from grpo_deploy.hosts import facts as host_facts
+from grpo_deploy.hosts.connect import Host, HostError, SshOptions, connect, on_all
+from grpo_deploy.names import RUN_LABEL
+from grpo_deploy.plan import Plan, make_plan
+from grpo_deploy.runtime.storage.checkpoints import QUARANTINE_DIR
+from grpo_deploy.spec.resolve import Resolved
 
 
 @dataclass

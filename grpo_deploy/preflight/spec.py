@@ -3,10 +3,10 @@ roles' memory on each host, plan's split), logger."""
 
 from __future__ import annotations
 
-from ..hosts import local_facts
-from ..plan import memory_shortfalls, role_plans
-from .registry import FAIL, OK, SKIP, WARN, Result, check
-from .session import Context
+from grpo_deploy.hosts import local_facts
+from grpo_deploy.plan import memory_shortfalls, role_plans
+from grpo_deploy.preflight.registry import FAIL, OK, SKIP, WARN, Result, check
+from grpo_deploy.preflight.session import Context
 
 
 @check("spec", "The spec validates and every cross-field rule holds")

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..hosts import oneoff
-from ..plan import make_plan
-from ..resolve import Resolved
-from .images import image_on
-from .registry import FAIL, OK, SKIP, WARN, Result, check
-from .session import Context, measured_free_space, storage_host
+from grpo_deploy.hosts import oneoff
+from grpo_deploy.plan import make_plan
+from grpo_deploy.preflight.images import image_on
+from grpo_deploy.preflight.registry import FAIL, OK, SKIP, WARN, Result, check
+from grpo_deploy.preflight.session import Context, measured_free_space, storage_host
+from grpo_deploy.spec.resolve import Resolved
 
 
 def checkpoint_headroom(ctx: Context) -> dict[str, Any] | None:
@@ -115,7 +115,7 @@ def shared_volume_probe(ctx: Context, writer: str, reader: str, r_host=None, w_h
     w_ident, r_ident = res.identities[writer], res.identities[reader]
     probe_dir = f"{res.run_dir}/.preflight-probe"
     w = _in_container(ctx, w_host, res.image_for(writer), w_ident,
-                      ["python3", "-m", "grpo_deploy.runtime.probe", "write", "--dir", probe_dir])
+                      ["python3", "-m", "grpo_deploy.runtime.storage.share_probe", "write", "--dir", probe_dir])
     if oneoff.engine_error(w) is not None:
         return _cannot_start(res, where, w_host.name, oneoff.engine_error(w))
     if not w.ok:
@@ -128,7 +128,7 @@ def shared_volume_probe(ctx: Context, writer: str, reader: str, r_host=None, w_h
     # The reader also removes the probe when it can (same identity: the usual case), saving a container start;
     # otherwise the writer's identity cleans up.
     r = _in_container(ctx, r_host, res.image_for(reader), r_ident,
-                      ["sh", "-c", 'python3 -m grpo_deploy.runtime.probe read --dir "$0"; rc=$?; '
+                      ["sh", "-c", 'python3 -m grpo_deploy.runtime.storage.share_probe read --dir "$0"; rc=$?; '
                        'rm -rf "$0" 2>/dev/null; exit $rc', probe_dir])
     read = _last_json(r.out)
     if (w_ident.uid, w_ident.gid) != (r_ident.uid, r_ident.gid) or not r.ok:

@@ -15,7 +15,7 @@ import time
 import urllib.error
 import urllib.request
 
-from .readback import ReadRefused, read_text
+from grpo_deploy.common.readback import ReadRefused, read_text
 
 DEFAULT_HEARTBEAT = "/tmp/grpo-deploy-trainer.heartbeat"
 HEARTBEAT_ENV = "GRPO_HEARTBEAT_FILE"

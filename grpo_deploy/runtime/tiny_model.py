@@ -8,8 +8,8 @@ import hashlib
 import os
 import sys
 
-from .identity import current_umask
-from .synthetic_rollouts import QWEN25_15B
+from grpo_deploy.runtime.bench.synthetic_rollouts import QWEN25_15B
+from grpo_deploy.runtime.identity import current_umask
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHARACTERS = ["\n", "\t"] + [chr(c) for c in range(32, 127)]  # one token each; other characters are dropped

@@ -13,8 +13,8 @@ umask "${GRPO_UMASK:-0022}"
 if [ "$#" -eq 0 ]; then
     cat >&2 <<'USAGE'
 grpo-deploy image: give the command to run, for example
-  python3 -m grpo_deploy.runtime.serve --args-file FILE   (server role)
-  python3 -m grpo_deploy.runtime.train ...                (trainer role)
+  python3 -m grpo_deploy.runtime.serving.serve --args-file FILE   (server role)
+  python3 -m grpo_deploy.runtime.trainer.train ...                (trainer role)
 USAGE
     exit 64
 fi

@@ -10,8 +10,8 @@ One line per check: `ok`, `FAIL`, or `n/a` for what cannot run without a GPU (sa
 pass); exit 1 when any check fails, 2 for bad arguments. Checks: run user and HOME, caches writable, `python3` and
 `python`, tini and the entrypoint, torch's CUDA build, the ptxas TRITON_PTXAS_PATH names (arm64), vllm and its
 OpenAI server module, trl and peft, TRL's vLLM version gate, the modules compose and k8s start (`python3 -m
-grpo_deploy.runtime.serve|train|health`), and `vllm serve --help` (which needs a GPU to build its defaults: reported
-as n/a when it says so).
+grpo_deploy.runtime.serving.serve`, `...trainer.train`, `...health`), and `vllm serve --help` (which needs a GPU to
+build its defaults: reported as n/a when it says so).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ import tempfile
 import warnings
 
 # The modules compose/compose.yaml and k8s/base/trl-async start or probe with `python3 -m`.
-ENTRY_MODULES = ("grpo_deploy.runtime.serve", "grpo_deploy.runtime.train", "grpo_deploy.runtime.health")
-SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # what grpo_deploy.runtime.serve execs
+ENTRY_MODULES = ("grpo_deploy.runtime.serving.serve", "grpo_deploy.runtime.trainer.train", "grpo_deploy.runtime.health")
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"  # what grpo_deploy.runtime.serving.serve execs
 NO_GPU_MARK = "Failed to infer device type"  # vLLM's CLI without any accelerator
 CACHES = ("~/.cache/huggingface", "~/.cache/vllm", "~/.triton", "$TRITON_CACHE_DIR", "$TORCHINDUCTOR_CACHE_DIR")
 

@@ -10,8 +10,9 @@ The checks the CUDA server and trainer images share come from their checker (/op
 the image: run user and HOME, caches writable, `python3` and `python`, tini and the entrypoint, torch's CUDA build);
 then verl's own: vLLM and verl at their labels' versions, TransferQueue, Ray and Hydra import, no TRL (verl 0.9.1
 breaks beside TRL 1.x), the kit's verl plugin found by verl's entry-point scan and leaving the platform to verl, the
-`ray` CLI, the modules compose.verl.yaml starts (`python3 -m grpo_deploy.runtime.verl_node|health --help`), and the
-a100 profile's rendered overrides composed by verl's own `main_ppo --cfg job` (nothing runs). One line per check;
+`ray` CLI, the modules compose.verl.yaml starts (`python3 -m grpo_deploy.runtime.verl.node --help` and
+`... runtime.health --help`), and the a100 profile's rendered overrides composed by verl's own `main_ppo --cfg job`
+(nothing runs). One line per check;
 exit 1 when any fails, 2 for bad arguments.
 """
 
@@ -27,7 +28,7 @@ import sys
 import tempfile
 
 BASE_CHECKER = "/opt/grpo-deploy/bin/check-image.py"
-ENTRY_MODULES = ("grpo_deploy.runtime.verl_node", "grpo_deploy.runtime.health")  # what compose.verl.yaml starts
+ENTRY_MODULES = ("grpo_deploy.runtime.verl.node", "grpo_deploy.runtime.health")  # what compose.verl.yaml starts
 PROFILE = "a100"  # whose rendered overrides are composed
 
 
@@ -54,7 +55,7 @@ def check_plugin(r) -> None:
     try:
         from verl.plugin.platform.platform_manager import PlatformRegistry
 
-        from grpo_deploy.runtime import verl_cpu
+        from grpo_deploy.runtime.verl import cpu as verl_cpu
 
         r.check("verl-plugin", PlatformRegistry.get(verl_cpu.PLATFORM) is not None and not verl_cpu.in_use(),
                 f"the kit's platform registered by verl's plugin scan, in use: {verl_cpu.in_use()} "
@@ -77,7 +78,8 @@ def check_entry_modules(r) -> None:
 def check_overrides(r) -> None:
     """The GPU profile's default spec rendered by the kit in the image and composed by verl's own entry point: Hydra
     refuses a key verl lacks or a value of the wrong type."""
-    from grpo_deploy import new_spec, render, resolve, spec
+    from grpo_deploy import render, spec
+    from grpo_deploy.spec import new_spec, resolve
 
     res = resolve.resolve(spec.loads(new_spec.spec_text(PROFILE, "verl", ["node1"]), source="check.yaml"))
     text = render.render_files(res)["config/verl-overrides.txt"]

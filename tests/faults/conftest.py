@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import resolve, spec
-from grpo_deploy.runtime.table import table
+from grpo_deploy import spec
+from grpo_deploy.common.table import table
+from grpo_deploy.spec import resolve
 from tests.specs import spec_data
 
 ROWS: list[dict] = []

@@ -20,13 +20,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import plan, resolve, spec
-from grpo_deploy.runtime.checkpoints import list_checkpoints
-from grpo_deploy.runtime.metrics import parse_events
+from grpo_deploy import plan, spec
+from grpo_deploy.common.metrics import parse_events
+from grpo_deploy.runtime.storage.checkpoints import list_checkpoints
+from grpo_deploy.spec import resolve
 from tests import compose
+from tests.faults.running import cli
 from tests.specs import spec_data
-
-from .running import cli
 
 SEED_FAILING_SAVE = 4
 UID = GID = 1000

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from grpo_deploy.runtime.metrics import parse_events
+from grpo_deploy.common.metrics import parse_events
 
 UP_TIMEOUT_S = 1800
 STEP = re.compile(r"step (\d+)/(\d+)")

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import json
 
-from .conftest import SAVE_EVERY
-from .namespaces import hide_behind_root_dir, require_nsenter
-from .running import checkpoints_after_stop, cli, stopped_by_storage_fault
+from tests.faults.conftest import SAVE_EVERY
+from tests.faults.namespaces import hide_behind_root_dir, require_nsenter
+from tests.faults.running import checkpoints_after_stop, cli, stopped_by_storage_fault
 
 AT_STEP = 5  # saves at 4, 8, 12, 16: the newest complete checkpoint when the fault lands is checkpoint-4
 STOP_WITHIN_S = 60

@@ -17,14 +17,13 @@ import time
 
 import pytest
 
-from grpo_deploy import deploy
-from grpo_deploy.deployment import Deployment
+from grpo_deploy.common.metrics import parse_events
+from grpo_deploy.deploy import lifecycle as deploy
+from grpo_deploy.deploy.deployment import Deployment
 from grpo_deploy.hosts.connect import SshOptions
-from grpo_deploy.runtime.checkpoints import list_checkpoints
-from grpo_deploy.runtime.metrics import parse_events
+from grpo_deploy.runtime.storage.checkpoints import list_checkpoints
 from tests import compose
-
-from .replay_disk import (
+from tests.faults.replay_disk import (
     SEED_FAILING_SAVE,
     UP_TIMEOUT_S,
     fill_when,

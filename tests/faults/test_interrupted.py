@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from grpo_deploy import new_spec
+from grpo_deploy.spec import new_spec
 from tests.interrupt import sigint_default
 
 RUN = "interrupted"

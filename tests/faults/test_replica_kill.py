@@ -11,11 +11,10 @@ import time
 
 import yaml
 
-from grpo_deploy.runtime.metrics import parse_events
+from grpo_deploy.common.metrics import parse_events
 from tests import compose
-
-from .conftest import MAX_STEPS, RUN
-from .running import up_with_fault
+from tests.faults.conftest import MAX_STEPS, RUN
+from tests.faults.running import up_with_fault
 
 KILL_AT_STEP = 6
 RETURN_WAIT_S = 600  # the replica's own start on a loaded 2-core machine took 218 s

@@ -10,9 +10,8 @@ import sys
 import time
 
 from tests import compose
-
-from .conftest import MAX_STEPS, RUN, SAVE_EVERY
-from .running import cli, resumed_after_kill, up_with_fault
+from tests.faults.conftest import MAX_STEPS, RUN, SAVE_EVERY
+from tests.faults.running import cli, resumed_after_kill, up_with_fault
 
 KILL_AT_STEP = 6  # saves at 4, 8, 12, 16: the kill lands two steps past a checkpoint
 

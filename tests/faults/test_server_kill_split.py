@@ -15,11 +15,10 @@ import time
 
 import pytest
 
+from tests.faults.conftest import MAX_STEPS, SAVE_EVERY
+from tests.faults.running import cli, resumed_after_kill, up_with_fault
 from tests.specs import split_spec
 from tests.testhosts import test_hosts
-
-from .conftest import MAX_STEPS, SAVE_EVERY
-from .running import cli, resumed_after_kill, up_with_fault
 
 pytestmark = [pytest.mark.docker, pytest.mark.faults_hosts]
 RUN = "faults-split"

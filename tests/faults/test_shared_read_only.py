@@ -15,10 +15,9 @@ import re
 
 from grpo_deploy.hosts import oneoff
 from grpo_deploy.hosts.connect import LocalHost
-
-from .conftest import SAVE_EVERY
-from .namespaces import make_read_only, require_nsenter
-from .running import checkpoints_after_stop, cli, stopped_by_storage_fault
+from tests.faults.conftest import SAVE_EVERY
+from tests.faults.namespaces import make_read_only, require_nsenter
+from tests.faults.running import checkpoints_after_stop, cli, stopped_by_storage_fault
 
 AT_STEP = 5  # saves at 4, 8, 12, 16: checkpoint-4 is complete when the share turns read-only
 STOP_WITHIN_S = 60

@@ -18,12 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy.runtime.metrics import parse_events
+from grpo_deploy.common.metrics import parse_events
 from tests.clirun import run_cli
+from tests.faults.running import up_with_fault
 from tests.specs import split_spec
 from tests.testhosts import test_hosts
-
-from .running import up_with_fault
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.trainer_hosts]
 

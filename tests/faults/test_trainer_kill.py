@@ -12,14 +12,13 @@ import time
 
 import yaml
 
+from grpo_deploy.common.metrics import parse_events
 from grpo_deploy.hosts import oneoff
 from grpo_deploy.hosts.connect import LocalHost
-from grpo_deploy.runtime.metrics import parse_events
-from grpo_deploy.runtime.trl_hooks import FAILPOINT_DIR, PAUSE_MID_SAVE
+from grpo_deploy.runtime.trainer.trl_hooks import FAILPOINT_DIR, PAUSE_MID_SAVE
 from tests import compose
-
-from .conftest import MAX_STEPS, RUN, SAVE_EVERY
-from .running import cli, up_with_fault
+from tests.faults.conftest import MAX_STEPS, RUN, SAVE_EVERY
+from tests.faults.running import cli, up_with_fault
 
 ARM_AT_STEP = 9  # saves at 4, 8, 12, 16: the pause holds the save of step 12, the newest complete one is 8
 

@@ -20,12 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy.runtime.metrics import parse_events
+from grpo_deploy.common.metrics import parse_events
 from tests.clirun import run_cli
+from tests.faults.running import STEP, UP_TIMEOUT_S
 from tests.specs import split_spec
 from tests.testhosts import test_hosts
-
-from .running import STEP, UP_TIMEOUT_S
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.verl_cluster]
 

@@ -24,9 +24,8 @@ import time
 
 import pytest
 
-from grpo_deploy.runtime.checkpoints import list_checkpoints
-
-from .replay_disk import (
+from grpo_deploy.runtime.storage.checkpoints import list_checkpoints
+from tests.faults.replay_disk import (
     UP_TIMEOUT_S,
     complete_steps,
     fill_when,

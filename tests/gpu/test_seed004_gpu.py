@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import assert_roles_within_the_card, run_harness
+from tests.gpu.conftest import assert_roles_within_the_card, run_harness
 
 pytestmark = pytest.mark.gpu
 

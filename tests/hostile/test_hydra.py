@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from grpo_deploy.common.values import CONTROL
 from grpo_deploy.engines.verl import hydra_value
-from grpo_deploy.render_text import RenderError
-from grpo_deploy.runtime.values import CONTROL
+from grpo_deploy.templating import RenderError
 from tests.hostile.helpers import assert_refused, changed, hydra_parse, render, rendered_files
 
 # Characters that matter to Hydra, OmegaConf, YAML or a shell, and a little of everything else.

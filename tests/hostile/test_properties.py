@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from grpo_deploy import preflight
 from grpo_deploy import spec as spec_module
-from grpo_deploy.runtime.config import parse_config
+from grpo_deploy.runtime.trainer.config import parse_config
 from grpo_deploy.settings import VLLM_OWNED_FLAGS
 from tests.hostile.helpers import (
     BASES,

@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grpo_deploy import plan as plan_mod
-from grpo_deploy.k8s_overlay import problems as k8s_problems
-from grpo_deploy.render_folder import RECORD, diff_tree, read_record, write_tree
-from grpo_deploy.runtime import checkpoints
-from grpo_deploy.runtime.readback import ReadRefused, read_text
-from grpo_deploy.runtime.shown import shown
+from grpo_deploy.common.readback import ReadRefused, read_text
+from grpo_deploy.common.shown import shown
+from grpo_deploy.render.folder import RECORD, diff_tree, read_record, write_tree
+from grpo_deploy.render.k8s_overlay import problems as k8s_problems
+from grpo_deploy.runtime.storage import checkpoints
 from tests.hostile.helpers import assert_refused, base_data, changed, cli, dump, render
 
 TOKEN = "hf_Zq8PlantedTokenValue9xYw"
@@ -345,7 +345,7 @@ def test_a_filesystem_without_directory_flock_falls_back_to_a_lock_file(tmp_path
     import errno
     import fcntl
 
-    from grpo_deploy.runtime import dirlock
+    from grpo_deploy.common import dirlock
 
     def no_flock(fd, op):
         raise OSError(errno.EBADF, "Bad file descriptor")

@@ -289,7 +289,7 @@ def test_a_run_counted_in_epochs_renders_with_no_planned_end(steps):
     import yaml
 
     from grpo_deploy.render import render_files
-    from grpo_deploy.resolve import resolve
+    from grpo_deploy.spec.resolve import resolve
     from tests.specs import loaded
 
     res = resolve(loaded("cpu", "trl-async", ("local",), overrides={"trl": {"max_steps": steps}}))

@@ -14,10 +14,9 @@ import time
 
 import pytest
 
-from grpo_deploy.runtime.metrics import parse_events
+from grpo_deploy.common.metrics import parse_events
 from tests import compose as compose_mod
-
-from .conftest import REPO
+from tests.integration.conftest import REPO
 
 PROJECT = "grpo-test-compose"
 METRICS = "/shared/runs/rehearsal/metrics.jsonl"  # compose/rendered/config/trainer.yaml

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy import image_tags
 from grpo_deploy.image_build import locks, places
+from grpo_deploy.image_build import tags as image_tags
 from grpo_deploy.image_build.build import DEPS_REPO_SUFFIX
 from grpo_deploy.image_build.recipes import RECIPES
 from tests import ci_phases, image_prebuild
@@ -107,7 +107,7 @@ def test_the_in_image_check_passes(request, arch: str, role: str):
                  "ok   torch-cuda: torch 2.13.0+cu130 built with CUDA 13.0, label says 13.0",
                  "ok   vllm: distribution vllm 0.31.0", "ok   import: vllm.entrypoints.openai.api_server",
                  "ok   trl-gate: is_vllm_available()=True, min 0.28.0=True, no version warning",
-                 "ok   entry: python3 -m grpo_deploy.runtime.train --help",
+                 "ok   entry: python3 -m grpo_deploy.runtime.trainer.train --help",
                  "ok   entry: python3 -m grpo_deploy.runtime.health --help",
                  "ok   python: /opt/venv/bin/python", "ok   python3: /opt/venv/bin/python3", "passed: 0 check(s)"):
         assert line in out, (line, out)
@@ -210,7 +210,7 @@ def test_the_verl_image_check_passes_and_its_labels_say_what_preflight_reads(cud
                  f"ok   vllm: distribution vllm {base['vllm']}", f"ok   verl: distribution verl {pins['verl']}",
                  "ok   no-trl: distribution trl None", "ok   import: transfer_queue", "ok   import: ray",
                  "ok   verl-plugin: the kit's platform registered by verl's plugin scan, in use: False",
-                 "ok   ray-cli: /opt/venv/bin/ray", "ok   entry: python3 -m grpo_deploy.runtime.verl_node --help",
+                 "ok   ray-cli: /opt/venv/bin/ray", "ok   entry: python3 -m grpo_deploy.runtime.verl.node --help",
                  "ok   verl-overrides:", "passed: 0 check(s)"):
         assert line in out, (line, out)
     assert "n/a  gpu:" in out

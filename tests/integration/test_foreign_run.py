@@ -8,11 +8,13 @@ import secrets
 import pytest
 import yaml
 
-from grpo_deploy import deploy, names, resolve, spec
-from grpo_deploy.deployment import Deployment
+from grpo_deploy import names, spec
+from grpo_deploy.deploy import lifecycle as deploy
+from grpo_deploy.deploy.deployment import Deployment
+from grpo_deploy.deploy.run_state import LaunchError
 from grpo_deploy.hosts.connect import SshOptions
 from grpo_deploy.hosts.project import ENV_FILE_LABEL
-from grpo_deploy.run_state import LaunchError
+from grpo_deploy.spec import resolve
 from tests.specs import spec_data
 
 BASE_IMAGE = "grpo-deploy/debian:bookworm"

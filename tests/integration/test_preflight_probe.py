@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from grpo_deploy import new_spec
+from grpo_deploy.spec import new_spec
 from tests import compose as compose_mod
 
 RUN = "probe-split"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy import new_spec, resolve
 from grpo_deploy.hosts import oneoff
 from grpo_deploy.hosts.connect import LocalHost
+from grpo_deploy.spec import new_spec, resolve
 from tests import compose as compose_mod
 
 RUN = "rehearsal"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy.runtime.verl_node import read_overrides
+from grpo_deploy.runtime.verl.node import read_overrides
 
 pytestmark = pytest.mark.docker
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from grpo_deploy.runtime.metrics import read_events
+from grpo_deploy.common.metrics import read_events
 from tests.specs import spec_data
 
 RUN, MAX_STEPS, SAVE_EVERY = "watched", 24, 6

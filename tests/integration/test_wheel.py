@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import REPO
+from tests.integration.conftest import REPO
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from grpo_deploy import render, resolve, spec
+from grpo_deploy import render, spec
+from grpo_deploy.spec import resolve
 
 CASES = Path(__file__).resolve().parent
 CONFIG_DIR = "/srv/grpo-render/config"

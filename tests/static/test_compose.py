@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import committed, new_spec, render, resolve, spec
+from grpo_deploy import render, spec
+from grpo_deploy.render import committed
+from grpo_deploy.spec import new_spec, resolve
 from tests.specs import spec_yaml
 
 COMPOSE = Path(__file__).resolve().parents[2] / "compose"

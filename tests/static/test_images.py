@@ -1,6 +1,6 @@
 """Static checks of the image definitions against the defects the GPU images had (issue 9), one test per class:
 what the kit runs in an image calls `python3` (the upstream vLLM image has no `python`); caches under HOME belong to
-the run user; no platform ARG has a default; tags come from grpo_deploy/image_tags.py and the bake file and the
+the run user; no platform ARG has a default; tags come from grpo_deploy/image_build/tags.py and the bake file and the
 profiles follow it; bake builds the native platform unless asked; the arch lists cover every profile's GPU (GB10:
 12.1a) and the images label the CUDA they check; bases are pinned by digest or listed as not verifiable; every
 HEALTHCHECK checks a role the health module knows."""
@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import __version__, image_tags, profiles
+from grpo_deploy import __version__
+from grpo_deploy.image_build import tags as image_tags
 from grpo_deploy.runtime import health
+from grpo_deploy.spec import profiles
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "images"
@@ -134,7 +136,7 @@ def test_no_platform_arg_has_a_default(dockerfile: Path):
     assert not bad, f"{dockerfile.relative_to(ROOT)} gives a platform ARG a default: {bad}"
 
 
-# --- tags: one formula (grpo_deploy/image_tags.py), the bake file and the profiles follow it --------------------
+# --- tags: one formula (grpo_deploy/image_build/tags.py), the bake file and the profiles follow it --------------------
 
 BAKE = IMAGES / "docker-bake.hcl"
 

@@ -41,7 +41,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from grpo_deploy import committed, k8s_overlay, render, render_folder, render_k8s, resolve, spec
+from grpo_deploy import render, spec
+from grpo_deploy.render import committed, k8s_overlay
+from grpo_deploy.render import folder as render_folder
+from grpo_deploy.render import k8s as render_k8s
+from grpo_deploy.spec import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"

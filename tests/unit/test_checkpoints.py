@@ -1,5 +1,5 @@
-"""Tests of grpo_deploy.checkpoints: the manager's answers as the CLI prints them (the manager itself is tested in
-tests/unit/runtime/test_checkpoints.py, and run in the real image in tests/integration/test_rehearsal.py)."""
+"""Tests of grpo_deploy.deploy.checkpoints: the manager's answers as the CLI prints them (the manager itself is tested
+in tests/unit/runtime/test_checkpoints.py, and run in the real image in tests/integration/test_rehearsal.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,16 @@ from dataclasses import asdict
 
 import pytest
 
-from grpo_deploy import checkpoints, preflight, resolve, spec
+from grpo_deploy import preflight, spec
 from grpo_deploy.cli import main
-from grpo_deploy.runtime import checkpoints as manager
+from grpo_deploy.deploy import checkpoints
+from grpo_deploy.runtime.storage import checkpoints as manager
+from grpo_deploy.spec import resolve
 from tests.unit.runtime.test_checkpoints import verl_checkpoint
 
 
 def _answer(directory, action="list", **kw) -> dict:
-    """What `python3 -m grpo_deploy.runtime.checkpoints` prints, as run_manager hands it on."""
+    """What `python3 -m grpo_deploy.runtime.storage.checkpoints` prints, as run_manager hands it on."""
     import contextlib
     import io
 

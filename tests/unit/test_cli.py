@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from grpo_deploy import new_spec
 from grpo_deploy.cli import VERBS, main
 from grpo_deploy.cli_parser import build_parser, host_list
+from grpo_deploy.spec import new_spec
 
 
 def test_every_verb_has_help(capsys):
@@ -75,7 +75,8 @@ def test_host_list_drops_blanks():
 
 def test_a_second_up_of_the_same_run_is_refused_at_once(tmp_path):
     """While one `up` of a run holds its lock, another `up` of it from the same folder starts nothing."""
-    from grpo_deploy import resolve, run_state
+    from grpo_deploy.deploy import run_state
+    from grpo_deploy.spec import resolve
 
     state = run_state.RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path / ".grpo-deploy")
     with state.up_lock():
@@ -92,7 +93,8 @@ def test_a_second_up_of_the_same_run_is_refused_at_once(tmp_path):
 def test_a_second_up_of_the_same_run_from_another_folder_is_refused(tmp_path):
     """The run's containers are one set per Docker engine: an `up` of the same run name from another folder would
     recreate them under the first one (seen in a test run: the first run's server got SIGTERM)."""
-    from grpo_deploy import resolve, run_state
+    from grpo_deploy.deploy import run_state
+    from grpo_deploy.spec import resolve
 
     first = run_state.RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path / "a" / ".grpo-deploy")
     other = tmp_path / "b"
@@ -119,8 +121,8 @@ def test_diagnose_adds_the_run_watchers_view(tmp_path, capsys, monkeypatch):
     import json
     from pathlib import Path
 
-    from grpo_deploy import deployer
-    from grpo_deploy.runtime.metrics import read_events
+    from grpo_deploy import deploy as deployer
+    from grpo_deploy.common.metrics import read_events
 
     recorded = read_events(str(Path(__file__).parent / "metrics" / "cpu_rehearsal.jsonl"))
     monkeypatch.setattr(deployer, "events", lambda res, ssh: recorded)

@@ -1,4 +1,4 @@
-"""grpo_deploy.deployer: one path for a run on any hosts; the CLI does not branch on where hosts are."""
+"""grpo_deploy.deploy: one path for a run on any hosts; the CLI does not branch on where hosts are."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy import deployer, new_spec
+from grpo_deploy import deploy as deployer
 from grpo_deploy.hosts.connect import SshOptions
-from grpo_deploy.resolve import resolve
-from grpo_deploy.spec import loads
+from grpo_deploy.spec import loads, new_spec
+from grpo_deploy.spec.resolve import resolve
 
-CLI = Path(deployer.__file__).with_name("cli.py")
+CLI = Path(deployer.__file__).parents[1] / "cli.py"
 
 
 def _res(hosts: str | None = None):
@@ -21,12 +21,13 @@ def _res(hosts: str | None = None):
 
 
 def test_the_cli_names_no_host_address_and_neither_deployer():
-    """Where hosts are is the deployer's question: the CLI has no `address` test and imports neither deployer."""
+    """Where hosts are is the deployer's question: the CLI has no `address` test and imports neither the
+    bring-up nor the old launcher."""
     tree = ast.parse(CLI.read_text(encoding="utf-8"))
     attributes = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
     imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     assert "address" not in attributes
-    assert not {"launch", "deploy"} & imported
+    assert not {"launch", "lifecycle"} & imported
 
 
 def test_logs_of_a_role_the_engine_lacks_is_refused_before_any_host_is_reached():

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy import diagnose, new_spec, resolve
-from grpo_deploy.runtime.metrics import read_events
+from grpo_deploy import diagnose
+from grpo_deploy.common.metrics import read_events
+from grpo_deploy.spec import new_spec, resolve
 from tests import specs
 
 METRICS = Path(__file__).parent / "metrics"

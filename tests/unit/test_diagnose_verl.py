@@ -8,7 +8,7 @@ import copy
 from pathlib import Path
 
 from grpo_deploy import diagnose, diagnose_verl
-from grpo_deploy.runtime.metrics import read_events
+from grpo_deploy.common.metrics import read_events
 
 RECORDED = Path(__file__).parent / "metrics" / "verl-rehearsal-cpu.jsonl"
 CPU_HINT = {"rollout_tp": 1, "gpu_memory_utilization": 0.2, "rollout_n": 4, "ppo_mini_batch_size": 4,

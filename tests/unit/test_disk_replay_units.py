@@ -9,12 +9,13 @@ import os
 import yaml
 from transformers import TrainerControl, TrainerState
 
-from grpo_deploy import plan, preflight, resolve, spec
+from grpo_deploy import plan, preflight, spec
 from grpo_deploy.engines import trl_sizes
 from grpo_deploy.hosts import oneoff
 from grpo_deploy.preflight import session
-from grpo_deploy.runtime.config import DiskWatchdogConfig
-from grpo_deploy.runtime.disk_watchdog import DiskWatchdog
+from grpo_deploy.runtime.trainer.config import DiskWatchdogConfig
+from grpo_deploy.runtime.trainer.disk_watchdog import DiskWatchdog
+from grpo_deploy.spec import resolve
 from tests.specs import spec_data, spec_yaml
 
 # checkpoint-2 of the rehearsal (tiny-qwen2, LoRA r8 all-linear; transformers 5.24, TRL 1.16, PEFT 0.21), as listed

@@ -7,10 +7,11 @@ import re
 
 import pytest
 
-from grpo_deploy import engines, new_spec, plan, preflight, profiles, render, resolve, spec
+from grpo_deploy import engines, plan, preflight, render, spec
 from grpo_deploy.cli import main
 from grpo_deploy.engines import ENGINES, TRL_ASYNC, VERL
 from grpo_deploy.engines.base import Engine, Unsupported
+from grpo_deploy.spec import new_spec, profiles, resolve
 from tests.specs import spec_yaml
 
 
@@ -114,7 +115,7 @@ def test_an_unsupported_feature_answers_with_the_engine_reason(toy):
     with pytest.raises(Unsupported, match="^the toy engine cannot start a run: it exists only in a test$"):
         res.engine_info.refuse("up")
     assert res.engine_info.why_not("diagnose") is None
-    assert VERL.why_not("up") is None  # verl launches (grpo_deploy.bringup.verl)
+    assert VERL.why_not("up") is None  # verl launches (grpo_deploy.deploy.bringup.verl)
     assert TRL_ASYNC.role_limit_why("server") is None  # replicas go behind the kit's proxy
     assert TRL_ASYNC.role_limit_why("trainer") is None  # one process group over the trainer hosts
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy import forecast, new_spec, profiles, resolve, spec
-from grpo_deploy.runtime.metrics import read_events
+from grpo_deploy import forecast, spec
+from grpo_deploy.common.metrics import read_events
+from grpo_deploy.spec import new_spec, profiles, resolve
 from tests.hostile.helpers import cli, write_spec
 
 METRICS = Path(__file__).parent / "metrics"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy import harness, profiles
+from grpo_deploy import harness
+from grpo_deploy.spec import profiles
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -15,10 +15,11 @@ import pytest
 import testinfra
 import yaml
 
-from grpo_deploy import new_spec, resolve, spec
+from grpo_deploy import spec
 from grpo_deploy.cli import main
 from grpo_deploy.hostchecks import mounts, runner
 from grpo_deploy.hostchecks.targets import hostspec, hostspecs, spec_host_of
+from grpo_deploy.spec import new_spec, resolve
 from tests.check_output import check_lines
 
 NO_ENGINE = ["--", "-k", "shared_dir or headroom or nfs or gpus or nvidia"]  # what needs no Docker engine

@@ -1,4 +1,4 @@
-"""Tests of grpo_deploy.k8s_overlay and its verbs (`grpo-deploy k8s render|check OVERLAY`): the placeholder and
+"""Tests of grpo_deploy.render.k8s_overlay and its verbs (`grpo-deploy k8s render|check OVERLAY`): the placeholder and
 registry door, a stale generated/, hostile OVERLAY arguments (one line, exit 2, nothing written)."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import cli, k8s_overlay
+from grpo_deploy import cli
+from grpo_deploy.render import k8s_overlay
 
 K8S = Path(__file__).resolve().parents[2] / "k8s"
 

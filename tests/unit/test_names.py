@@ -8,8 +8,9 @@ from pathlib import Path
 
 import yaml
 
-from grpo_deploy import names, new_spec, render, resolve, spec
+from grpo_deploy import names, render, spec
 from grpo_deploy.kit_data import kit_dir
+from grpo_deploy.spec import new_spec, resolve
 
 PACKAGE = Path(names.__file__).parent
 # Literals that names.py states once: a module spelling one of them again is restating the fact.

@@ -1,8 +1,9 @@
-"""Tests of grpo_deploy.new_spec: init specs per profile/engine and host list; the embedded default."""
+"""Tests of grpo_deploy.spec.new_spec: init specs per profile/engine and host list; the embedded default."""
 
 import pytest
 
-from grpo_deploy import new_spec, spec
+from grpo_deploy import spec
+from grpo_deploy.spec import new_spec
 
 
 def test_pair_puts_trainer_first_and_server_second_with_nfs():

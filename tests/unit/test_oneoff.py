@@ -4,9 +4,9 @@ here for an NFS volume that cannot be mounted)."""
 
 from __future__ import annotations
 
-from grpo_deploy import resolve
 from grpo_deploy.hosts import oneoff
 from grpo_deploy.hosts.connect import Result
+from grpo_deploy.spec import resolve
 from tests.specs import loaded
 
 NFS_REFUSED = ("docker: Error response from daemon: failed to mount local volume: mount :/export:/var/lib/docker/"

@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from grpo_deploy import new_spec, plan, resolve, spec
+from grpo_deploy import plan, spec
 from grpo_deploy.cli import main
+from grpo_deploy.spec import new_spec, resolve
 from tests.specs import spec_yaml
 
 

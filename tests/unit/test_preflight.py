@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
-from grpo_deploy import new_spec, preflight, resolve, spec
+from grpo_deploy import preflight, spec
 from grpo_deploy.cli import main
 from grpo_deploy.preflight import registry
+from grpo_deploy.spec import new_spec, resolve
 
 
 def ctx_for(text: str, **kw) -> preflight.Context:

@@ -4,9 +4,10 @@ n_gpus_per_node; each with the fix in the spec's own key. The network probe itse
 
 from __future__ import annotations
 
-from grpo_deploy import preflight, resolve, spec
+from grpo_deploy import preflight, spec
 from grpo_deploy.hosts.facts import Gpu
 from grpo_deploy.preflight import cluster as cluster_checks
+from grpo_deploy.spec import resolve
 from tests.specs import spec_yaml
 
 ETH = {"lo": ["127.0.0.1"], "eth0": ["10.0.0.1"], "docker0": ["172.17.0.1"]}

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy import image_tags, new_spec, preflight, resolve, spec
+from grpo_deploy import preflight, spec
 from grpo_deploy.hosts import facts as host_facts
 from grpo_deploy.hosts.connect import LocalHost
+from grpo_deploy.image_build import tags as image_tags
 from grpo_deploy.preflight import host as checks_host
+from grpo_deploy.spec import new_spec, resolve
 
 OUTPUTS = Path(__file__).parent / "nvidia_smi"
 H200_TAG = image_tags.arch_tag("vllm", "amd64")

@@ -33,7 +33,7 @@ def test_a_check_decorator_on_anything_but_its_check_is_refused_at_import():
 def test_every_check_answers_with_results_on_this_machine():
     """The whole preflight of the embedded default on this machine's real engine (no images needed): every row is a
     Result and the table prints."""
-    from grpo_deploy import new_spec, resolve
+    from grpo_deploy.spec import new_spec, resolve
 
     ctx = preflight.Context(resolve.resolve(new_spec.embedded_default()))
     try:

@@ -1,8 +1,8 @@
-"""Tests of grpo_deploy.profiles: every profile file parses, carries a reason per value, and the seed facts."""
+"""Tests of grpo_deploy.spec.profiles: every profile file parses, carries a reason per value, and the seed facts."""
 
 import pytest
 
-from grpo_deploy import profiles
+from grpo_deploy.spec import profiles
 
 
 def test_the_five_profiles_exist():
@@ -91,7 +91,8 @@ def test_the_child_merges_over_the_parent_key_by_key_and_replaces_a_setting_whol
 
 
 def test_an_inherited_value_says_which_profile_holds_it():
-    from grpo_deploy import resolve, spec
+    from grpo_deploy import spec
+    from grpo_deploy.spec import resolve
 
     res = resolve.resolve(spec.load("tests/render/h200-trl-async-single/spec.yaml"))
     assert res.origins["trl"]["max_steps"].source == "profile:h200 (from _hf-recipe)"

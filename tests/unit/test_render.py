@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import new_spec, profiles, render, resolve, spec
+from grpo_deploy import render, spec
 from grpo_deploy.settings import VLLM_KIT_FLAGS, VLLM_LORA_RANKS, vllm_flags
+from grpo_deploy.spec import new_spec, profiles, resolve
 from tests.render.regen import CASES, render_case
 
 CASE_DIRS = sorted(p for p in CASES.iterdir() if (p / "spec.yaml").exists())

@@ -1,4 +1,4 @@
-"""Tests of grpo_deploy.render_folder: writing a render to a folder (the record, what is refused, what stays), diffing,
+"""Tests of grpo_deploy.render.folder: writing a render to a folder (the record, what is refused, what stays), diffing,
 reading env files."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ import shutil
 
 import pytest
 
-from grpo_deploy import new_spec, render, render_folder, resolve, spec
+from grpo_deploy import render, spec
+from grpo_deploy.render import folder as render_folder
+from grpo_deploy.spec import new_spec, resolve
 
 
 def test_parse_env_round_trips_a_rendered_server_env():
@@ -204,7 +206,7 @@ def test_adopt_takes_over_equal_files_of_a_folder_without_record_only(tmp_path):
 
 
 def test_committed_renders_carry_a_current_record():
-    from grpo_deploy import committed
+    from grpo_deploy.render import committed
 
     for folder, files in committed.renders().items():
         assert render_folder.read_record(folder) == digests(files), \
@@ -225,8 +227,8 @@ def test_diff_tree_names_missing_differing_and_extra_files(tmp_path):
 
 def test_run_render_folder_loses_files_of_an_earlier_render_only(tmp_path, monkeypatch):
     """The deployer's render into this machine's run folder (LocalHost.put_tree) is written as `render -o` writes."""
-    from grpo_deploy import deploy
-    from grpo_deploy.deployment import Deployment
+    from grpo_deploy.deploy import lifecycle as deploy
+    from grpo_deploy.deploy.deployment import Deployment
     from grpo_deploy.hosts.connect import HostError, SshOptions
 
     monkeypatch.chdir(tmp_path)

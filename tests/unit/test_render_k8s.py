@@ -1,10 +1,13 @@
-"""Tests of grpo_deploy.render_k8s: params.env values, the GPU placement and the admin/ objects, from real specs."""
+"""Tests of grpo_deploy.render.k8s: params.env values, the GPU placement and the admin/ objects, from real specs."""
 
 from __future__ import annotations
 
 import yaml
 
-from grpo_deploy import render_folder, render_k8s, resolve, spec
+from grpo_deploy import spec
+from grpo_deploy.render import folder as render_folder
+from grpo_deploy.render import k8s as render_k8s
+from grpo_deploy.spec import resolve
 from tests.specs import loaded, spec_data
 
 NFS = {"storage.nfs": {"server": "nfs1.lab.internal", "export": "/srv/grpo", "options": "nfsvers=4.1,hard"}}

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from grpo_deploy.cli import main
-from grpo_deploy.render_folder import RECORD, RECORD_HEADER
+from grpo_deploy.render.folder import RECORD, RECORD_HEADER
 
 
 def tree(folder: Path) -> dict[str, str]:

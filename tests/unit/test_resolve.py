@@ -1,12 +1,13 @@
-"""Tests of grpo_deploy.resolve: precedence, provenance, derived vLLM settings, GPU split, cross-field rules."""
+"""Tests of grpo_deploy.spec.resolve: precedence, provenance, derived vLLM settings, GPU split, cross-field rules."""
 
 from importlib import resources
 
 import pytest
 import yaml
 
-from grpo_deploy import profiles, resolve, settings, spec
+from grpo_deploy import settings, spec
 from grpo_deploy.engines.trl_async import server_url
+from grpo_deploy.spec import profiles, resolve
 from tests.specs import loaded
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from grpo_deploy import new_spec, resolve, spec
+from grpo_deploy import spec
 from grpo_deploy.cli import main
+from grpo_deploy.spec import new_spec, resolve
 from tests.specs import loaded, spec_data, spec_yaml
 
 PAIR = new_spec.spec_text("gb10", "trl-async", ["spark1", "spark2"])
@@ -142,7 +143,7 @@ def test_run_and_role_umasks_are_padded_to_four_digits():
 
 
 def test_dataset_names_are_the_runtime_ones():
-    from grpo_deploy.runtime.data import DATASETS
+    from grpo_deploy.runtime.tasks.data import DATASETS
 
     for name in DATASETS:
         spec.loads(PAIR.replace("  name: null                        # null = the profile's", f"  name: {name} #"))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 from grpo_deploy import status
+from grpo_deploy.common.metrics import parse_events
 from grpo_deploy.engines.trl_async import TRL_ASYNC
 from grpo_deploy.engines.verl import VERL
-from grpo_deploy.runtime.metrics import parse_events
 
 
 def _events():
@@ -75,9 +75,10 @@ def test_plot_title():
 
 
 def test_deployer_events_use_the_runtime_envelope(tmp_path, monkeypatch):
-    from grpo_deploy import new_spec, resolve, run_view
-    from grpo_deploy.deployment import Deployment
+    from grpo_deploy.deploy import run_view
+    from grpo_deploy.deploy.deployment import Deployment
     from grpo_deploy.hosts.connect import SshOptions
+    from grpo_deploy.spec import new_spec, resolve
 
     monkeypatch.chdir(tmp_path)
     dep = Deployment(resolve.resolve(new_spec.embedded_default()), SshOptions())
@@ -95,7 +96,8 @@ def test_watch_ends_when_the_run_has_ended(tmp_path):
     import subprocess
     import sys
 
-    from grpo_deploy import new_spec, resolve, run_state
+    from grpo_deploy.deploy import run_state
+    from grpo_deploy.spec import new_spec, resolve
 
     state = run_state.RunState(resolve.resolve(new_spec.embedded_default()), root=tmp_path / ".grpo-deploy")
     state.emit("up_start", run="rehearsal")
@@ -121,7 +123,7 @@ def test_a_storage_fault_is_named_in_status():
 
 
 def test_the_servers_own_view_is_added_to_the_fault():
-    from grpo_deploy.supervise import view_words
+    from grpo_deploy.deploy.supervise import view_words
 
     seen = {"path": "/s/l/v7", "blocked": "/s/l", "problem": "no access", "mode": "0700", "owner": "0:0", "uid": 1000}
     words = view_words(seen)
@@ -154,7 +156,7 @@ def test_phases_leave_out_what_did_not_happen():
 def test_a_verl_summary_shows_its_phases_not_adapter_syncs():
     from pathlib import Path
 
-    from grpo_deploy.runtime.metrics import read_events
+    from grpo_deploy.common.metrics import read_events
 
     events = read_events(str(Path(__file__).parent / "metrics" / "verl-rehearsal-cpu.jsonl"))
     s = status.summarize("verl-rehearsal", events, max_steps=16)
@@ -169,7 +171,7 @@ def test_a_verl_plot_has_the_phase_and_update_panels(tmp_path):
 
     import matplotlib.image
 
-    from grpo_deploy.runtime.metrics import read_events
+    from grpo_deploy.common.metrics import read_events
 
     events = read_events(str(Path(__file__).parent / "metrics" / "verl-rehearsal-cpu.jsonl"))
     verl_png = status.plot(events, str(tmp_path / "verl.png"))

@@ -1,5 +1,5 @@
-"""grpo_deploy.supervise: EnginePatience (a slow Docker engine ridden out, a silent one ends `up` in one line, real
-errors pass), restarts after a death mid-run, the words for container states."""
+"""grpo_deploy.deploy.supervise: EnginePatience (a slow Docker engine ridden out, a silent one ends `up` in one line,
+real errors pass), restarts after a death mid-run, the words for container states."""
 
 import io
 import socket
@@ -9,8 +9,8 @@ import time
 import docker
 import pytest
 
-from grpo_deploy.run_state import LaunchError
-from grpo_deploy.supervise import EnginePatience, state_words
+from grpo_deploy.deploy.run_state import LaunchError
+from grpo_deploy.deploy.supervise import EnginePatience, state_words
 
 
 @pytest.fixture()
@@ -77,9 +77,9 @@ def test_an_error_that_is_not_the_engine_being_slow_is_raised_as_is():
 
 # ------------------------------------------------------------------ supervise: restarts after a death mid-run
 
-from grpo_deploy import new_spec, resolve  # noqa: E402
-from grpo_deploy.run_state import RunState  # noqa: E402
-from grpo_deploy.supervise import KILLED, RoleDied, finish, supervise  # noqa: E402
+from grpo_deploy.deploy.run_state import RunState  # noqa: E402
+from grpo_deploy.deploy.supervise import KILLED, RoleDied, finish, supervise  # noqa: E402
+from grpo_deploy.spec import new_spec, resolve  # noqa: E402
 
 
 def scripted_follow(outcomes):

@@ -1,4 +1,5 @@
-"""Tests of grpo_deploy.bringup.trl_async's start order: on a GPU the server and the trainer share, the server is ready
+"""Tests of grpo_deploy.deploy.bringup.trl_async's start order: on a GPU the server and the trainer share, the server
+is ready
 before the trainer starts (vLLM refuses to start unless gpu_memory_utilization of the GPU is free); on GPUs of their
 own both start at once (the trainer builds its model while the server loads). The compose steps are recorded, not
 run."""
@@ -9,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_deploy import resolve
-from grpo_deploy.bringup import trl_async as bringup
+from grpo_deploy.deploy.bringup import trl_async as bringup
+from grpo_deploy.spec import resolve
 from tests.specs import loaded
 
 

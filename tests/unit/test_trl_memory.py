@@ -10,8 +10,9 @@ import json
 import pytest
 import yaml
 
-from grpo_deploy import plan, preflight, profiles, resolve
+from grpo_deploy import plan, preflight
 from grpo_deploy.engines import trl_memory
+from grpo_deploy.spec import profiles, resolve
 from tests.hostile.helpers import cli
 from tests.specs import loaded
 

@@ -4,8 +4,9 @@ trainer GPU by default on cuda, any count on cpu, in trainer.yaml as `processes`
 import pytest
 import yaml
 
-from grpo_deploy import render, resolve, spec
+from grpo_deploy import render, spec
 from grpo_deploy.engines.trl_async import trainer_processes
+from grpo_deploy.spec import resolve
 from tests.specs import spec_yaml
 
 
@@ -65,7 +66,7 @@ def test_diagnose_names_the_next_trainer_process_from_the_spec():
     """A trainer-bound run (the Spark baseline's recorded stream) on cpu with 2 processes: the last knob is a third."""
     from pathlib import Path
 
-    from grpo_deploy.runtime.metrics import read_events
+    from grpo_deploy.common.metrics import read_events
 
     events = read_events(str(Path(__file__).parent / "metrics" / "spark_trainer_bound.jsonl"))
     res = _res(**{"overrides.runtime": {"trainer_processes": 2}})
@@ -142,8 +143,8 @@ def test_several_servers_with_several_trainer_hosts_are_refused_in_one_line():
 
 
 def test_a_trainer_killed_on_any_trainer_host_restarts_them_all_and_says_which():
-    from grpo_deploy.bringup.trl_async import Servers, _judge
-    from grpo_deploy.supervise import RoleDied
+    from grpo_deploy.deploy.bringup.trl_async import Servers, _judge
+    from grpo_deploy.deploy.supervise import RoleDied
 
     def servers(**machines):
         return Servers([{"state": "running", "exit_code": 0}], [False], None, False, machines)

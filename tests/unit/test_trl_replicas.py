@@ -1,12 +1,13 @@
 """Tests of the trl-async engine's vLLM server replicas (grpo_deploy.engines.trl_async: hosts[].replicas, the replica
 proxy's render, the in-flight cap scaled with the replica count, each replica's GPUs) and of the bring-up's verdict
-on dead replicas (grpo_deploy.bringup.trl_async._judge)."""
+on dead replicas (grpo_deploy.deploy.bringup.trl_async._judge)."""
 
 import pytest
 import yaml
 
-from grpo_deploy import render, resolve, spec
-from grpo_deploy.bringup.trl_async import PROXY, REPLICA, Servers, _judge
+from grpo_deploy import render, spec
+from grpo_deploy.deploy.bringup.trl_async import PROXY, REPLICA, Servers, _judge
+from grpo_deploy.deploy.supervise import RoleDied
 from grpo_deploy.engines.trl_async import (
     proxy_args,
     replica_count,
@@ -14,7 +15,7 @@ from grpo_deploy.engines.trl_async import (
     server_replicas,
     server_url,
 )
-from grpo_deploy.supervise import RoleDied
+from grpo_deploy.spec import resolve
 from tests.specs import spec_yaml
 
 

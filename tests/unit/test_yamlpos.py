@@ -1,4 +1,4 @@
-"""Tests of grpo_deploy.yamlpos: line numbers for keys and items, and refusal of hostile or malformed YAML."""
+"""Tests of grpo_deploy.spec.yamlpos: line numbers for keys and items, and refusal of hostile or malformed YAML."""
 
 import os
 import subprocess
@@ -8,7 +8,7 @@ import time
 import pytest
 import yaml
 
-from grpo_deploy.yamlpos import MAX_DEPTH, YamlSyntaxError, load_file, load_text
+from grpo_deploy.spec.yamlpos import MAX_DEPTH, YamlSyntaxError, load_file, load_text
 
 ALIAS = "YAML anchors and aliases are not supported in a spec; write the value out"
 
@@ -111,7 +111,7 @@ def test_alias_bomb_refused_under_memory_cap(tmp_path):
     code = (
         "import resource, sys, time\n"
         "resource.setrlimit(resource.RLIMIT_AS, (512 << 20, 512 << 20))\n"
-        "from grpo_deploy.yamlpos import YamlSyntaxError, load_file\n"
+        "from grpo_deploy.spec.yamlpos import YamlSyntaxError, load_file\n"
         "start = time.monotonic()\n"
         "try:\n"
         "    load_file(sys.argv[1])\n"

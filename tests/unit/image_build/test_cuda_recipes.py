@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy import image_tags
 from grpo_deploy.image_build import build, lockgen, locks, verify, wheelhouse
+from grpo_deploy.image_build import tags as image_tags
 from grpo_deploy.image_build.recipes import RECIPES
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy import image_tags
 from grpo_deploy.image_build import lockgen, recipes
+from grpo_deploy.image_build import tags as image_tags
 from grpo_deploy.image_build.recipes import RECIPES
 
 IMAGES = Path(__file__).resolve().parents[3] / "images"
@@ -26,7 +26,7 @@ def test_every_file_a_recipe_names_exists(name: str):
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_every_recipe_tag_is_one_the_tag_table_produces(name: str):
     tag = RECIPES[name].tag
-    assert tag is None or tag in image_tags.produced(), f"{name}: {tag} is not in grpo_deploy/image_tags.py"
+    assert tag is None or tag in image_tags.produced(), f"{name}: {tag} is not in grpo_deploy/image_build/tags.py"
 
 
 def test_the_cpu_recipe_builds_the_cpu_tag_with_versions_from_its_lock():

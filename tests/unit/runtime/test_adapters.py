@@ -6,10 +6,9 @@ import types
 
 import pytest
 
-from grpo_deploy.runtime import adapters
-from grpo_deploy.runtime.adapters import AdapterPublisher, prunable, prune_versions, safe_keep, unload_stale
-
-from .stub_server import StubServer
+from grpo_deploy.runtime.storage import adapters
+from grpo_deploy.runtime.storage.adapters import AdapterPublisher, prunable, prune_versions, safe_keep, unload_stale
+from runtime.stub_server import StubServer
 
 
 def make_versions(root, versions):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo_deploy.runtime import attention_compare, attention_shim
-
-from .attention_cases import random_qkv, shared_prompt_row
+from grpo_deploy.runtime.trainer import attention_compare, attention_shim
+from runtime.attention_cases import random_qkv, shared_prompt_row
 
 CASE = (37, [23, 5, 41, 1], [19, 8])
 

@@ -8,10 +8,9 @@ roundoff), for the output and for the q, k and v gradients; inputs are bf16-repr
 import pytest
 import torch
 
-from grpo_deploy.runtime import attention_shim
-from grpo_deploy.runtime.attention_shim import VarlenAttention
-
-from .attention_cases import dense_reference, from_segments, random_qkv, relative_error, shared_prompt_row
+from grpo_deploy.runtime.trainer import attention_shim
+from grpo_deploy.runtime.trainer.attention_shim import VarlenAttention
+from runtime.attention_cases import dense_reference, from_segments, random_qkv, relative_error, shared_prompt_row
 
 BF16_TOLERANCE = 2**-7
 

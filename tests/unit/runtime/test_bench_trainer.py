@@ -8,7 +8,8 @@ import platform
 
 import pytest
 
-from grpo_deploy.runtime import bench_trainer, flops, synthetic_rollouts
+from grpo_deploy.runtime.bench import flops, synthetic_rollouts
+from grpo_deploy.runtime.bench import trainer as bench_trainer
 
 TINY_SHAPE = flops.ModelShape(hidden=4, layers=2, heads=2, kv_heads=1, head_dim=2, intermediate=8, vocab=10)
 
@@ -53,7 +54,7 @@ def test_peak_lookup_prefers_the_specific_name():
 
 
 def test_microbatch_spans_take_the_device_events_where_there_are_some():
-    from grpo_deploy.runtime import packed_step
+    from grpo_deploy.runtime.bench import packed_step
 
     class Event:
         def __init__(self, ms):
@@ -71,7 +72,7 @@ def test_microbatch_spans_take_the_device_events_where_there_are_some():
 @pytest.fixture
 def bench_args(monkeypatch, tmp_path):
     packing = pytest.importorskip("trl.experimental.async_grpo.packing")
-    from grpo_deploy.runtime import attention_shim
+    from grpo_deploy.runtime.trainer import attention_shim
 
     monkeypatch.setattr(packing, "_flash_attn", packing._flash_attn)  # the bench installs the shim; undone after
     monkeypatch.setattr(attention_shim.SHIM, "backend", attention_shim.SHIM.backend)
@@ -126,7 +127,9 @@ def test_tiny_bench_on_cuda_reports_memory_and_attention_paths(bench_args):
 def test_a_switch_that_breaks_in_the_exactness_step_is_a_row_not_a_lost_report(monkeypatch):
     """On arm64 under QEMU, Inductor's C++ compile of the compiled rows failed inside the exactness step and the
     whole bench exited without a report; such a row now says how it failed, and the other rows are kept."""
-    from grpo_deploy.runtime import bench_report, bench_speed, trainer_speed
+    from grpo_deploy.runtime.bench import report as bench_report
+    from grpo_deploy.runtime.bench import speed as bench_speed
+    from grpo_deploy.runtime.trainer import speed as trainer_speed
 
     def check_row(label, model, batches, device, reference, today):
         if "compile" in label:

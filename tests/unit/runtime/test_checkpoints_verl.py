@@ -8,10 +8,9 @@ import os
 
 import pytest
 
-from grpo_deploy.runtime import checkpoints
-from grpo_deploy.runtime.checkpoints import ResumeError, Shape, TrackerUnreadable, prune, verl_resume
-
-from .test_checkpoints import verl_checkpoint
+from grpo_deploy.runtime.storage import checkpoints
+from grpo_deploy.runtime.storage.checkpoints import ResumeError, Shape, TrackerUnreadable, prune, verl_resume
+from runtime.test_checkpoints import verl_checkpoint
 
 TRACKER = "latest_checkpointed_iteration.txt"
 

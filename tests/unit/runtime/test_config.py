@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy.runtime.config import (
+from grpo_deploy.runtime.trainer.config import (
     CHATML_RESPONSE_TEMPLATE,
     ConfigError,
     build_grpo_kwargs,

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from grpo_deploy.runtime.data import DatasetSpec, brevity_rows, build_dataset, build_rows
+from grpo_deploy.runtime.tasks.data import DatasetSpec, brevity_rows, build_dataset, build_rows
 
 
 def test_brevity_rows_are_conversational_ascii_and_deterministic():

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from grpo_deploy.runtime.metrics import MetricsSink, read_events, to_json_value
+from grpo_deploy.common.metrics import MetricsSink, read_events, to_json_value
 
 
 def test_lines_are_flushed_appended_and_strict_json(tmp_path):
@@ -38,7 +38,7 @@ def test_values_become_plain_json():
 
 def test_callback_writes_steps_and_summary(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from grpo_deploy.runtime.callbacks import MetricsCallback
+    from grpo_deploy.runtime.trainer.callbacks import MetricsCallback
 
     sink = MetricsSink(str(tmp_path / "m.jsonl"))
     callback = MetricsCallback(sink)
@@ -55,7 +55,7 @@ def test_callback_writes_steps_and_summary(tmp_path):
 
 def test_read_events_refuses_what_is_not_a_metrics_file_in_one_line(tmp_path):
     """A FIFO, a link, bytes that are not UTF-8: one-line ReadRefused naming the path, never a hang or a traceback."""
-    from grpo_deploy.runtime.readback import ReadRefused
+    from grpo_deploy.common.readback import ReadRefused
 
     fifo = tmp_path / "fifo.jsonl"
     os.mkfifo(fifo)

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from grpo_deploy.runtime.metrics import MetricsSink, read_events
+from grpo_deploy.common.metrics import MetricsSink, read_events
 from tests.unit.runtime.as_root import small_tmpfs
 
 

@@ -3,7 +3,7 @@ blocks every replica holds not counted, a lost replica forgotten, the index boun
 
 from __future__ import annotations
 
-from grpo_deploy.runtime.prefix_router import PrefixRouter
+from grpo_deploy.runtime.serving.prefix_router import PrefixRouter
 
 TEMPLATE = list(range(9000, 9048))  # three whole blocks every prompt starts with, like a chat template
 

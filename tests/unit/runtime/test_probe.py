@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("safetensors")
 
-from grpo_deploy.runtime import probe  # noqa: E402
+from grpo_deploy.runtime.storage import share_probe as probe
 from tests.unit.runtime.as_root import as_uid  # noqa: E402
 
 

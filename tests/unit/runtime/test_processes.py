@@ -12,9 +12,9 @@ import types
 import pytest
 import yaml
 
-from grpo_deploy.runtime import processes, train
-from grpo_deploy.runtime.config import parse_config
-from grpo_deploy.runtime.metrics import read_events
+from grpo_deploy.common.metrics import read_events
+from grpo_deploy.runtime.trainer import processes, train
+from grpo_deploy.runtime.trainer.config import parse_config
 
 
 def test_launch_argv_is_fsdp2_with_sharded_state_on_one_machine():
@@ -23,7 +23,7 @@ def test_launch_argv_is_fsdp2_with_sharded_state_on_one_machine():
     pairs = dict(zip(argv[3::], argv[4::], strict=False))
     assert pairs["--num_processes"] == "2" and pairs["--num_machines"] == "1" and pairs["--fsdp_version"] == "2"
     assert pairs["--fsdp_state_dict_type"] == "SHARDED_STATE_DICT" and "--use_fsdp" in argv
-    assert argv[-4:] == ["-m", "grpo_deploy.runtime.train", "--config", "/etc/grpo-deploy/trainer.yaml"]
+    assert argv[-4:] == ["-m", "grpo_deploy.runtime.trainer.train", "--config", "/etc/grpo-deploy/trainer.yaml"]
     for bad in (1, 0, processes.MAX_PROCESSES + 1):
         with pytest.raises(ValueError, match="is not from 2"):
             processes.launch_argv(bad, "/c.yaml")
@@ -58,7 +58,7 @@ def test_check_group_refuses_the_silent_fallbacks():
 
 AGREE = """
 import os, sys, torch.distributed as dist
-from grpo_deploy.runtime.processes import agree, rank
+from grpo_deploy.runtime.trainer.processes import agree, rank
 dist.init_process_group("gloo")
 with open(os.path.join(sys.argv[2], f"rank{rank()}.txt"), "w") as out:
     out.write(f"{agree(rank() == int(sys.argv[1]))} {agree(False)}")
@@ -219,7 +219,7 @@ def test_the_socket_interface_is_the_named_one_or_the_one_holding_the_node_addre
 
 BROADCAST = """
 import os, sys, torch.distributed as dist
-from grpo_deploy.runtime import processes
+from grpo_deploy.runtime.trainer import processes
 dist.init_process_group("gloo")
 mine = "/shared/ck/checkpoint-8" if processes.rank() == 0 else processes.FROM_RANK0
 with open(os.path.join(sys.argv[1], f"rank{processes.rank()}.txt"), "w") as out:

@@ -1,10 +1,10 @@
-"""grpo_deploy.runtime.ray_cluster: the head's verdict on the cluster before verl starts (nodes, GPUs, CPUs per GPU,
-each with the numbers on both sides), and the wait for workers to join."""
+"""grpo_deploy.runtime.verl.ray_cluster: the head's verdict on the cluster before verl starts (nodes, GPUs, CPUs per
+GPU, each with the numbers on both sides), and the wait for workers to join."""
 
 from __future__ import annotations
 
-from grpo_deploy.runtime import ray_cluster
-from grpo_deploy.runtime.ray_cluster import ClusterWant, Node
+from grpo_deploy.runtime.verl import ray_cluster
+from grpo_deploy.runtime.verl.ray_cluster import ClusterWant, Node
 
 WANT = ClusterWant(nodes=2, gpus_per_node=1)
 

@@ -1,4 +1,4 @@
-"""grpo_deploy.runtime.ray_node: `ray start` for a head and a worker (fixed ports only across hosts, resources left
+"""grpo_deploy.runtime.verl.ray_node: `ray start` for a head and a worker (fixed ports only across hosts, resources left
 to Ray when 0), the NCCL/Gloo interface of a node, and the cluster's token on the share."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import stat
 
 import pytest
 
-from grpo_deploy.runtime import ray_node
-from grpo_deploy.runtime.ray_node import NodeArgs
+from grpo_deploy.runtime.verl import ray_node
+from grpo_deploy.runtime.verl.ray_node import NodeArgs
 
 
 def test_head_arguments_leave_zero_to_ray_and_fix_no_port_on_one_host():

@@ -16,10 +16,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from grpo_deploy.runtime import replica_proxy as rp
-
-from .fake_vllm import BASE, FakeVLLM
-from .test_prefix_router import TEMPLATE, tokens
+from grpo_deploy.runtime.serving import proxy as rp
+from runtime.fake_vllm import BASE, FakeVLLM
+from runtime.test_prefix_router import TEMPLATE, tokens
 
 REPO = Path(__file__).resolve().parents[3]
 FAST = rp.Settings(health_interval_s=0.05, connect_timeout_s=0.5, load_retry_s=1.0)
@@ -537,7 +536,7 @@ def test_the_command_serves_and_stops_on_sigterm():
         cmd = [
             sys.executable,
             "-m",
-            "grpo_deploy.runtime.replica_proxy",
+            "grpo_deploy.runtime.serving.proxy",
             "--listen",
             f"127.0.0.1:{port}",
             "--replica",

@@ -4,8 +4,8 @@ import pickle
 
 import pytest
 
-from grpo_deploy.runtime import rewards
-from grpo_deploy.runtime.rewards import boxed_match, brevity, build_reward_funcs, gsm8k_answer, last_boxed
+from grpo_deploy.runtime.tasks import rewards
+from grpo_deploy.runtime.tasks.rewards import boxed_match, brevity, build_reward_funcs, gsm8k_answer, last_boxed
 
 
 def msg(text):

@@ -3,7 +3,7 @@
 import os
 import sys
 
-from grpo_deploy.runtime import serve
+from grpo_deploy.runtime.serving import serve
 
 
 def test_one_argument_per_line_taken_literally():

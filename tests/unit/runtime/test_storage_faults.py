@@ -9,8 +9,8 @@ import tempfile
 
 import pytest
 
-from grpo_deploy.runtime import storage_faults as sf
-from grpo_deploy.runtime.metrics import MetricsSink
+from grpo_deploy.common.metrics import MetricsSink
+from grpo_deploy.runtime.storage import faults as sf
 from tests.unit.runtime.as_root import as_uid
 
 NOBODY = 65534
@@ -166,7 +166,7 @@ def test_share_guard_notices_a_run_dir_gone_or_replaced(tmp_path):
 def test_the_adapter_publisher_checks_the_share_before_each_save(tmp_path):
     from types import SimpleNamespace
 
-    from grpo_deploy.runtime.adapters import AdapterPublisher
+    from grpo_deploy.runtime.storage.adapters import AdapterPublisher
 
     saved = []
     fault = sf.StorageFault(sf.Fault("missing", "/s", "gone"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_deploy.runtime import synthetic_rollouts
+from grpo_deploy.runtime.bench import synthetic_rollouts
 
 
 def test_profile_supplies_lora_and_budget():

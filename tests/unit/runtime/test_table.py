@@ -1,6 +1,6 @@
-"""Tests of grpo_deploy.runtime.table."""
+"""Tests of grpo_deploy.common.table."""
 
-from grpo_deploy.runtime.table import human_bytes, table
+from grpo_deploy.common.table import human_bytes, table
 
 
 def test_table_aligns_and_wraps():

@@ -6,16 +6,16 @@ import types
 
 import yaml
 
-from grpo_deploy.runtime import train
-from grpo_deploy.runtime.config import parse_config
-from grpo_deploy.runtime.metrics import MetricsSink, read_events
-
-from .stub_server import StubServer
+from grpo_deploy.common.metrics import MetricsSink, read_events
+from grpo_deploy.runtime.trainer import train
+from grpo_deploy.runtime.trainer.config import parse_config
+from runtime.stub_server import StubServer
 
 
 def test_importing_the_entrypoint_is_light():
     """TRL's spawned rollout child re-imports the main module; it must not pull in torch or TRL, or run anything."""
-    code = "import sys, grpo_deploy.runtime.train; print(sorted({'torch', 'trl', 'transformers'} & set(sys.modules)))"
+    code = ("import sys, grpo_deploy.runtime.trainer.train; "
+            "print(sorted({'torch', 'trl', 'transformers'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from grpo_deploy.runtime import trainer_speed
-from grpo_deploy.runtime.trainer_speed import Switches
+from grpo_deploy.runtime.trainer import speed as trainer_speed
+from grpo_deploy.runtime.trainer.speed import Switches
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
@@ -32,8 +32,8 @@ def test_where_each_switch_cannot_run():
 
 
 def _policy(switches=None):
-    from grpo_deploy.runtime import packed_step
-    from grpo_deploy.runtime.synthetic_rollouts import TINY, load_profile
+    from grpo_deploy.runtime.bench import packed_step
+    from grpo_deploy.runtime.bench.synthetic_rollouts import TINY, load_profile
 
     return packed_step.build_policy(TINY, None, load_profile("h200"), False, "cpu", switches, autocast=True)
 
@@ -51,7 +51,7 @@ def test_bf16_linear_casts_only_the_frozen_decoder_linears():
 def test_lora_elementwise_is_the_same_function_as_peft():
     """Forward and LoRA gradients of one LoRA layer, PEFT's products against the broadcast-and-sum form, in fp32
     eager on random inputs (B seeded non-zero so A has a gradient too)."""
-    from grpo_deploy.runtime import bench_speed
+    from grpo_deploy.runtime.bench import speed as bench_speed
 
     results = []
     for changed in (False, True):
@@ -72,8 +72,8 @@ def test_lora_elementwise_is_the_same_function_as_peft():
 def test_lora_elementwise_that_finds_nothing_to_fuse_says_so():
     """The cpu profile's rank 8 is above the thin-product limit: the switch changes no layer and the result says why
     (the trainer logs it and its speed_switches event carries it), rather than a silent 0."""
-    from grpo_deploy.runtime import packed_step
-    from grpo_deploy.runtime.synthetic_rollouts import TINY, load_profile
+    from grpo_deploy.runtime.bench import packed_step
+    from grpo_deploy.runtime.bench.synthetic_rollouts import TINY, load_profile
 
     model = packed_step.build_policy(TINY, None, load_profile("cpu"), False, "cpu")
     done = trainer_speed.apply(model, Switches(compile_layers=True, lora_elementwise=True), "cpu", autocast=False)
@@ -93,14 +93,14 @@ def test_compile_keeps_the_state_dict_and_breaks_at_the_shim():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("row", ["bf16-linear", "bf16", "liger", "bf16+compile", "bf16+compile+lora-ew"])
 def test_cuda_packed_step_is_exact_against_todays_path(row):
-    from grpo_deploy.runtime import bench_speed
-    from grpo_deploy.runtime.synthetic_rollouts import TINY, load_profile, seed_004_workload, synthetic_rollouts
+    from grpo_deploy.runtime.bench import speed as bench_speed
+    from grpo_deploy.runtime.bench.synthetic_rollouts import TINY, load_profile, seed_004_workload, synthetic_rollouts
 
     if "liger" in row:
         pytest.importorskip("liger_kernel")
     profile = load_profile("h200")
     samples = synthetic_rollouts(seed_004_workload(profile, tiny=True), TINY["vocab_size"])
-    from grpo_deploy.runtime import attention_shim
+    from grpo_deploy.runtime.trainer import attention_shim
 
     attention_shim.install("on", "auto")
     check = bench_speed.exactness(TINY, None, profile, samples, 128, "cuda", [Switches.parse(row)])

@@ -10,11 +10,10 @@ pytest.importorskip("trl.experimental.async_grpo")
 from trl.experimental.async_grpo import async_grpo_trainer as trainer_module  # noqa: E402
 from trl.experimental.async_grpo import vllm_client as client_module  # noqa: E402
 
-from grpo_deploy.runtime import trl_hooks  # noqa: E402
-from grpo_deploy.runtime.adapters import AdapterPublisher  # noqa: E402
-from grpo_deploy.runtime.storage_faults import StorageFault  # noqa: E402
-
-from .stub_server import StubServer  # noqa: E402
+from grpo_deploy.runtime.storage.adapters import AdapterPublisher
+from grpo_deploy.runtime.storage.faults import StorageFault
+from grpo_deploy.runtime.trainer import trl_hooks
+from runtime.stub_server import StubServer  # noqa: E402
 
 
 def publisher(tmp_path, events):

@@ -1,4 +1,4 @@
-"""grpo_deploy.runtime.verl_cpu without verl installed: the platform's answers, the device shim, the backend wrap
+"""grpo_deploy.runtime.verl.cpu without verl installed: the platform's answers, the device shim, the backend wrap
 and the vLLM name, each inert unless asked for (verl itself runs them in `make test-verl`)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import types
 
-from grpo_deploy.runtime import verl_cpu
+from grpo_deploy.runtime.verl import cpu as verl_cpu
 
 
 def test_the_platform_answers_as_verl_on_cpu_needs(monkeypatch):

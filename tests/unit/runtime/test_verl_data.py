@@ -1,4 +1,4 @@
-"""grpo_deploy.runtime.verl_data: verl's parquet rows from the kit's tasks, bad rows refused by number, the custom
+"""grpo_deploy.runtime.verl.data: verl's parquet rows from the kit's tasks, bad rows refused by number, the custom
 reward verl loads (real pyarrow files, read back)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from grpo_deploy.runtime import verl_data
-from grpo_deploy.runtime.data import DatasetSpec
+from grpo_deploy.runtime.tasks.data import DatasetSpec
+from grpo_deploy.runtime.verl import data as verl_data
 
 VERL_COLUMNS = {"data_source", "prompt", "ability", "reward_model", "extra_info"}
 

@@ -1,4 +1,4 @@
-"""grpo_deploy.runtime.verl_node: verl's per-step metrics as the kit's step events, the overrides file and the data
+"""grpo_deploy.runtime.verl.node: verl's per-step metrics as the kit's step events, the overrides file and the data
 step (verl itself runs in the fault suite's rehearsals; Ray's start in test_ray_node.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from grpo_deploy.runtime import verl_node
-from grpo_deploy.runtime.metrics import MetricsSink, read_events
+from grpo_deploy.common.metrics import MetricsSink, read_events
+from grpo_deploy.runtime.verl import node as verl_node
 
 
 def test_a_verl_step_becomes_a_kit_step_with_the_seed_telemetry():
@@ -57,7 +57,7 @@ def test_data_is_written_for_brevity_kept_when_there_and_asked_for_otherwise(tmp
 
 
 def test_retention_before_an_attempt_quarantines_the_cut_save_and_keeps_the_newest(tmp_path):
-    from .test_checkpoints_verl import first_process, states, verl_save
+    from runtime.test_checkpoints_verl import first_process, states, verl_save
 
     ckpt = tmp_path / "checkpoints"
     ckpt.mkdir()
@@ -76,7 +76,7 @@ def test_retention_before_an_attempt_quarantines_the_cut_save_and_keeps_the_newe
 
 
 def test_an_unreadable_tracker_stops_the_attempt_in_one_line(tmp_path):
-    from .test_checkpoints_verl import verl_save
+    from runtime.test_checkpoints_verl import verl_save
 
     ckpt = tmp_path / "checkpoints"
     ckpt.mkdir()

@@ -1,4 +1,5 @@
-"""The run watcher's core (grpo_deploy/runtime/watcher.py) on seeded seed-shaped streams and the real recorded ones."""
+"""The run watcher's core (grpo_deploy/runtime/watch/watcher.py) on seeded seed-shaped streams and the real recorded
+ones."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from grpo_deploy.runtime.watcher import MetricKeys, WatchConfig, Watcher, WatchSettings, fit
+from grpo_deploy.runtime.watch.watcher import MetricKeys, WatchConfig, Watcher, WatchSettings, fit
 from tests.unit.runtime import watch_streams
 
 METRICS = Path(__file__).resolve().parents[1] / "metrics"

@@ -1,0 +1,144 @@
+"""Every runtime rebinding of a TRL 1.16 async-GRPO name (TRL's files are never edited), in one place for upgrades."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
+from trl.experimental.async_grpo import vllm_client as client_module
+
+from grpo_deploy.runtime.storage import faults as storage_faults
+from grpo_deploy.runtime.storage.adapters import AdapterPublisher
+
+log = logging.getLogger(__name__)
+
+
+def _no_peak_flops(accelerator, dtype) -> None:
+    """MFU is undefined on CPU; TRL's lookup asks CUDA for the device name and asserts without it."""
+    return None
+
+
+def neutralise_peak_flops() -> None:
+    """Rebind the name the trainer module imported, so `AsyncGRPOTrainer.__init__` gets None (MFU metrics off)."""
+    trainer_module.get_peak_flops_per_device = _no_peak_flops
+
+
+class _ResponseRecorder:
+    """Stands in for the `requests` module inside TRL's client for one call, keeping the last response it saw."""
+
+    def __init__(self, requests_module):
+        self.requests = requests_module
+        self.last = None
+
+    def post(self, *args, **kwargs):
+        self.last = self.requests.post(*args, **kwargs)
+        return self.last
+
+    def __getattr__(self, name):
+        return getattr(self.requests, name)
+
+
+class InstrumentedVLLMClient(client_module.VLLMClient):
+    """TRL's HTTP client whose adapter loads are timed and recorded with the server's real status and body.
+
+    TRL's `load_lora_adapter` runs unchanged; only the `requests` name it resolves is swapped for the duration of
+    the call, so that a 404 "No adapter found for <path>" (a path the server cannot see) is recorded verbatim, and an
+    answer that means the server could not read the adapter raises a StorageFault naming the path, the identity and
+    the fix instead of TRL's "does not expose /v1/load_lora_adapter".
+    """
+
+    def __init__(self, server_url: str, server_timeout: float, publisher: AdapterPublisher):
+        super().__init__(server_url, server_timeout)
+        self.publisher = publisher
+        self.last_failure: str | None = None
+        self.warmed = False
+
+    def __reduce__(self):  # pickles as a plain TRL client; the publisher holds an open metrics file
+        return client_module.VLLMClient, (self.server_url, self.server_timeout)
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str, timeout: int = 1800) -> None:
+        recorder = _ResponseRecorder(client_module.requests)
+        client_module.requests = recorder
+        started = time.time()
+        raised = None
+        try:
+            super().load_lora_adapter(lora_name, lora_path, timeout=timeout)
+        except BaseException as error:
+            raised = error
+        finally:
+            client_module.requests = recorder.requests
+            response = recorder.last
+            status = response.status_code if response is not None else None
+            detail = None
+            if status != 200:
+                detail = response.text[:1000] if response is not None else f"{type(raised).__name__}: {raised}"
+                self.last_failure = f"POST /v1/load_lora_adapter {lora_name} -> {status}: {detail}"
+            self.publisher.record_load(lora_name, lora_path, status, started, time.time(), error=detail)
+        if raised is not None:
+            if response is not None and storage_faults.server_cannot_read(status, detail):
+                # TRL words every 404 as "does not expose /v1/load_lora_adapter"; the server's body says why.
+                message = storage_faults.adapter_unreadable_message(
+                    lora_name, lora_path, status, detail, os.getuid(), os.getgid(), storage_faults.view(lora_path))
+                fault = storage_faults.Fault("adapter-unreadable", lora_path, message)
+                raise storage_faults.StorageFault(fault) from raised
+            raise raised
+        if not self.warmed:
+            self.warmed = True
+            threading.Thread(target=self._warm_up, args=(lora_name,), name="lora-warm-up", daemon=True).start()
+
+    def _warm_up(self, lora_name: str) -> None:
+        """One 1-token completion with the first adapter, in the background, so that a server's first LoRA generation
+        overlaps the rollout worker's start-up instead of landing on the first training step. On the CPU rehearsal it
+        answers in 0.0-0.1 s (the 18 s once blamed on a cold LoRA path was vLLM compiling its logprobs helper, which
+        the cpu profile now turns off; docs/MEASUREMENTS.md). Best effort: failures only log."""
+        started = time.time()
+        try:
+            response = client_module.requests.post(
+                f"{self.server_url}/v1/completions", json={"model": lora_name, "prompt": "ok", "max_tokens": 1},
+                timeout=600)
+            log.info(f"LoRA warm-up with {lora_name}: HTTP {response.status_code} in {time.time() - started:.1f} s")
+        except Exception as error:  # noqa: BLE001 - a warm-up must never break training
+            log.warning(f"LoRA warm-up with {lora_name} failed: {error}")
+
+
+def instrument_adapter_sync(trainer, publisher: AdapterPublisher) -> None:
+    """Publish adapters in `publisher.lora_dir`, fsync them before each load, and record every load."""
+    trainer_module.save_lora_adapter = publisher.wrap_save(trainer_module.save_lora_adapter)
+    trainer._lora_dir = os.path.abspath(publisher.lora_dir)
+    if trainer.vllm_client is not None:
+        trainer.vllm_client = InstrumentedVLLMClient(
+            trainer.vllm_client.server_url, trainer.vllm_client.server_timeout, publisher
+        )
+
+
+FAILPOINT_DIR = ".failpoints"
+PAUSE_MID_SAVE = "pause-mid-save"
+
+
+def install_failpoints(trainer, output_dir: str, emit) -> None:
+    """Fault-suite hooks, inert unless their file exists under `<output_dir>/.failpoints/` (tests/faults creates it
+    on the shared volume; nothing in the kit does). `pause-mid-save`: the next checkpoint save stops after the weights
+    and the optimizer state, before `trainer_state.json`, for the seconds the file holds (at most 600), announced by a
+    `failpoint` event — so a test can kill the trainer in the middle of a real save. The file is removed on use."""
+    original = trainer._save_rng_state
+
+    def save_rng_state(checkpoint_dir):
+        flag = os.path.join(output_dir, FAILPOINT_DIR, PAUSE_MID_SAVE)
+        if os.path.isfile(flag):
+            try:
+                with open(flag, encoding="utf-8") as handle:
+                    seconds = float(handle.read().strip() or 60)
+                if not 0 <= seconds <= 600:
+                    raise ValueError(f"{seconds!r} is not a number of seconds from 0 to 600")
+                os.remove(flag)
+            except (OSError, ValueError) as error:
+                log.warning(f"failpoint {flag} ignored: {error}")
+            else:
+                emit("failpoint", name=PAUSE_MID_SAVE, checkpoint=str(checkpoint_dir), seconds=seconds)
+                time.sleep(seconds)
+        return original(checkpoint_dir)
+
+    trainer._save_rng_state = save_rng_state

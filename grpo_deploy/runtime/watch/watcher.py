@@ -1,0 +1,563 @@
+"""The run watcher's core: from the trainer's own metric stream, it flags a flat reward (and validation), answers
+running into the length cap, length drift, KL and importance ratio out of band, staleness drops and a changed loss
+normalisation, and keeps the trend figures status and summary show (time to target, GPU-hours after the plateau).
+
+Pure: no I/O, no torch. The engine's callback feeds it one `observe()` per logged step and acts on what it returns;
+`replay()` warms it up from the run's metrics events on a resume. Findings are edge-triggered: one warning when a
+condition starts, one "clear" when it ends.
+
+The plateau statistic: a least-squares line over the last `window` steps of reward, with the window's own noise (the
+residual standard error) giving the slope's standard error; the reward is flat when even the optimistic slope (the
+one-sided 99% upper bound) projects less than `min_gain` over a window. It clears only when even the pessimistic slope
+(the lower bound) projects `min_gain` or more again: the same evidence both ways, so noise does not flap it.
+docs/MEASUREMENTS.md ("The run watcher's alarms") has the false-alarm rate and the detection delay at the defaults.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BeforeValidator, Field
+
+from grpo_deploy.common.strict import Strict
+from grpo_deploy.common.values import MAX_STEPS, Count, Finite, NonNegative, Text, _no_bool
+
+# One-sided 99% normal quantile: the optimistic slope is the fitted one plus this many standard errors.
+Z_UPPER = 2.326
+# Points a window's line needs before it is judged (fewer: the noise estimate means little).
+MIN_POINTS = 5
+# Logged values averaged for the level checks (cap share, KL, ratio): one noisy step does not raise a warning.
+RECENT = 5
+# A level warning clears once the recent mean is back inside this share of its bound (hysteresis against flapping).
+CLEAR_MARGIN = 0.8
+# Step durations kept for the median seconds per step.
+DURATIONS_KEPT = 2048
+
+Steps = Annotated[int, BeforeValidator(_no_bool), Field(ge=0, le=MAX_STEPS)]
+Window = Annotated[int, BeforeValidator(_no_bool), Field(ge=5, le=10_000)]
+
+
+def _pair(value: Any) -> Any:
+    """A YAML/JSON list of two numbers as the tuple the band is (strict models take no list for a tuple)."""
+    if isinstance(value, list):
+        if len(value) != 2:
+            raise ValueError(f"expected two numbers [low, high], got {len(value)}")
+        return tuple(value)
+    return value
+
+
+def _band(value: tuple[float, float]) -> tuple[float, float]:
+    low, high = value
+    if not 0 < low < 1 < high <= 100:
+        raise ValueError(f"the band must hold 1 with 0 < low < 1 < high <= 100, got [{low}, {high}]")
+    return value
+
+
+RatioBand = Annotated[tuple[Finite, Finite], BeforeValidator(_pair), AfterValidator(_band)]
+
+
+class WatchSettings(Strict):
+    """The run watcher's knobs (the spec's `watch:` section): what counts as a plateau and what to do about it, and
+    the bounds of the other alarms. Defaults and the measurements behind them: docs/MEASUREMENTS.md."""
+
+    enabled: bool = True
+    """Watch the run (the watcher only reads metrics; off, nothing is flagged and status shows no trend)."""
+    action: Literal["warn", "stop"] = "warn"
+    """What a plateau does once `patience` is spent: warn only, or save and stop the run."""
+    window: Window = 100
+    """Steps the reward trend is fitted over (the moving average, its slope and the noise around it). Longer sees a
+    plateau under more noise but later: at the default, a plateau under per-step noise 0.02 is caught ~110 steps after
+    it starts."""
+    patience: Steps = 50
+    """Steps the plateau must persist after the warning before `action: stop` stops the run."""
+    min_gain: Finite = Field(0.02, gt=0, le=1e6)
+    """Reward units per `window` steps (0.02 = two points of accuracy per 100 steps at the default window): a gain
+    below this counts as flat, even when the reward still rises."""
+    target_reward: Finite | None = None
+    """A reward to estimate the time to (from the trend and the seconds per step); null: no estimate."""
+    cap_share: Finite = Field(0.2, gt=0, le=1)
+    """Warn when the share of answers cut at the length cap exceeds this (0..1]."""
+    length_drift: Finite | None = Field(0.15, gt=0, le=100)
+    """Warn when the mean completion length changes by more than this share of itself over a window (null: off)."""
+    kl_max: Finite | None = Field(0.5, gt=0, le=1e6)
+    """Warn when the KL to the reference exceeds this (null: off)."""
+    ratio_band: RatioBand | None = (0.8, 1.2)
+    """Warn when the mean importance ratio (policy / behaviour) leaves [low, high] (PPO's clip range at epsilon
+    0.2; null: off)."""
+    staleness_drop_share: Finite | None = Field(0.25, gt=0, le=1)
+    """Warn when the share of generated samples dropped as stale exceeds this (null: off)."""
+
+
+class MetricKeys(Strict):
+    """The engine's names for what the watcher reads (the engine module fills these; null: the engine does not log
+    it, and that alarm stays silent)."""
+
+    reward: Text = "reward"
+    """The mean reward of the step's answers."""
+    length: Text | None = "completions/mean_length"
+    """The mean completion length in tokens."""
+    capped: Text | None = "completions/clipped_ratio"
+    """The share (0..1) of answers that hit the length cap."""
+    kl: Text | None = "kl"
+    """The KL to the reference policy."""
+    ratio: Text | None = "ratio"
+    """The mean importance ratio of the trained tokens."""
+    staleness: Text | None = "sample/dropped_stale_total"
+    """Samples dropped as stale since the last logged step."""
+    samples: Text | None = "batch/samples_per_step"
+    """Samples trained in the step (the other side of the staleness share)."""
+    validation: Text | None = None
+    """A validation score logged on some steps only."""
+
+
+class WatchConfig(Strict):
+    """What the runtime's watcher reads (rendered into trainer.yaml `watch:` or verl's node json)."""
+
+    settings: WatchSettings = WatchSettings()
+    keys: MetricKeys = MetricKeys()
+    total_steps: Count | None = None
+    """The planned end of the run (for the GPU-hours a stop saves); null: unknown."""
+    gpus: NonNegative = 1
+    """GPUs the run holds (for GPU-hours; 0: a CPU run, whose GPU-hours are 0)."""
+    max_completion_length: Count | None = None
+    """The length cap in tokens (named in the cap and drift messages)."""
+    objective: Text | None = None
+    """A short name of the loss normalisation, e.g. "per-token over packed rows" or "per-answer mean"."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    level: Literal["warn", "stop", "clear"]
+    step: int
+    message: str
+    values: dict[str, float | int | str | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A least-squares line over a window: slope per step, its standard error, the mean and the line's value at the
+    window's last step."""
+
+    slope: float
+    se: float
+    mean: float
+    end: float
+    n: int
+
+
+def fit(points: Iterable[tuple[int, float]]) -> Fit | None:
+    """The least-squares line through (step, value) points; None under 3 points or a single step."""
+    pts = list(points)
+    n = len(pts)
+    if n < 3:
+        return None
+    xbar = sum(x for x, _ in pts) / n
+    ybar = sum(y for _, y in pts) / n
+    sxx = sum((x - xbar) ** 2 for x, _ in pts)
+    if sxx <= 0:
+        return None
+    slope = sum((x - xbar) * (y - ybar) for x, y in pts) / sxx
+    ssr = sum((y - ybar - slope * (x - xbar)) ** 2 for x, y in pts)
+    se = math.sqrt(ssr / (n - 2) / sxx)
+    return Fit(slope, se, ybar, ybar + slope * (pts[-1][0] - xbar), n)
+
+
+def t_upper(df: int) -> float:
+    """The one-sided 99% quantile of Student's t with df degrees of freedom (Cornish-Fisher from the normal; within
+    8% of the table from df 3, exact in the limit)."""
+    z = Z_UPPER
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _r(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+class _Series:
+    """The (step, value) points of one metric within the last `span` steps, with running sums for an O(1) line fit
+    (re-summed around the first point every `span` additions, so large step numbers lose no precision)."""
+
+    def __init__(self, span: int):
+        self.span, self.points = span, deque()
+        self._resum()
+
+    def _resum(self) -> None:
+        self.base = self.points[0][0] if self.points else 0
+        self.adds = 0
+        xs = [(x - self.base, y) for x, y in self.points]
+        self.sx, self.sy = sum(x for x, _ in xs), sum(y for _, y in xs)
+        self.sxx, self.sxy, self.syy = (sum(x * x for x, _ in xs), sum(x * y for x, y in xs),
+                                        sum(y * y for _, y in xs))
+
+    def _sums(self, point: tuple[int, float], sign: int) -> None:
+        x, y = point[0] - self.base, point[1]
+        self.sx += sign * x
+        self.sy += sign * y
+        self.sxx += sign * x * x
+        self.sxy += sign * x * y
+        self.syy += sign * y * y
+
+    def add(self, step: int, value: float) -> None:
+        self.points.append((step, value))
+        self._sums(self.points[-1], 1)
+        while self.points and self.points[0][0] <= step - self.span:
+            self._sums(self.points.popleft(), -1)
+        self.adds += 1
+        if self.adds > self.span:
+            self._resum()
+
+    def rewind(self, step: int) -> None:
+        while self.points and self.points[-1][0] >= step:
+            self._sums(self.points.pop(), -1)
+        self._resum()
+
+    def covers(self, step: int) -> bool:
+        """Whether the points reach back a whole window (the first logged step may come later than step 1)."""
+        return bool(self.points) and self.points[0][0] <= step - self.span + max(1, self.span // 10)
+
+    def recent(self, count: int = RECENT) -> float | None:
+        values = [self.points[-i][1] for i in range(1, min(count, len(self.points)) + 1)]
+        return sum(values) / len(values) if values else None
+
+    def line(self) -> Fit | None:
+        """fit() of the points, from the running sums."""
+        n = len(self.points)
+        if n < 3:
+            return None
+        sxx = self.sxx - self.sx * self.sx / n
+        if sxx <= 1e-9:
+            return None
+        sxy = self.sxy - self.sx * self.sy / n
+        syy = self.syy - self.sy * self.sy / n
+        slope = sxy / sxx
+        se = math.sqrt(max(syy - slope * sxy, 0.0) / (n - 2) / sxx)
+        ybar, xbar = self.sy / n, self.sx / n
+        return Fit(slope, se, ybar, ybar + slope * (self.points[-1][0] - self.base - xbar), n)
+
+
+class _Plateau:
+    """The flat test for one series, with its warning step and the step the flat window began."""
+
+    def __init__(self, kind: str, window: int, min_points: int):
+        self.kind, self.series, self.min_points = kind, _Series(window), min_points
+        self.fit: Fit | None = None
+        self.since: int | None = None
+        self.warned_at: int | None = None
+
+    def judge(self, step: int, settings: WatchSettings) -> bool | None:
+        """True: entered flat now; False: left flat now; None: no change."""
+        pts = self.series.points
+        self.fit = self.series.line() if len(pts) >= self.min_points and self.series.covers(step) else None
+        if self.fit is None:
+            return None
+        margin = t_upper(self.fit.n - 2) * self.fit.se
+        upper, lower = (self.fit.slope + margin) * settings.window, (self.fit.slope - margin) * settings.window
+        if self.since is None and upper < settings.min_gain:
+            self.since, self.warned_at = max(pts[0][0], step - settings.window + 1), step
+            return True
+        if self.since is not None and lower >= settings.min_gain:
+            self.since = self.warned_at = None
+            return False
+        return None
+
+
+class Watcher:
+    """One run's watcher: `observe()` each logged step, act on the findings; `state()` for status and summary."""
+
+    def __init__(self, config: WatchConfig):
+        self.config, self.settings, self.keys = config, config.settings, config.keys
+        w = self.settings.window
+        self.reward = _Plateau("plateau", w, MIN_POINTS)
+        self.validation = _Plateau("validation_plateau", w, 4)
+        self.length, self.capped = _Series(w), _Series(w)
+        self.kl, self.ratio = _Series(RECENT), _Series(RECENT)
+        self.dropped, self.trained = _Series(w), _Series(w)
+        self.durations: deque[tuple[int, float]] = deque(maxlen=DURATIONS_KEPT)
+        self.active: set[str] = set()
+        self.cap_peak: float | None = None
+        self.cap_latest: float | None = None
+        self.last: tuple[int, float] | None = None
+        self.objectives: list[str] = []  # the objectives of earlier attempts, from replay(), oldest first
+        self.pending: list[Finding] = []
+        self._stop: Finding | None = None
+
+    @property
+    def stop(self) -> Finding | None:
+        """The stop finding once a plateau outlasted patience under `action: stop`; None before (and under warn)."""
+        return self._stop
+
+    # -- input ---------------------------------------------------------------------------------------------------
+
+    def observe(self, step: int, metrics: Mapping[str, Any], time: float) -> list[Finding]:
+        """Take one logged step; return what started or ended at it (nothing repeats while it lasts)."""
+        if not self.settings.enabled:
+            return []
+        found, self.pending = self.pending, []
+        return found + self._ingest(step, metrics, time)
+
+    def replay(self, events: Iterable[dict]) -> None:
+        """Warm start from the run's metrics events (steps and run_start); returns nothing. An objective that
+        changed between attempts is kept and returned by the next observe()."""
+        if not self.settings.enabled:
+            return
+        for event in events:
+            kind = event.get("event")
+            if kind == "run_start":
+                self.pending += self._attempt(event.get("objective"), self.last[0] if self.last else 0)
+            elif kind == "step" and isinstance(event.get("step"), int) and _number(event.get("time")) is not None:
+                self._ingest(event["step"], event, float(event["time"]))
+        self.pending += self._attempt(self.config.objective, self.last[0] if self.last else 0)
+        self.pending = [f for f in self.pending if f.kind in self.active]
+
+    def _attempt(self, objective: Any, step: int) -> list[Finding]:
+        if not isinstance(objective, str) or not objective:
+            return []
+        before = self.objectives[-1] if self.objectives else None
+        if before != objective:
+            self.objectives.append(objective)
+        if before is None or before == objective:
+            return []
+        self.active.add("objective_change")
+        return [Finding("objective_change", "warn", step,
+                        f"the loss normalisation changed between attempts: {before!r} -> {objective!r} (packing or a "
+                        "token budget switched on or off changes the objective, not only the speed): compare the "
+                        "attempts by reward per hour and answer length, or keep the weighting constant",
+                        {"before": before, "after": objective})]
+
+    def _ingest(self, step: int, metrics: Mapping[str, Any], time: float) -> list[Finding]:
+        if self.last is not None and step <= self.last[0]:
+            self._rewind(step)
+        elif self.last is not None and math.isfinite(time) and time > self.last[1]:
+            self.durations.append((step, (time - self.last[1]) / (step - self.last[0])))
+        self.last = (step, time if math.isfinite(time) else (self.last[1] if self.last else 0.0))
+        value = {name: _number(metrics.get(key)) if key else None for name, key in self.keys.model_dump().items()}
+        found: list[Finding] = []
+        for tracker, name in ((self.reward, "reward"), (self.validation, "validation")):
+            if value[name] is not None:
+                tracker.series.add(step, value[name])
+                found += self._plateau(tracker, step)
+            elif tracker is self.reward:
+                found += self._plateau_stop(tracker, step)
+        found += self._cap(step, value["capped"], value["length"])
+        found += self._length(step, value["length"])
+        found += self._kl(step, value["kl"])
+        found += self._ratio(step, value["ratio"])
+        found += self._staleness(step, value["staleness"], value["samples"])
+        return found
+
+    def _rewind(self, step: int) -> None:
+        """A resume from an earlier checkpoint logs its steps again: the points from `step` on are replaced."""
+        for series in (self.reward.series, self.validation.series, self.length, self.capped, self.kl, self.ratio,
+                       self.dropped, self.trained):
+            series.rewind(step)
+        while self.durations and self.durations[-1][0] >= step:
+            self.durations.pop()
+        self.last = None
+
+    # -- the checks ----------------------------------------------------------------------------------------------
+
+    def _edge(self, kind: str, on: bool, off: bool, step: int, message: str, values: dict) -> list[Finding]:
+        if on and kind not in self.active:
+            self.active.add(kind)
+            return [Finding(kind, "warn", step, message, values)]
+        if off and kind in self.active:
+            self.active.discard(kind)
+            return [Finding(kind, "clear", step, f"{kind.replace('_', ' ')} cleared at step {step}", values)]
+        return []
+
+    def _plateau(self, tracker: _Plateau, step: int) -> list[Finding]:
+        change = tracker.judge(step, self.settings)
+        fitted, s = tracker.fit, self.settings
+        what = "validation score" if tracker is self.validation else "reward"
+        if change is True:
+            self.active.add(tracker.kind)
+            gain, upper = fitted.slope * s.window, (fitted.slope + t_upper(fitted.n - 2) * fitted.se) * s.window
+            left = self._gpu_hours(self.config.total_steps - step) if self.config.total_steps else None
+            then = (f"stopping after {s.patience} more flat steps" if s.action == "stop" and tracker is self.reward
+                    else "stop the run if the score is good enough (watch.action: stop saves and stops)")
+            tail = f"; {left:.1f} GPU-hours left to the planned end" if left is not None else ""
+            return [Finding(tracker.kind, "warn", step,
+                            f"{what} flat since step {tracker.since}: {fitted.mean:.4f} mean, {gain:+.4f} per "
+                            f"{s.window} steps (at most {upper:+.4f}, under min_gain {s.min_gain:g}){tail}: {then}",
+                            {"since": tracker.since, "mean": _r(fitted.mean), "gain_per_window": _r(gain),
+                             "upper_gain_per_window": _r(upper), "gpu_hours_left": _r(left, 2)})]
+        if change is False:
+            self.active.discard(tracker.kind)
+            return [Finding(tracker.kind, "clear", step,
+                            f"{what} rising again at step {step}: {fitted.slope * s.window:+.4f} per {s.window} steps",
+                            {"gain_per_window": _r(fitted.slope * s.window)})]
+        return self._plateau_stop(tracker, step) if tracker is self.reward else []
+
+    def _plateau_stop(self, tracker: _Plateau, step: int) -> list[Finding]:
+        s = self.settings
+        if s.action != "stop" or self._stop is not None or tracker.warned_at is None:
+            return []
+        if step - tracker.warned_at < s.patience:
+            return []
+        saved = self._gpu_hours(self.config.total_steps - step) if self.config.total_steps else None
+        after = self._gpu_hours(step - tracker.since)
+        text = f"; stopping saves {saved:.1f} GPU-hours against step {self.config.total_steps}" if saved else ""
+        self._stop = Finding("plateau_stop", "stop", step,
+                             f"reward flat since step {tracker.since} and {step - tracker.warned_at} steps past the "
+                             f"warning (patience {s.patience}): saving and stopping{text}",
+                             {"since": tracker.since, "gpu_hours_after_plateau": _r(after, 2),
+                              "gpu_hours_saved": _r(saved, 2)})
+        return [self._stop]
+
+    def _cap(self, step: int, capped: float | None, length: float | None) -> list[Finding]:
+        if capped is None:
+            return []
+        self.capped.add(step, capped)
+        self.cap_latest = capped
+        self.cap_peak = capped if self.cap_peak is None else max(self.cap_peak, capped)
+        share, bound = self.capped.recent(), self.settings.cap_share
+        cap = self.config.max_completion_length
+        at = f" {cap}-token" if cap else ""
+        return self._edge("cap_share", share > bound, share <= bound * CLEAR_MARGIN, step,
+                          f"{share:.1%} of answers hit the{at} length cap over the last "
+                          f"{min(RECENT, len(self.capped.points))} "
+                          f"logged steps (bound {bound:.0%}; mean length "
+                          f"{f'{length:.1f}' if length is not None else 'unknown'}): raise max_completion_length, "
+                          "or use a per-token loss (packing) so long answers stop growing",
+                          {"share": _r(share), "bound": bound, "mean_length": _r(length, 1), "cap": cap})
+
+    def _length(self, step: int, length: float | None) -> list[Finding]:
+        if length is None:
+            return []
+        self.length.add(step, length)
+        bound = self.settings.length_drift
+        fitted = self.length.line() if self.length.covers(step) else None
+        if bound is None or fitted is None or fitted.n < MIN_POINTS or fitted.mean <= 0:
+            return []
+        w = self.settings.window
+        change = fitted.slope * w / fitted.mean
+        sure = (abs(fitted.slope) - t_upper(fitted.n - 2) * fitted.se) * w / fitted.mean
+        way = "grew" if change > 0 else "shrank"
+        objective = self._objective()
+        hint = f" under the objective {objective!r}" if objective else ""
+        return self._edge("length_drift", sure > bound, abs(change) <= bound * CLEAR_MARGIN, step,
+                          f"mean completion length {way} {abs(change):.0%} over the last {w} steps (to "
+                          f"{fitted.end:.0f} tokens{hint}; bound {bound:.0%}): check the loss normalisation "
+                          "(per-answer weighting lets long wrong answers grow) and the cap share",
+                          {"change_per_window": _r(change), "length": _r(fitted.end, 1), "bound": bound})
+
+    def _kl(self, step: int, kl: float | None) -> list[Finding]:
+        bound = self.settings.kl_max
+        if kl is None or bound is None:
+            return []
+        self.kl.add(step, kl)
+        mean = self.kl.recent()
+        return self._edge("kl", mean > bound, mean <= bound * CLEAR_MARGIN, step,
+                          f"KL to the reference {mean:.3g} over the last {min(RECENT, len(self.kl.points))} logged "
+                          f"steps (bound {bound:g}): lower the learning rate or raise beta",
+                          {"kl": _r(mean, 6), "bound": bound})
+
+    def _ratio(self, step: int, ratio: float | None) -> list[Finding]:
+        band = self.settings.ratio_band
+        if ratio is None or band is None:
+            return []
+        self.ratio.add(step, ratio)
+        mean = self.ratio.recent()
+        low, high = band
+        inside = 1 - (1 - low) * CLEAR_MARGIN <= mean <= 1 + (high - 1) * CLEAR_MARGIN
+        return self._edge("ratio", not low <= mean <= high, inside, step,
+                          f"mean importance ratio {mean:.3f} outside [{low:g}, {high:g}]: the rollouts lag the policy "
+                          "(lower max_staleness or the learning rate)",
+                          {"ratio": _r(mean, 4), "low": low, "high": high})
+
+    def _staleness(self, step: int, dropped: float | None, trained: float | None) -> list[Finding]:
+        bound = self.settings.staleness_drop_share
+        if trained is None or bound is None:
+            return []
+        self.dropped.add(step, dropped or 0.0)
+        self.trained.add(step, trained)
+        lost = sum(v for _, v in self.dropped.points)
+        total = lost + sum(v for _, v in self.trained.points)
+        if total <= 0 or len(self.trained.points) < RECENT:
+            return []
+        share = lost / total
+        return self._edge("staleness", share > bound, share <= bound * CLEAR_MARGIN, step,
+                          f"{share:.0%} of generated samples dropped as stale over the last "
+                          f"{len(self.trained.points)} logged steps (bound {bound:.0%}): generation runs ahead; lower "
+                          "max_inflight_tasks or queue_maxsize, or raise max_staleness",
+                          {"share": _r(share), "dropped": lost, "bound": bound})
+
+    # -- figures -------------------------------------------------------------------------------------------------
+
+    def _objective(self) -> str | None:
+        return self.config.objective or (self.objectives[-1] if self.objectives else None)
+
+    def seconds_per_step(self) -> float | None:
+        return statistics.median(d for _, d in self.durations) if self.durations else None
+
+    def _gpu_hours(self, steps: int) -> float | None:
+        """GPU-hours of *steps* steps at the median step time; None when unknown or the run holds no GPU (a CPU run:
+        its messages then leave GPU-hours out)."""
+        rate = self.seconds_per_step()
+        return None if rate is None or not self.config.gpus else max(steps, 0) * rate * self.config.gpus / 3600
+
+    def _time_to_target(self, fitted: Fit | None) -> tuple[float | None, float | None]:
+        target = self.settings.target_reward
+        if target is None or fitted is None:
+            return None, None
+        if fitted.end >= target:
+            return 0.0, 0.0
+        if fitted.slope - t_upper(fitted.n - 2) * fitted.se <= 0:
+            return None, None  # not surely rising: no honest estimate
+        steps = (target - fitted.end) / fitted.slope
+        rate = self.seconds_per_step()
+        return steps, (None if rate is None else steps * rate)
+
+    def state(self) -> dict[str, Any]:
+        """The watcher's figures as JSON-able values (None where unknown)."""
+        s, fitted, last = self.settings, self.reward.fit, self.last[0] if self.last else None
+        if fitted is None and len(self.reward.series.points) >= 3:
+            fitted = self.reward.series.line()
+        steps, seconds = self._time_to_target(fitted)
+        since = self.reward.since
+        after = last - since if since is not None and last is not None else None
+        length = self.length.line()
+        total = self.config.total_steps
+        return {
+            "enabled": s.enabled,
+            "step": last,
+            "reward_mean": _r(fitted.mean if fitted else None),
+            "reward_trend": _r(fitted.end if fitted else None),
+            "slope_per_step": _r(fitted.slope if fitted else None, 8),
+            "slope_se": _r(fitted.se if fitted else None, 8),
+            "gain_per_window": _r(fitted.slope * s.window if fitted else None),
+            "window": s.window,
+            "plateau_since": since,
+            "steps_after_plateau": after,
+            "gpu_hours_after_plateau": _r(self._gpu_hours(after) if after is not None else None, 3),
+            "validation_plateau_since": self.validation.since,
+            "cap_share_latest": _r(self.cap_latest),
+            "cap_share_peak": _r(self.cap_peak),
+            "length_latest": _r(self.length.points[-1][1] if self.length.points else None, 1),
+            "length_change_per_window": _r(length.slope * s.window / length.mean if length and length.mean else None),
+            "target_reward": s.target_reward,
+            "time_to_target_steps": _r(steps, 1),
+            "time_to_target_s": _r(seconds, 1),
+            "seconds_per_step": _r(self.seconds_per_step(), 3),
+            "gpus": self.config.gpus,
+            "total_steps": total,
+            "gpu_hours_left": _r(self._gpu_hours(total - last) if total and last is not None else None, 3),
+            "stop_step": self._stop.step if self._stop else None,
+            "gpu_hours_saved": _r(self._gpu_hours(total - self._stop.step) if self._stop and total else None, 3),
+            "objective": self._objective(),
+            "objectives": list(self.objectives) or ([self.config.objective] if self.config.objective else []),
+            "active": sorted(self.active),
+        }
