@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from grpo_deploy.common.shown import shown, shown_key
+from grpo_deploy.common.shown import did_you_mean, shown, shown_key
 from grpo_deploy.common.strict import Strict
 from grpo_deploy.common.values import (
     MAX_DISK_GB,
@@ -37,7 +37,6 @@ from grpo_deploy.runtime.trainer.config import (
     LoraSettings,
     Reward,
     RuntimeSettings,
-    did_you_mean,
     pass_through,
 )
 

@@ -2,10 +2,11 @@
 a credential planted in the spec, or a line of a file the kit did not expect to read), always one printable line.
 
 Pure standard library; every message of the door that quotes a value goes through `shown`, every key through
-`shown_key`."""
+`shown_key`; an unknown key's message offers the closest known one (`did_you_mean`)."""
 
 from __future__ import annotations
 
+import difflib
 import re
 
 SHORT = 24  # a value up to this long is shown whole (unless it looks like a credential)
@@ -74,3 +75,9 @@ def shown_key(key: object) -> str:
     if isinstance(key, str):
         return f"<a key of {len(key)} characters>"
     return shown(key)
+
+
+def did_you_mean(word: str, choices) -> str:
+    """'; did you mean X?' for the closest known name, or ''."""
+    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.75)
+    return f"; did you mean {close[0]!r}?" if close else ""

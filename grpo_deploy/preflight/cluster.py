@@ -17,7 +17,8 @@ from grpo_deploy.names import MANAGED
 from grpo_deploy.preflight.images import image_on
 from grpo_deploy.preflight.registry import FAIL, OK, SKIP, WARN, Result, check
 from grpo_deploy.preflight.session import Context
-from grpo_deploy.runtime.verl.ray_node import GCS_PORT, interface_of
+from grpo_deploy.runtime.net import interface_of
+from grpo_deploy.runtime.verl.ray_node import GCS_PORT
 
 LISTEN_S = 45
 """How long each node's probe listener stays up (the connections are tried within it)."""

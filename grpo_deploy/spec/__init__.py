@@ -13,7 +13,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainValidato
 from pydantic_core import PydanticCustomError
 
 from grpo_deploy.architecture import ArchitectureSpec
-from grpo_deploy.common.shown import shown, shown_key
+from grpo_deploy.common.shown import did_you_mean, shown, shown_key
 from grpo_deploy.common.strict import Strict
 from grpo_deploy.common.values import (
     MAX_DISK_GB,
@@ -42,7 +42,6 @@ from grpo_deploy.common.values import (
 )
 from grpo_deploy.engines import ALL_ROLES, ENGINES
 from grpo_deploy.runtime.tasks.data import DATASETS
-from grpo_deploy.runtime.trainer.config import did_you_mean
 from grpo_deploy.runtime.watch.watcher import WatchSettings
 from grpo_deploy.settings import OVERRIDE_SECTIONS
 from grpo_deploy.spec import profiles

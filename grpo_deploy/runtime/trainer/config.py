@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from grpo_deploy.common.shown import shown, shown_key
+from grpo_deploy.common.shown import did_you_mean, shown, shown_key
 from grpo_deploy.common.strict import Strict
 from grpo_deploy.common.values import (
     MAX_STEPS,
@@ -214,14 +214,6 @@ def pass_through(key: str, value: Any) -> Any:
         raise ValueError(f"{shown_key(key)}: expected a number, a boolean, a string or a list of those "
                          "(integers within 64 bits, finite floats), "
                          f"got {shown(value)}") from None
-
-
-def did_you_mean(word: str, choices) -> str:
-    """'; did you mean X?' for the closest known name, or ''."""
-    import difflib
-
-    close = difflib.get_close_matches(word, sorted(choices), n=1, cutoff=0.75)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 class AdapterConfig(Strict):

@@ -27,6 +27,8 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from grpo_deploy.runtime.net import socket_interface
+
 LAUNCHED_ENV = "GRPO_TRAINER_LAUNCHED"  # set on the ranks: the entrypoint does not launch again
 RESUME_ENV = "GRPO_TRAINER_RESUME"  # the resume target the launcher resolved ("" = start fresh)
 MAX_PROCESSES = 64
@@ -96,8 +98,6 @@ def socket_ifname(machine: Machine, addresses: dict[str, list[str]] | None = Non
     ("" on one machine: loopback). MachineError when neither is on this host."""
     if machine.count == 1 or not (machine.ifname or machine.node_ip):
         return ""
-    from grpo_deploy.runtime.verl.ray_node import socket_interface
-
     try:
         return socket_interface(machine.ifname, machine.node_ip, addresses)
     except ValueError as error:

@@ -1,7 +1,8 @@
 """One Ray node of a verl run inside the verl image: `ray start` for the head or a worker with the node's address,
-resources and fixed ports, the network interface NCCL and Gloo use (set before Ray starts, so every Ray worker
-inherits it), and the cluster's token on the share (every node presents the same one). Ray's ports are fixed, not
-random, so preflight can check them free and reachable and a firewall can let exactly them through."""
+resources and fixed ports, the network interface NCCL and Gloo use (`runtime/net.py`'s choice, set before Ray
+starts, so every Ray worker inherits it), and the cluster's token on the share (every node presents the same one).
+Ray's ports are fixed, not random, so preflight can check them free and reachable and a firewall can let exactly them
+through."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+
+from grpo_deploy.runtime.net import socket_interface
 
 GCS_PORT = 6379
 """The head's GCS (what workers and the driver join)."""
@@ -58,21 +61,6 @@ def start_argv(node: NodeArgs) -> list[str]:
     return argv
 
 
-def interface_of(ip: str, addresses: dict[str, list[str]]) -> str | None:
-    """The interface holding *ip*, from {interface: [its IPv4 addresses]}."""
-    return next((name for name, ips in sorted(addresses.items()) if ip in ips), None)
-
-
-def local_addresses() -> dict[str, list[str]]:
-    """{interface: [IPv4 addresses]} of this network namespace (the host's, under host networking)."""
-    import socket
-
-    import psutil
-
-    return {name: [a.address for a in addrs if a.family == socket.AF_INET]
-            for name, addrs in psutil.net_if_addrs().items()}
-
-
 def socket_env(node: NodeArgs, addresses: dict[str, list[str]] | None = None) -> dict[str, str]:
     """NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME for a node of a cluster: the interface named, else the one holding
     the node's address ({} on one host: loopback does). SystemExit with one line when neither can be found."""
@@ -83,17 +71,6 @@ def socket_env(node: NodeArgs, addresses: dict[str, list[str]] | None = None) ->
     except ValueError as error:
         raise SystemExit(f"verl node: {error}") from None
     return {"NCCL_SOCKET_IFNAME": name, "GLOO_SOCKET_IFNAME": name}
-
-
-def socket_interface(ifname: str, node_ip: str, addresses: dict[str, list[str]] | None = None) -> str:
-    """The interface NCCL and Gloo use between the hosts of a cluster (Ray's nodes, the trainer's machines): the one
-    named, else the one holding the node's address. ValueError with the one line to say when neither is here."""
-    addresses = local_addresses() if addresses is None else addresses
-    name = ifname or interface_of(node_ip, addresses)
-    if not name or name not in addresses:
-        raise ValueError(f"no network interface {'named ' + ifname if ifname else 'holds ' + node_ip} on this host "
-                         f"(it has {', '.join(sorted(addresses)) or 'none'}): set hosts[].interface in the spec")
-    return name
 
 
 def ensure_token(path: Path, create: bool) -> Path:
