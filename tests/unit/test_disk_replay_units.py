@@ -13,7 +13,7 @@ from grpo_deploy import plan, preflight, spec
 from grpo_deploy.engines import trl_sizes
 from grpo_deploy.hosts import oneoff
 from grpo_deploy.preflight import session
-from grpo_deploy.runtime.trainer.config import DiskWatchdogConfig
+from grpo_deploy.runtime.storage.disk_space import DiskWatchdogConfig
 from grpo_deploy.runtime.trainer.disk_watchdog import DiskWatchdog
 from grpo_deploy.spec import resolve
 from tests.specs import spec_data, spec_yaml

@@ -29,6 +29,7 @@ from grpo_deploy.common.values import (
     describe_error,
 )
 from grpo_deploy.runtime.storage.adapters import LORA_SUBDIR
+from grpo_deploy.runtime.storage.disk_space import DiskWatchdogConfig
 from grpo_deploy.runtime.tasks import rewards as rewards_module
 from grpo_deploy.runtime.tasks.data import DatasetSpec
 from grpo_deploy.runtime.trainer.processes import MAX_MACHINES, MAX_PROCESSES
@@ -221,16 +222,6 @@ class AdapterConfig(Strict):
     """Holds `.vllm_lora/trl-policy-vN`; defaults to async_grpo.output_dir."""
     keep: Count | None = None
     """Adapter versions kept on the volume; defaults to max_staleness + 2."""
-
-
-class DiskWatchdogConfig(Strict):
-    """Before each save: stop the run cleanly when free space where checkpoints go is under the next checkpoint
-    (the larger of this estimate and the newest checkpoint's real size) plus the margin."""
-
-    checkpoint_bytes: int = Field(0, ge=0)
-    """The plan's estimate of one checkpoint (0 = measure the newest one only)."""
-    margin_bytes: int = Field(0, ge=0)
-    """Left free after the save (checkpoints.disk_margin_gb)."""
 
 
 class SpeedSwitches(Strict):

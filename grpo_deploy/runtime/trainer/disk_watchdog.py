@@ -5,49 +5,14 @@ a disk that fills mid-save and leaves a half-written checkpoint (the A100 field 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from transformers import TrainerCallback
 
-from grpo_deploy.runtime.storage.checkpoints import list_checkpoints
-from grpo_deploy.runtime.trainer.config import DiskWatchdogConfig
+from grpo_deploy.runtime.storage.disk_space import DiskWatchdogConfig, Verdict, free_bytes, judge
 from grpo_deploy.runtime.trainer.processes import agree
 
 log = logging.getLogger("grpo_deploy.disk_watchdog")
-
-
-@dataclass(frozen=True)
-class Verdict:
-    fits: bool
-    free_bytes: int
-    need_bytes: int
-    message: str
-
-
-def free_bytes(path: str) -> int:
-    """Free bytes for this (unprivileged) process on the filesystem holding *path* (its nearest existing parent)."""
-    while not os.path.exists(path) and path != os.path.dirname(path):
-        path = os.path.dirname(path)
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
-def judge(output_dir: str, config: DiskWatchdogConfig, free: Callable[[str], int] = free_bytes,
-          layout: str = "trl") -> Verdict:
-    """Whether the next save fits: free space against max(estimate, newest complete checkpoint's size) + margin."""
-    complete = [c for c in list_checkpoints(output_dir, layout) if c.complete]
-    newest = complete[-1].size_bytes if complete else 0
-    need = max(config.checkpoint_bytes, newest) + config.margin_bytes
-    have = free(output_dir)
-    if have >= need:
-        return Verdict(True, have, need, "")
-    kept = f"the newest complete checkpoint ({complete[-1].path}) is kept" if complete else "no checkpoint yet"
-    return Verdict(False, have, need, f"disk watchdog: {have / 1e9:.2f} GB free at {output_dir}, the next save needs "
-                   f"{need / 1e9:.2f} GB (checkpoint {max(config.checkpoint_bytes, newest) / 1e9:.2f} GB + margin "
-                   f"{config.margin_bytes / 1e9:.2f} GB): stopped before saving; {kept}. Free "
-                   f"{(need - have) / 1e9:.2f} GB (or lower checkpoints.keep) and resume with `grpo-deploy up`")
 
 
 class DiskWatchdog(TrainerCallback):

@@ -25,7 +25,7 @@ from pydantic import Field, ValidationError
 from grpo_deploy.common.metrics import MetricsSink
 from grpo_deploy.common.strict import Strict
 from grpo_deploy.runtime.identity import apply_umask, identity
-from grpo_deploy.runtime.trainer.config import DiskWatchdogConfig
+from grpo_deploy.runtime.storage.disk_space import DiskWatchdogConfig, free_bytes, judge
 from grpo_deploy.runtime.verl import ray_cluster, ray_node
 from grpo_deploy.runtime.watch.run_watch import STOPPED_EARLY, RunWatch, read_history
 from grpo_deploy.runtime.watch.watcher import WatchConfig
@@ -167,8 +167,6 @@ class SaveWatchdog:
         return bool(every) and (step % every == 0 or step == total)
 
     def after_step(self, step: int) -> None:
-        from grpo_deploy.runtime.trainer.disk_watchdog import free_bytes, judge
-
         if self.config.watchdog is None or self.tripped is not None or not self.saves_at(step + 1):
             return
         verdict = judge(self.config.checkpoint_dir, self.config.watchdog, self.free or free_bytes, layout="verl")

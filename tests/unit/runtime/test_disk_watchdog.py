@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from transformers import TrainerControl, TrainerState
 
-from grpo_deploy.runtime.trainer.config import DiskWatchdogConfig
-from grpo_deploy.runtime.trainer.disk_watchdog import DiskWatchdog, free_bytes, judge
+from grpo_deploy.runtime.storage.disk_space import DiskWatchdogConfig, free_bytes, judge
+from grpo_deploy.runtime.trainer.disk_watchdog import DiskWatchdog
 from tests.unit.runtime.as_root import small_tmpfs
 from tests.unit.runtime.test_checkpoints import trl_checkpoint
 
