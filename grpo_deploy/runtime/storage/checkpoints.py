@@ -1,6 +1,6 @@
 """Checkpoints of both engines on the shared storage: list (sizes, completeness, LoRA shape, world size), verify,
-quarantine half-written ones (never delete them), prune to the retention count only behind a newer complete one, and
-resume selection (newest complete; refused when the world size or the LoRA shape changed).
+quarantine half-written ones (never delete them), prune to the retention count only behind a newer complete one. The
+resume choice built on them is resume.py's.
 
 Layouts: TRL writes `checkpoint-N/` and its `trainer_state.json` last. verl writes `global_step_N/` (with `data.pt`
 and `actor/` shards per rank) and then `latest_checkpointed_iteration.txt`, the tracker, last; a step newer than the
@@ -8,7 +8,7 @@ tracker is half-written. Runs inside the images too: `python3 -m grpo_deploy.run
 
 Nothing is read or moved through a link: a checkpoint that is a symbolic link is listed as such and never removed,
 moved or followed; a `quarantine` that is not a real folder stops every move; state files are read through the one
-bounded reader (runtime.readback). A prune or resume holds the folder's lock (runtime.dirlock) and checks every
+bounded reader (common.readback). A prune or resume holds the folder's lock (common.dirlock) and checks every
 checkpoint it would touch before the first one moves; each is then renamed away in one step (all or nothing)."""
 
 from __future__ import annotations
@@ -33,10 +33,6 @@ STATE_FILE = "trainer_state.json"  # transformers writes it last, so its presenc
 QUARANTINE_DIR = "quarantine"
 STATE_LIMIT = 64 * MiB  # trainer_state.json grows with the log history: a few MB for a long run
 META_LIMIT = MiB  # adapter_config.json, lora_train_meta.json, fsdp_config.json, the tracker
-
-
-class ResumeError(ValueError):
-    """The configured resume target cannot be used."""
 
 
 def _is_dir(path: str) -> bool:
@@ -172,42 +168,6 @@ def quarantine(path: str, output_dir: str) -> str:
     return target
 
 
-def resolve_resume(output_dir: str, resume: str, expect: Shape | None = None,
-                   layout: str = "trl") -> tuple[str | None, list[Quarantined]]:
-    """The checkpoint to resume from (or None) and what was quarantined on the way.
-
-    `never`: start fresh, touch nothing. `auto`: quarantine every incomplete checkpoint, then take the newest complete
-    one. Anything else is a checkpoint path, which must be complete. With *expect* (this run's LoRA shape and world
-    size), a checkpoint of another shape is refused with the difference, never silently loaded or skipped. verl
-    (*layout* "verl") resumes from what its tracker names: see verl_resume.
-    """
-    if resume == "never":
-        return None, []
-    if layout == "verl":
-        return verl_resume(output_dir, resume, expect)
-    if resume != "auto":
-        reason = incomplete_reason(resume) if (_is_dir(resume) or _is_link(resume)) else "no such directory"
-        if reason:
-            raise ResumeError(f"resume: {resume} cannot be resumed from: {reason}")
-        _refuse_other_shape(resume, expect)
-        return resume, []
-    if not _is_dir(output_dir):
-        return None, []
-    with _folder_lock(output_dir):
-        half, complete = [], []
-        for _step, path in checkpoints(output_dir):
-            reason = incomplete_reason(path)
-            if reason == LINK_REASON:
-                continue  # never resumed from, never moved
-            (half if reason else complete).append((path, reason))
-        if half:
-            _quarantine_dir(output_dir)  # refused before the first move
-        if complete:
-            _refuse_other_shape(complete[-1][0], expect)
-        moved = [Quarantined(path, quarantine(path, output_dir), reason) for path, reason in half]
-    return (complete[-1][0] if complete else None), moved
-
-
 def _folder_lock(directory: str):
     """The checkpoint folder's lock, Busy turned into CheckpointRefused."""
     from contextlib import contextmanager
@@ -241,17 +201,6 @@ class Shape:
             if mine is not None and theirs is not None and mine != theirs:
                 out.append(f"{name} {theirs} in the checkpoint, {mine} in this run")
         return out
-
-
-def _refuse_other_shape(path: str, expect: Shape | None, layout: str = "trl") -> None:
-    if expect is None:
-        return
-    found = shape_of(path, layout)
-    diff = expect.differences(found)
-    if diff:
-        raise ResumeError(f"resume: {path} was written by a run of another shape ({'; '.join(diff)}): resuming would "
-                          "load mismatched weights or optimizer state. Start a new run (another run.name or "
-                          "--fresh), or set the spec back to the checkpoint's shape")
 
 
 @dataclass
@@ -397,43 +346,6 @@ def _require_tracker(directory: str, found: list[Checkpoint]) -> int | None:
             f"told from half-written, so nothing was moved or removed. Check `checkpoints list`, then write the step "
             f"of the newest complete one into it")
     return tracker
-
-
-def verl_resume(directory: str, resume: str = "auto", expect: Shape | None = None) -> tuple[str | None,
-                                                                                                list[Quarantined]]:
-    """What a verl restart with `trainer.resume_mode=auto` loads, made safe before it starts: the step its tracker
-    names, which must be complete (verl itself starts from scratch without a word when the tracker or the directory
-    is missing, and never checks the shards); steps newer than the tracker (a save cut short) are quarantined, so that
-    verl does not write the same step into a directory still holding the dead save's files. An explicit `resume`
-    path must be a complete global_step_N. A checkpoint of another LoRA rank or world size is refused."""
-    found = list_checkpoints(directory, "verl")
-    if resume != "auto":
-        match = VERL_PATTERN.match(os.path.basename(os.path.normpath(resume)))
-        parent = os.path.dirname(os.path.normpath(resume))
-        state, reason = (_verl_incomplete(resume, int(match.group(1)), verl_tracker(parent))
-                         if match and (_is_dir(resume) or _is_link(resume))
-                         else ("missing", "no such global_step_N directory"))
-        if state != "complete":
-            raise ResumeError(f"resume: {resume} cannot be resumed from: {reason or state}")
-        _refuse_other_shape(resume, expect, "verl")
-        return resume, []
-    if not found and verl_tracker(directory) is None:
-        return None, []
-    tracker = _require_tracker(directory, found)
-    named = next((c for c in found if c.step == tracker), None)
-    if named is None or not named.complete:
-        why = "does not exist" if named is None else f"is {named.state}: {named.reason}"
-        raise ResumeError(f"resume: {VERL_TRACKER} in {directory} names step {tracker}, whose checkpoint {why}; "
-                          "verl would start from scratch or fail while loading. Fix the tracker (the newest complete "
-                          "step, `checkpoints list`), or start a new run")
-    _refuse_other_shape(named.path, expect, "verl")
-    newer = [c for c in found if c.step > tracker and c.state != "link"]
-    if not newer:
-        return named.path, []
-    with _folder_lock(directory):
-        _quarantine_dir(directory)  # refused before the first move
-        moved = [Quarantined(c.path, quarantine(c.path, directory), c.reason) for c in newer]
-    return named.path, moved
 
 
 @dataclass

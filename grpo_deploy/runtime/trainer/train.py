@@ -17,6 +17,7 @@ from grpo_deploy.runtime.health import Heartbeat, heartbeat_path
 from grpo_deploy.runtime.identity import apply_umask, identity
 from grpo_deploy.runtime.storage import checkpoints
 from grpo_deploy.runtime.storage.adapters import AdapterPublisher, resume_server, safe_keep, unload_stale
+from grpo_deploy.runtime.storage.resume import resolve_resume
 from grpo_deploy.runtime.tasks.data import build_dataset
 from grpo_deploy.runtime.tasks.rewards import build_reward_funcs
 from grpo_deploy.runtime.trainer import processes
@@ -172,8 +173,8 @@ def run(config: RunConfig, sink: MetricsSink) -> int:
             if processes.launched():  # the launcher resolved it once, before the ranks started
                 resumed_from, quarantined = os.environ.get(processes.RESUME_ENV) or None, []
             else:
-                resumed_from, quarantined = checkpoints.resolve_resume(config.output_dir, config.resume,
-                                                                       expect=resume_shape(config))
+                resumed_from, quarantined = resolve_resume(config.output_dir, config.resume,
+                                                           expect=resume_shape(config))
         finally:
             sink.emit("run_start", run_name=config.run_name, **identity(), pid=os.getpid(), resumed_from=resumed_from,
                       objective=config.watch.objective if config.watch is not None else None)
@@ -265,8 +266,8 @@ def launch(config: RunConfig, config_path: str) -> int:
         return _exec_launch(config, config_path, None, machine, ifname)
     with MetricsSink(config.metrics_path) as sink:
         try:
-            resumed_from, quarantined = checkpoints.resolve_resume(config.output_dir, config.resume,
-                                                                   expect=resume_shape(config))
+            resumed_from, quarantined = resolve_resume(config.output_dir, config.resume,
+                                                       expect=resume_shape(config))
         except Exception as exc:  # a refused resume, or the share failing under it: the same record as one process
             fault = storage_fault(config, exc)
             status, error = ("storage-fault", fault.message) if fault else ("error", f"{type(exc).__name__}: {exc}")

@@ -118,11 +118,11 @@ class Retention:
 
     def before_attempt(self) -> str | None:
         """The step this attempt resumes from (None: from scratch); SystemExit with one line when it cannot."""
-        from grpo_deploy.runtime.storage import checkpoints
+        from grpo_deploy.runtime.storage import checkpoints, resume
 
         try:
-            path, moved = checkpoints.verl_resume(self.directory)
-        except (checkpoints.ResumeError, checkpoints.TrackerUnreadable) as exc:
+            path, moved = resume.verl_resume(self.directory)
+        except (resume.ResumeError, checkpoints.TrackerUnreadable) as exc:
             raise SystemExit(f"verl node: {exc}") from None
         for item in moved:
             self.sink.emit("checkpoint_quarantine", path=item.path, moved_to=item.moved_to, reason=item.reason)

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from grpo_deploy.runtime.storage import checkpoints
-from grpo_deploy.runtime.storage.checkpoints import ResumeError, resolve_resume
+from grpo_deploy.runtime.storage.resume import ResumeError, resolve_resume
 
 
 def make(output_dir, step, complete=True, state_text=None):

@@ -9,7 +9,8 @@ import os
 import pytest
 
 from grpo_deploy.runtime.storage import checkpoints
-from grpo_deploy.runtime.storage.checkpoints import ResumeError, Shape, TrackerUnreadable, prune, verl_resume
+from grpo_deploy.runtime.storage.checkpoints import Shape, TrackerUnreadable, prune
+from grpo_deploy.runtime.storage.resume import ResumeError, resolve_resume, verl_resume
 from runtime.test_checkpoints import verl_checkpoint
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -55,7 +56,7 @@ def test_resume_takes_the_tracker_step_and_quarantines_the_save_cut_short(tmp_pa
     assert [(os.path.basename(m.path), "newer than the tracker" in m.reason) for m in moved] == \
         [("global_step_80", True)]
     assert os.listdir(tmp_path / "quarantine") == ["global_step_80"] and not (tmp_path / "global_step_80").exists()
-    assert checkpoints.resolve_resume(str(tmp_path), "auto", layout="verl")[0] == chosen  # the same via the dispatcher
+    assert resolve_resume(str(tmp_path), "auto", layout="verl")[0] == chosen  # the same via the dispatcher
 
 
 def test_retention_is_enforced_after_the_resume(tmp_path):
