@@ -17,11 +17,13 @@ import aiohttp
 import pytest
 
 from grpo_deploy.runtime.serving import proxy as rp
+from grpo_deploy.runtime.serving.adapter_sync import LOAD, UNLOAD
+from grpo_deploy.runtime.serving.proxy_args import Settings, parse_args, settings_of
 from runtime.fake_vllm import BASE, FakeVLLM
 from runtime.test_prefix_router import TEMPLATE, tokens
 
 REPO = Path(__file__).resolve().parents[3]
-FAST = rp.Settings(health_interval_s=0.05, connect_timeout_s=0.5, load_retry_s=1.0)
+FAST = Settings(health_interval_s=0.05, connect_timeout_s=0.5, load_retry_s=1.0)
 
 
 def run(coro, seconds: float = 30.0):
@@ -55,14 +57,14 @@ class Rig:
         return json.loads(text)["served_by"]
 
     async def load(self, name: str) -> tuple[int, str]:
-        return await self.post(rp.LOAD, {"lora_name": name, "lora_path": f"/adapters/{name}", "load_inplace": False})
+        return await self.post(LOAD, {"lora_name": name, "lora_path": f"/adapters/{name}", "load_inplace": False})
 
     def index(self, port: int) -> int:
         return [f.port for f in self.fakes].index(port)
 
 
 @contextlib.asynccontextmanager
-async def rig(n: int = 2, settings: rp.Settings = FAST, fakes: list[FakeVLLM] | None = None, ready: bool = True):
+async def rig(n: int = 2, settings: Settings = FAST, fakes: list[FakeVLLM] | None = None, ready: bool = True):
     fakes = fakes or [await FakeVLLM().start() for _ in range(n)]
     proxy = rp.ReplicaProxy([f.url for f in fakes], settings)
     runner = aiohttp.web.AppRunner(proxy.app(), access_log=None)
@@ -231,7 +233,7 @@ def test_a_lagging_mount_is_retried_until_the_adapter_appears(caplog):
             r.fakes[1].lag = 2
             status, text = await r.load("trl-policy-v1")
             assert status == 200, text
-            assert r.fakes[1].paths().count(rp.LOAD) == 3 and r.fakes[0].paths().count(rp.LOAD) == 1
+            assert r.fakes[1].paths().count(LOAD) == 3 and r.fakes[0].paths().count(LOAD) == 1
             replicas = r.proxy.stats()["replicas"]
             assert [x["loads_retried"] for x in replicas] == [0, 2]
             assert replicas[1]["last_load_s"] >= 0.25 + 0.5  # its two waits
@@ -244,14 +246,14 @@ def test_a_lagging_mount_is_retried_until_the_adapter_appears(caplog):
 
 def test_a_mount_that_never_shows_the_adapter_answers_504_not_404_and_rolls_back():
     async def scenario():
-        async with rig(settings=rp.Settings(health_interval_s=0.05, load_retry_s=0.6)) as r:
+        async with rig(settings=Settings(health_interval_s=0.05, load_retry_s=0.6)) as r:
             r.fakes[1].lag = 10_000
             started = time.monotonic()
             status, text = await r.load("trl-policy-v1")
             assert status == 504, text
             assert time.monotonic() - started < 5
             assert "No adapter found" in json.loads(text)["error"]["message"]  # the kit's storage check reads it
-            assert r.fakes[0].adapters == {} and rp.UNLOAD in r.fakes[0].paths()
+            assert r.fakes[0].adapters == {} and UNLOAD in r.fakes[0].paths()
             assert r.proxy.stats()["adapters"] == [] and r.proxy.stats()["adapter_loads"]["failed"] == 1
 
     run(scenario())
@@ -263,7 +265,7 @@ def test_runtime_lora_off_is_passed_through_as_404_without_retries():
             r.fakes[1].runtime_lora = False
             status, text = await r.load("trl-policy-v1")
             assert status == 404 and json.loads(text) == {"detail": "Not Found"}
-            assert r.fakes[1].paths().count(rp.LOAD) == 1
+            assert r.fakes[1].paths().count(LOAD) == 1
             assert r.fakes[0].adapters == {}
 
     run(scenario())
@@ -276,7 +278,7 @@ def test_a_load_is_all_or_nothing(caplog):
             status, text = await r.load("trl-policy-v1")
             assert status == 400 and "max_lora_rank" in text
             assert [f.adapters for f in r.fakes] == [{}, {}, {}]
-            assert all(rp.UNLOAD in f.paths() for f in r.fakes[:2]) and rp.UNLOAD not in r.fakes[2].paths()
+            assert all(UNLOAD in f.paths() for f in r.fakes[:2]) and UNLOAD not in r.fakes[2].paths()
             assert r.proxy.stats()["adapters"] == []
             assert [x["loads_failed"] for x in r.proxy.stats()["replicas"]] == [0, 0, 1]
 
@@ -286,7 +288,7 @@ def test_a_load_is_all_or_nothing(caplog):
 
 def test_a_refusal_does_not_wait_for_a_lagging_replica():
     async def scenario():
-        async with rig(settings=rp.Settings(health_interval_s=0.05, load_retry_s=20)) as r:
+        async with rig(settings=Settings(health_interval_s=0.05, load_retry_s=20)) as r:
             r.fakes[0].lag = 10_000
             r.fakes[1].refuse = (500, "vLLM does not yet support DoRA.")
             started = time.monotonic()
@@ -301,9 +303,9 @@ def test_unload_reaches_every_replica_and_a_missing_name_is_no_error():
         async with rig() as r:
             await r.load("trl-policy-v1")
             r.fakes[1].adapters.clear()
-            status, _ = await r.post(rp.UNLOAD, {"lora_name": "trl-policy-v1"})
+            status, _ = await r.post(UNLOAD, {"lora_name": "trl-policy-v1"})
             assert status == 200
-            assert all(rp.UNLOAD in f.paths() for f in r.fakes) and r.fakes[0].adapters == {}
+            assert all(UNLOAD in f.paths() for f in r.fakes) and r.fakes[0].adapters == {}
             assert r.proxy.stats()["adapters"] == []
 
     run(scenario())
@@ -355,7 +357,7 @@ def test_models_are_the_union_of_the_replicas_so_a_stale_sweep_sees_every_adapte
             listed = {e["id"]: e["grpo_replicas"] for e in json.loads(text)["data"]}
             assert status == 200 and listed == {BASE: 2, "trl-policy-v3": 1}
             assert all(rp.MODELS in f.paths("GET") for f in r.fakes)
-            status, _ = await r.post(rp.UNLOAD, {"lora_name": "trl-policy-v3"})  # the sweep's unload reaches it
+            status, _ = await r.post(UNLOAD, {"lora_name": "trl-policy-v3"})  # the sweep's unload reaches it
             assert status == 200 and "trl-policy-v3" not in r.fakes[1].adapters
             await r.fakes[0].stop()
             await until(lambda: not r.proxy.replicas[0].healthy, what="replica 0 marked down")
@@ -397,7 +399,7 @@ def test_a_dead_replica_answers_502_quickly_not_a_hang():
             assert status == 502
             assert (await r.get("/health"))[0] == 503
             assert (await r.load("trl-policy-v1"))[0] == 502
-            assert (await r.post(rp.UNLOAD, {"lora_name": "trl-policy-v1"}))[0] == 502
+            assert (await r.post(UNLOAD, {"lora_name": "trl-policy-v1"}))[0] == 502
             assert time.monotonic() - started < 3
 
     run(scenario())
@@ -449,7 +451,7 @@ def test_a_returning_replica_gets_the_adapters_and_the_pause_before_it_is_routed
             assert (await r.load("trl-policy-v2"))[0] == 200  # the one live replica took it
             back = r.fakes[1] = await FakeVLLM(port).start()
             await until(lambda: r.proxy.replicas[1].healthy, what="replica 1 resynced")
-            loads = [body["lora_name"] for m, path, body in back.calls if path == rp.LOAD]
+            loads = [body["lora_name"] for m, path, body in back.calls if path == LOAD]
             assert loads == ["trl-policy-v1", "trl-policy-v2"] and back.paused
             assert (await r.post("/resume"))[0] == 200
             served = [await r.complete(tokens(seed), "trl-policy-v2") for seed in range(8)]
@@ -467,7 +469,7 @@ def test_a_replica_that_only_blinked_keeps_its_adapters_and_is_not_given_them_tw
             await until(lambda: not r.proxy.replicas[1].healthy, what="replica 1 marked down")
             r.fakes[1].healthy = True
             await until(lambda: r.proxy.replicas[1].healthy, what="replica 1 back")
-            assert r.fakes[1].paths().count(rp.LOAD) == 1 and "/v1/models" in r.fakes[1].paths("GET")
+            assert r.fakes[1].paths().count(LOAD) == 1 and "/v1/models" in r.fakes[1].paths("GET")
 
     run(scenario())
 
@@ -482,7 +484,7 @@ def test_a_replica_that_cannot_take_the_adapter_back_stays_out():
             back = FakeVLLM(port)
             back.refuse = (500, "disk full")
             r.fakes[1] = await back.start()
-            await until(lambda: rp.LOAD in back.paths(), what="a resync attempt")
+            await until(lambda: LOAD in back.paths(), what="a resync attempt")
             await asyncio.sleep(0.2)
             assert not r.proxy.replicas[1].healthy and "resync" in r.proxy.replicas[1].why
             assert {await r.complete(tokens(seed), "trl-policy-v1") for seed in range(4)} == {r.fakes[0].port}
@@ -492,7 +494,7 @@ def test_a_replica_that_cannot_take_the_adapter_back_stays_out():
 
 def test_a_returning_replica_that_cannot_see_the_adapter_yet_does_not_hold_up_the_others():
     async def scenario():
-        async with rig(settings=rp.Settings(health_interval_s=0.05, load_retry_s=30)) as r:
+        async with rig(settings=Settings(health_interval_s=0.05, load_retry_s=30)) as r:
             assert (await r.load("trl-policy-v1"))[0] == 200
             port = r.fakes[1].port
             await r.fakes[1].stop()
@@ -500,7 +502,7 @@ def test_a_returning_replica_that_cannot_see_the_adapter_yet_does_not_hold_up_th
             back = FakeVLLM(port)
             back.lag = 10_000
             r.fakes[1] = await back.start()
-            await until(lambda: back.paths().count(rp.LOAD) >= 2, what="two resync attempts")
+            await until(lambda: back.paths().count(LOAD) >= 2, what="two resync attempts")
             started = time.monotonic()
             assert (await r.post("/pause?mode=keep"))[0] == 200
             assert time.monotonic() - started < 2
@@ -611,7 +613,7 @@ def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys):
 def test_arguments_come_from_a_file_bounded_and_never_through_a_link(tmp_path, capsys):
     args = tmp_path / "proxy.args"
     args.write_text("# the kit's render\n--listen\n0.0.0.0:8000\n\n--replica\nhttp://server:8000\n")
-    parsed = rp.parse_args([f"@{args}", "--replica", "http://server-2:8000"])
+    parsed = parse_args([f"@{args}", "--replica", "http://server-2:8000"])
     assert parsed.listen == ("0.0.0.0", 8000) and parsed.replica == ["http://server:8000", "http://server-2:8000"]
     link = tmp_path / "link.args"
     link.symlink_to(args)
@@ -622,13 +624,13 @@ def test_arguments_come_from_a_file_bounded_and_never_through_a_link(tmp_path, c
     for bad, says in ((link, "symbolic link"), (huge, "at most 65536 bytes"), (tmp_path / "none", "no such file"),
                       (secret, "not an arguments file")):
         with pytest.raises(SystemExit) as stop:
-            rp.parse_args([f"@{bad}"])
+            parse_args([f"@{bad}"])
         err = capsys.readouterr().err
         assert stop.value.code == 2 and says in err and err.count("\n") == 1 and "planted" not in err, err
 
 
 def test_good_arguments_become_settings():
-    args = rp.parse_args(
+    args = parse_args(
         [
             "--listen",
             "[::1]:9000",
@@ -645,5 +647,5 @@ def test_good_arguments_become_settings():
         ]
     )
     assert args.listen == ("::1", 9000) and args.replica == ["http://a:1", "https://b:2"]
-    settings = rp.settings_of(args)
+    settings = settings_of(args)
     assert (settings.block_size, settings.imbalance, settings.load_retry_s) == (32, 0, 5.0)
