@@ -17,7 +17,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from grpo_deploy.runtime.watch.watcher import MetricKeys, WatchConfig, Watcher, WatchSettings  # noqa: E402
+from grpo_deploy.runtime.watch.config import MetricKeys, WatchConfig, WatchSettings  # noqa: E402
+from grpo_deploy.runtime.watch.watcher import Watcher  # noqa: E402
 from tests.unit.runtime import watch_streams  # noqa: E402
 
 TARGET_FALSE_ALARMS = 0.01

@@ -97,7 +97,7 @@ WATCH_FINDING_KEYS = ("kind", "level", "step", "message")
 
 def watch_state(events: list[dict[str, Any]], watch=None) -> dict[str, Any] | None:
     """The watcher's state: the runtime's own `watch_summary` at the run's end when it is the newest word, else the
-    run's steps replayed through a Watcher of config *watch* (a grpo_deploy.runtime.watch.watcher.WatchConfig or its
+    run's steps replayed through a Watcher of config *watch* (a grpo_deploy.runtime.watch.config.WatchConfig or its
     dict, as Engine.watch renders it; None: unknown)."""
     starts = [e["time"] for e in events if e.get("event") == "run_start"]
     summaries = [e for e in events if e.get("event") == "watch_summary" and (not starts or e["time"] >= starts[-1])]
@@ -105,8 +105,9 @@ def watch_state(events: list[dict[str, Any]], watch=None) -> dict[str, Any] | No
         return {k: v for k, v in summaries[-1].items() if k not in ("event", "time")}
     if watch is None:
         return None
+    from grpo_deploy.runtime.watch.config import WatchConfig
     from grpo_deploy.runtime.watch.run_watch import history
-    from grpo_deploy.runtime.watch.watcher import WatchConfig, Watcher
+    from grpo_deploy.runtime.watch.watcher import Watcher
 
     watcher = Watcher(WatchConfig.model_validate(watch) if isinstance(watch, dict) else watch)
     watcher.replay(history(events))

@@ -92,7 +92,7 @@ class Engine:
     unread_keys: dict[str, str] = field(default_factory=dict)
     """Spec keys (dotted) the engine never reads -> why: refused at the door when set, not silently dropped."""
     watch_keys: dict[str, str | None] = field(default_factory=dict)
-    """The engine's metric names the run watcher reads (grpo_deploy.runtime.watch.watcher.MetricKeys' fields: reward,
+    """The engine's metric names the run watcher reads (grpo_deploy.runtime.watch.config.MetricKeys' fields: reward,
     length, capped, kl, ratio, staleness, validation); a key not named keeps MetricKeys' default."""
     logger_keys: dict[str, tuple[str, ...]] = field(default_factory=lambda: {
         "project": ("wandb", "tensorboard", "mlflow"), "entity": ("wandb",)})
@@ -274,7 +274,7 @@ class Engine:
         return None
 
     def watch(self, res: Resolved) -> dict[str, Any] | None:
-        """The run watcher's config (grpo_deploy.runtime.watch.watcher.WatchConfig): the spec's `watch:` settings, this
+        """The run watcher's config (grpo_deploy.runtime.watch.config.WatchConfig): the spec's `watch:` settings, this
         engine's metric names, the planned steps, the GPUs the run holds, the answer cap and the loss objective; None
         when the spec turns the watcher off."""
         settings = res.spec.watch

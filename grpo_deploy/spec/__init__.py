@@ -42,7 +42,7 @@ from grpo_deploy.common.values import (
 )
 from grpo_deploy.engines import ALL_ROLES, ENGINES
 from grpo_deploy.runtime.tasks.data import DATASETS
-from grpo_deploy.runtime.watch.watcher import WatchSettings
+from grpo_deploy.runtime.watch.config import WatchSettings
 from grpo_deploy.settings import OVERRIDE_SECTIONS
 from grpo_deploy.spec import profiles
 from grpo_deploy.spec.yamlpos import Located, YamlSyntaxError, load_file, load_text, shown_path

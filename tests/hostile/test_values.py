@@ -263,7 +263,7 @@ def test_a_null_override_is_a_value_not_nothing(tmp_path):
     ("patiense", 3, ("did you mean 'patience'?",)),
 ])
 def test_a_bad_watch_setting_is_refused_in_one_line(tmp_path, key, value, words):
-    """watch.*: the run watcher's knobs (runtime/watcher.WatchSettings), validated at the door like every section."""
+    """watch.*: the run watcher's knobs (runtime/watch/config.py), validated at the door like every section."""
     spec = write_spec(tmp_path, changed("cpu", {("watch", key): value}))
     for argv in (["plan", "--json", "-f", str(spec)], ["render", "-f", str(spec), "-o", str(tmp_path / "render")]):
         assert_refused(cli(argv, tmp_path), key=f"watch.{key}", words=words)

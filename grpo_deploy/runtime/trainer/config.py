@@ -33,7 +33,7 @@ from grpo_deploy.runtime.storage.disk_space import DiskWatchdogConfig
 from grpo_deploy.runtime.tasks import rewards as rewards_module
 from grpo_deploy.runtime.tasks.data import DatasetSpec
 from grpo_deploy.runtime.trainer.processes import MAX_MACHINES, MAX_PROCESSES
-from grpo_deploy.runtime.watch.watcher import WatchConfig
+from grpo_deploy.runtime.watch.config import WatchConfig
 
 ATTENTION_SHIM_MODES = ("auto", "on", "off")
 # The attention shim's backends (attention_shim.py); here so the CLI can list them without importing torch.
@@ -259,7 +259,7 @@ class RunConfig(Strict):
     heartbeat_path: AbsPath | None = None
     disk_watchdog: DiskWatchdogConfig | None = None
     watch: WatchConfig | None = None
-    """The run watcher (runtime/watcher.py) on rank 0's logged steps; None: off."""
+    """The run watcher (runtime/watch/watcher.py) on rank 0's logged steps; None: off."""
     speed: SpeedSwitches = SpeedSwitches()
     processes: Processes = 1
     """Trainer processes on each trainer host (ranks of one FSDP2 group); above 1 (or several machines) the

@@ -27,8 +27,8 @@ from grpo_deploy.common.strict import Strict
 from grpo_deploy.runtime.identity import apply_umask, identity
 from grpo_deploy.runtime.storage.disk_space import DiskWatchdogConfig, free_bytes, judge
 from grpo_deploy.runtime.verl import ray_cluster, ray_node
+from grpo_deploy.runtime.watch.config import WatchConfig
 from grpo_deploy.runtime.watch.run_watch import STOPPED_EARLY, RunWatch, read_history
-from grpo_deploy.runtime.watch.watcher import WatchConfig
 
 STEP_KEYS = {
     "critic/score/mean": "reward",

@@ -1,5 +1,5 @@
 """The run watcher inside a running trainer, for either engine: its warm start from the run's metrics file, each
-finding as a `watch` event and a log line, the stop it asks for, and its state at the run's end (runtime/watcher.py
+finding as a `watch` event and a log line, the stop it asks for, and its state at the run's end (watch/watcher.py
 judges; this module only connects it to the run)."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from typing import Any
 
 from grpo_deploy.common.metrics import read_events
 from grpo_deploy.common.readback import ReadRefused
-from grpo_deploy.runtime.watch.watcher import Finding, WatchConfig, Watcher
+from grpo_deploy.runtime.watch.config import WatchConfig
+from grpo_deploy.runtime.watch.watcher import Finding, Watcher
 
 log = logging.getLogger("grpo_deploy.watch")
 

@@ -6,10 +6,7 @@ Pure: no I/O, no torch. The engine's callback feeds it one `observe()` per logge
 `replay()` warms it up from the run's metrics events on a resume. Findings are edge-triggered: one warning when a
 condition starts, one "clear" when it ends.
 
-The plateau statistic: a least-squares line over the last `window` steps of reward, with the window's own noise (the
-residual standard error) giving the slope's standard error; the reward is flat when even the optimistic slope (the
-one-sided 99% upper bound) projects less than `min_gain` over a window. It clears only when even the pessimistic slope
-(the lower bound) projects `min_gain` or more again: the same evidence both ways, so noise does not flap it.
+The statistics (the plateau's line and its bounds) are series.py's; the settings types config.py's.
 docs/MEASUREMENTS.md ("The run watcher's alarms") has the false-alarm rate and the detection delay at the defaults.
 """
 
@@ -20,114 +17,15 @@ import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field
+from grpo_deploy.runtime.watch.config import WatchConfig
+from grpo_deploy.runtime.watch.series import MIN_POINTS, RECENT, Fit, _Plateau, _Series, t_upper
 
-from grpo_deploy.common.strict import Strict
-from grpo_deploy.common.values import MAX_STEPS, Count, Finite, NonNegative, Text, _no_bool
-
-# One-sided 99% normal quantile: the optimistic slope is the fitted one plus this many standard errors.
-Z_UPPER = 2.326
-# Points a window's line needs before it is judged (fewer: the noise estimate means little).
-MIN_POINTS = 5
-# Logged values averaged for the level checks (cap share, KL, ratio): one noisy step does not raise a warning.
-RECENT = 5
 # A level warning clears once the recent mean is back inside this share of its bound (hysteresis against flapping).
 CLEAR_MARGIN = 0.8
 # Step durations kept for the median seconds per step.
 DURATIONS_KEPT = 2048
-
-Steps = Annotated[int, BeforeValidator(_no_bool), Field(ge=0, le=MAX_STEPS)]
-Window = Annotated[int, BeforeValidator(_no_bool), Field(ge=5, le=10_000)]
-
-
-def _pair(value: Any) -> Any:
-    """A YAML/JSON list of two numbers as the tuple the band is (strict models take no list for a tuple)."""
-    if isinstance(value, list):
-        if len(value) != 2:
-            raise ValueError(f"expected two numbers [low, high], got {len(value)}")
-        return tuple(value)
-    return value
-
-
-def _band(value: tuple[float, float]) -> tuple[float, float]:
-    low, high = value
-    if not 0 < low < 1 < high <= 100:
-        raise ValueError(f"the band must hold 1 with 0 < low < 1 < high <= 100, got [{low}, {high}]")
-    return value
-
-
-RatioBand = Annotated[tuple[Finite, Finite], BeforeValidator(_pair), AfterValidator(_band)]
-
-
-class WatchSettings(Strict):
-    """The run watcher's knobs (the spec's `watch:` section): what counts as a plateau and what to do about it, and
-    the bounds of the other alarms. Defaults and the measurements behind them: docs/MEASUREMENTS.md."""
-
-    enabled: bool = True
-    """Watch the run (the watcher only reads metrics; off, nothing is flagged and status shows no trend)."""
-    action: Literal["warn", "stop"] = "warn"
-    """What a plateau does once `patience` is spent: warn only, or save and stop the run."""
-    window: Window = 100
-    """Steps the reward trend is fitted over (the moving average, its slope and the noise around it). Longer sees a
-    plateau under more noise but later: at the default, a plateau under per-step noise 0.02 is caught ~110 steps after
-    it starts."""
-    patience: Steps = 50
-    """Steps the plateau must persist after the warning before `action: stop` stops the run."""
-    min_gain: Finite = Field(0.02, gt=0, le=1e6)
-    """Reward units per `window` steps (0.02 = two points of accuracy per 100 steps at the default window): a gain
-    below this counts as flat, even when the reward still rises."""
-    target_reward: Finite | None = None
-    """A reward to estimate the time to (from the trend and the seconds per step); null: no estimate."""
-    cap_share: Finite = Field(0.2, gt=0, le=1)
-    """Warn when the share of answers cut at the length cap exceeds this (0..1]."""
-    length_drift: Finite | None = Field(0.15, gt=0, le=100)
-    """Warn when the mean completion length changes by more than this share of itself over a window (null: off)."""
-    kl_max: Finite | None = Field(0.5, gt=0, le=1e6)
-    """Warn when the KL to the reference exceeds this (null: off)."""
-    ratio_band: RatioBand | None = (0.8, 1.2)
-    """Warn when the mean importance ratio (policy / behaviour) leaves [low, high] (PPO's clip range at epsilon
-    0.2; null: off)."""
-    staleness_drop_share: Finite | None = Field(0.25, gt=0, le=1)
-    """Warn when the share of generated samples dropped as stale exceeds this (null: off)."""
-
-
-class MetricKeys(Strict):
-    """The engine's names for what the watcher reads (the engine module fills these; null: the engine does not log
-    it, and that alarm stays silent)."""
-
-    reward: Text = "reward"
-    """The mean reward of the step's answers."""
-    length: Text | None = "completions/mean_length"
-    """The mean completion length in tokens."""
-    capped: Text | None = "completions/clipped_ratio"
-    """The share (0..1) of answers that hit the length cap."""
-    kl: Text | None = "kl"
-    """The KL to the reference policy."""
-    ratio: Text | None = "ratio"
-    """The mean importance ratio of the trained tokens."""
-    staleness: Text | None = "sample/dropped_stale_total"
-    """Samples dropped as stale since the last logged step."""
-    samples: Text | None = "batch/samples_per_step"
-    """Samples trained in the step (the other side of the staleness share)."""
-    validation: Text | None = None
-    """A validation score logged on some steps only."""
-
-
-class WatchConfig(Strict):
-    """What the runtime's watcher reads (rendered into trainer.yaml `watch:` or verl's node json)."""
-
-    settings: WatchSettings = WatchSettings()
-    keys: MetricKeys = MetricKeys()
-    total_steps: Count | None = None
-    """The planned end of the run (for the GPU-hours a stop saves); null: unknown."""
-    gpus: NonNegative = 1
-    """GPUs the run holds (for GPU-hours; 0: a CPU run, whose GPU-hours are 0)."""
-    max_completion_length: Count | None = None
-    """The length cap in tokens (named in the cap and drift messages)."""
-    objective: Text | None = None
-    """A short name of the loss normalisation, e.g. "per-token over packed rows" or "per-answer mean"."""
 
 
 @dataclass(frozen=True)
@@ -139,42 +37,6 @@ class Finding:
     values: dict[str, float | int | str | None] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Fit:
-    """A least-squares line over a window: slope per step, its standard error, the mean and the line's value at the
-    window's last step."""
-
-    slope: float
-    se: float
-    mean: float
-    end: float
-    n: int
-
-
-def fit(points: Iterable[tuple[int, float]]) -> Fit | None:
-    """The least-squares line through (step, value) points; None under 3 points or a single step."""
-    pts = list(points)
-    n = len(pts)
-    if n < 3:
-        return None
-    xbar = sum(x for x, _ in pts) / n
-    ybar = sum(y for _, y in pts) / n
-    sxx = sum((x - xbar) ** 2 for x, _ in pts)
-    if sxx <= 0:
-        return None
-    slope = sum((x - xbar) * (y - ybar) for x, y in pts) / sxx
-    ssr = sum((y - ybar - slope * (x - xbar)) ** 2 for x, y in pts)
-    se = math.sqrt(ssr / (n - 2) / sxx)
-    return Fit(slope, se, ybar, ybar + slope * (pts[-1][0] - xbar), n)
-
-
-def t_upper(df: int) -> float:
-    """The one-sided 99% quantile of Student's t with df degrees of freedom (Cornish-Fisher from the normal; within
-    8% of the table from df 3, exact in the limit)."""
-    z = Z_UPPER
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
-
-
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -184,94 +46,6 @@ def _number(value: Any) -> float | None:
 
 def _r(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
-
-
-class _Series:
-    """The (step, value) points of one metric within the last `span` steps, with running sums for an O(1) line fit
-    (re-summed around the first point every `span` additions, so large step numbers lose no precision)."""
-
-    def __init__(self, span: int):
-        self.span, self.points = span, deque()
-        self._resum()
-
-    def _resum(self) -> None:
-        self.base = self.points[0][0] if self.points else 0
-        self.adds = 0
-        xs = [(x - self.base, y) for x, y in self.points]
-        self.sx, self.sy = sum(x for x, _ in xs), sum(y for _, y in xs)
-        self.sxx, self.sxy, self.syy = (sum(x * x for x, _ in xs), sum(x * y for x, y in xs),
-                                        sum(y * y for _, y in xs))
-
-    def _sums(self, point: tuple[int, float], sign: int) -> None:
-        x, y = point[0] - self.base, point[1]
-        self.sx += sign * x
-        self.sy += sign * y
-        self.sxx += sign * x * x
-        self.sxy += sign * x * y
-        self.syy += sign * y * y
-
-    def add(self, step: int, value: float) -> None:
-        self.points.append((step, value))
-        self._sums(self.points[-1], 1)
-        while self.points and self.points[0][0] <= step - self.span:
-            self._sums(self.points.popleft(), -1)
-        self.adds += 1
-        if self.adds > self.span:
-            self._resum()
-
-    def rewind(self, step: int) -> None:
-        while self.points and self.points[-1][0] >= step:
-            self._sums(self.points.pop(), -1)
-        self._resum()
-
-    def covers(self, step: int) -> bool:
-        """Whether the points reach back a whole window (the first logged step may come later than step 1)."""
-        return bool(self.points) and self.points[0][0] <= step - self.span + max(1, self.span // 10)
-
-    def recent(self, count: int = RECENT) -> float | None:
-        values = [self.points[-i][1] for i in range(1, min(count, len(self.points)) + 1)]
-        return sum(values) / len(values) if values else None
-
-    def line(self) -> Fit | None:
-        """fit() of the points, from the running sums."""
-        n = len(self.points)
-        if n < 3:
-            return None
-        sxx = self.sxx - self.sx * self.sx / n
-        if sxx <= 1e-9:
-            return None
-        sxy = self.sxy - self.sx * self.sy / n
-        syy = self.syy - self.sy * self.sy / n
-        slope = sxy / sxx
-        se = math.sqrt(max(syy - slope * sxy, 0.0) / (n - 2) / sxx)
-        ybar, xbar = self.sy / n, self.sx / n
-        return Fit(slope, se, ybar, ybar + slope * (self.points[-1][0] - self.base - xbar), n)
-
-
-class _Plateau:
-    """The flat test for one series, with its warning step and the step the flat window began."""
-
-    def __init__(self, kind: str, window: int, min_points: int):
-        self.kind, self.series, self.min_points = kind, _Series(window), min_points
-        self.fit: Fit | None = None
-        self.since: int | None = None
-        self.warned_at: int | None = None
-
-    def judge(self, step: int, settings: WatchSettings) -> bool | None:
-        """True: entered flat now; False: left flat now; None: no change."""
-        pts = self.series.points
-        self.fit = self.series.line() if len(pts) >= self.min_points and self.series.covers(step) else None
-        if self.fit is None:
-            return None
-        margin = t_upper(self.fit.n - 2) * self.fit.se
-        upper, lower = (self.fit.slope + margin) * settings.window, (self.fit.slope - margin) * settings.window
-        if self.since is None and upper < settings.min_gain:
-            self.since, self.warned_at = max(pts[0][0], step - settings.window + 1), step
-            return True
-        if self.since is not None and lower >= settings.min_gain:
-            self.since = self.warned_at = None
-            return False
-        return None
 
 
 class Watcher:

@@ -10,8 +10,8 @@ import pytest
 from grpo_deploy.common.metrics import MetricsSink, read_events
 from grpo_deploy.runtime.trainer.callbacks import WatcherCallback
 from grpo_deploy.runtime.verl.node import WatchStop
+from grpo_deploy.runtime.watch.config import WatchConfig
 from grpo_deploy.runtime.watch.run_watch import STOPPED_EARLY, RunWatch, history, read_history
-from grpo_deploy.runtime.watch.watcher import WatchConfig
 
 # a bar no reward clears: the first full window is flat, and the stop comes `patience` steps later
 FLAT = {"action": "stop", "window": 5, "patience": 3, "min_gain": 1000.0}

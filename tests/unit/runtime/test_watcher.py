@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from grpo_deploy.runtime.watch.watcher import MetricKeys, WatchConfig, Watcher, WatchSettings, fit
+from grpo_deploy.runtime.watch.config import MetricKeys, WatchConfig, WatchSettings
+from grpo_deploy.runtime.watch.series import fit
+from grpo_deploy.runtime.watch.watcher import Watcher
 from tests.unit.runtime import watch_streams
 
 METRICS = Path(__file__).resolve().parents[1] / "metrics"
