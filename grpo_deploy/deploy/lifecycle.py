@@ -156,7 +156,7 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
     try:
         refuse_foreign_run(dep)
         log(f"preflight on {', '.join(dep.hosts)} (facts only: nothing is changed)")
-        ctx = preflight.Context(res, ssh=ssh, connectors=dep.hosts)
+        ctx = dep.context
         if _failed(preflight.run_checks(ctx, only=preflight.before_shipping()), out, log, state):
             return preflight.EXIT_FAILED
         client = ctx.docker()  # images are built (or refreshed) here, then shipped from here
@@ -166,7 +166,7 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         shipped = _ship_all(dep, log)
         state.emit("shipped", items=[s.__dict__ for s in shipped])
         bringup = BRINGUP[res.engine]
-        ips = bringup.addresses(dep, ctx)
+        ips = bringup.addresses(dep)
         put_render(dep, ips)
         log(f"render and compose files on {', '.join(dep.hosts)}; {bringup.addresses_words(ips)}")
         ctx.forget_facts()  # the images are there now

@@ -53,14 +53,13 @@ def _trainers(dep: Deployment) -> list[str]:
     return [h.name for h in trainer_hosts(dep.res)]
 
 
-def addresses(dep: Deployment, ctx=None) -> dict[str, str]:
+def addresses(dep: Deployment) -> dict[str, str]:
     """Each server host's IP as the trainer's host resolves its address (a name is looked up there): where that
     server publishes its ports ({} when every server shares the trainer's host: loopback); with several trainer
     hosts also each one's address as preflight's cluster check found it (machine 0's is the rendezvous)."""
     out = _server_addresses(dep)
-    if ctx is not None:
-        for name, found in cluster_checks.node_addresses(ctx).items():
-            out.setdefault(name, found.ip)
+    for name, found in cluster_checks.node_addresses(dep.context).items():
+        out.setdefault(name, found.ip)
     return out
 
 

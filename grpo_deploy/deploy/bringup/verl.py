@@ -37,9 +37,9 @@ def _workers(dep: Deployment) -> list[str]:
     return [h.name for h in dep.res.hosts_with(WORKER)]
 
 
-def addresses(dep: Deployment, ctx) -> dict[str, str]:
+def addresses(dep: Deployment) -> dict[str, str]:
     """Each node's address as preflight found it (what every node's Ray advertises); {} on one host."""
-    return {name: a.ip for name, a in cluster_checks.node_addresses(ctx).items()}
+    return {name: a.ip for name, a in cluster_checks.node_addresses(dep.context).items()}
 
 
 def addresses_words(ips: dict[str, str]) -> str:
