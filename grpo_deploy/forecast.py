@@ -13,7 +13,6 @@ Wall time = start-up (`up` -> the end of the first step) + (steps - 1) x seconds
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -119,65 +118,6 @@ def gpus_in_use(res) -> tuple[int, str]:
     return res.engine_info.gpus_in_use(res), "GPUs of the run's hosts as its roles hold them: " + "; ".join(parts)
 
 
-# ------------------------------------------------------------------ the knobs the seeds turned
-
-
-@dataclass(frozen=True)
-class Knob:
-    """A what-if: *change*(res) is (current, proposed, reference key, invert, extra GPUs) or None where it does not
-    apply; the factor is the profile's reference figure (inverted when the change goes the other way)."""
-
-    name: str
-    engine: str
-    change: Callable[[Any], tuple[str, str, str, bool, int] | None]
-
-
-def _packing(res):
-    budget = res.settings.trl.token_budget
-    return ("on", "off", "packing_on", True, 0) if budget else ("off", "on", "packing_on", False, 0)
-
-
-def _trl_checkpointing(res):
-    on = res.settings.trl.gradient_checkpointing
-    return ("on", "off", "checkpointing_off", False, 0) if on else ("off", "on", "checkpointing_off", True, 0)
-
-
-def _verl_checkpointing(res):
-    on = bool((res.settings.verl.model_extra or {}).get("actor_rollout_ref.model.enable_gradient_checkpointing"))
-    return ("on", "off", "checkpointing_off", False, 0) if on else ("off", "on", "checkpointing_off", True, 0)
-
-
-def _rollout_n(res):
-    n = res.settings.verl.rollout_n
-    return (str(n), str(2 * n), "rollout_n_double", False, 0)
-
-
-def _replicas(res):
-    from grpo_deploy.engines.trl_async import replica_count, server_replicas
-
-    n = replica_count(res)
-    replicas = server_replicas(res)
-    per = len(replicas[0].gpus) if replicas else 0
-    return (str(n), str(n + 1), "replica_added", False, per)
-
-
-def _trainer_processes(res):
-    n = res.engine_info.trainer_processes(res)
-    cuda = res.settings.runtime.device == "cuda"
-    return (str(n), str(2 * n), "trainer_processes_double", False, n if cuda else 0)
-
-
-KNOBS = (
-    Knob("packing (trl.token_budget)", "trl-async", _packing),
-    Knob("gradient checkpointing", "trl-async", _trl_checkpointing),
-    Knob("gradient checkpointing", "verl", _verl_checkpointing),
-    Knob("rollout n", "verl", _rollout_n),
-    Knob("server replicas", "trl-async", _replicas),
-    Knob("trainer processes", "trl-async", _trainer_processes),
-)
-"""The knobs of seed 000 (rollout n, epochs) and seed 004 (packing, checkpointing, replicas, a second trainer)."""
-
-
 # ------------------------------------------------------------------ the forecast
 
 
@@ -264,12 +204,10 @@ def _row(knob: str, current: str, proposed: str, factor: float, on: str, steps: 
 
 def what_if(res, refs: dict, steps: int | None, step_s: float | None, startup_s: float | None,
             gpus: int) -> list[WhatIf]:
-    """One row per knob that applies to the run's engine and has a sourced factor (the profile's reference), plus
-    verl's epochs (an exact factor on the step count)."""
+    """One row per knob of the run's engine (Engine.what_if) that has a sourced factor (the profile's reference), plus
+    the epochs where the engine counts its steps from them (an exact factor on the step count)."""
     rows = []
-    for knob in KNOBS:
-        if knob.engine != res.engine:
-            continue
+    for knob in res.engine_info.what_if:
         current, proposed, key, invert, more_gpus = knob.change(res)
         ref = refs.get(key)
         if ref is None:
@@ -288,15 +226,15 @@ SEED000_EPOCHS = 3
 
 
 def _epochs_row(res, steps: int | None, step_s: float | None, startup_s: float | None, gpus: int) -> WhatIf | None:
-    if res.engine != "verl" or res.settings.verl.total_training_steps or not steps:
+    epochs = res.engine_info.epochs(res)
+    if not epochs or not steps:
         return None
-    epochs = res.settings.verl.total_epochs
     proposed = SEED000_EPOCHS if epochs > SEED000_EPOCHS else 2 * epochs
     new_steps = steps // epochs * proposed
     why = (f"; seed 000 reached ~83 % accuracy within {SEED000_EPOCHS} of 15 epochs" if proposed == SEED000_EPOCHS
            else "")
     return _row("epochs", str(epochs), str(proposed), new_steps / steps, "steps", new_steps, step_s, startup_s, gpus,
-                "exact: steps = prompts // data.train_batch_size x epochs (engine verl's total steps)" + why)
+                f"exact: steps = prompts // data.train_batch_size x epochs (engine {res.engine}'s total steps)" + why)
 
 
 # ------------------------------------------------------------------ text

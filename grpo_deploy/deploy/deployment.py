@@ -1,6 +1,7 @@
 """A run's hosts as the deployer holds them: one connector per host (this machine's or SSH) and the run's compose
 project on each, with its folder there — ~/.grpo-deploy/<run> on a remote host, the run's own folder
-(.grpo-deploy/<run>/) on this machine. The only place a host's connector is chosen for a run (hosts.connect.connect)."""
+(.grpo-deploy/<run>/) on this machine — and the preflight session over the same connectors (each host connected
+once). The only place a host's connector is chosen for a run (hosts.connect.connect)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from grpo_deploy.deploy.run_state import RunState
 from grpo_deploy.hosts.connect import Host, SshOptions, connect
 from grpo_deploy.hosts.project import RemoteProject
+from grpo_deploy.preflight.session import Context
 from grpo_deploy.spec.resolve import Resolved
 
 
@@ -24,6 +26,7 @@ class Deployment:
     returning: dict[tuple[str, str], float] = field(default_factory=dict)
     """(host, service) -> when it was started again: a role restarted alone while the run goes on (a vLLM replica),
     not seen ready yet."""
+    _context: Context | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self):
         self.state = RunState(self.res)
@@ -36,6 +39,14 @@ class Deployment:
             host = self.hosts[name]
             self.projects[name] = RemoteProject(host, host.run_folder(self.res.spec.run.name), self.res.spec.run.name)
         return self.projects[name]
+
+    @property
+    def context(self) -> Context:
+        """The preflight session of the run (its checks, the facts read once, the checkpoints' headroom), made on
+        first use over the deployment's own connectors: no host is connected twice."""
+        if self._context is None:
+            self._context = Context(self.res, ssh=self.ssh, connectors=self.hosts)
+        return self._context
 
     def role_host(self, role: str) -> str:
         return self.res.host_for(role).name

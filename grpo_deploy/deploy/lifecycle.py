@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from grpo_deploy import preflight
 from grpo_deploy.deploy import run_view
-from grpo_deploy.deploy.bringup import steps_of
+from grpo_deploy.deploy.bringup import BRINGUP
 from grpo_deploy.deploy.deployment import Deployment
 from grpo_deploy.deploy.images import build_images
 from grpo_deploy.deploy.run_state import LaunchError, RunState, require_kit
@@ -156,7 +156,7 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
     try:
         refuse_foreign_run(dep)
         log(f"preflight on {', '.join(dep.hosts)} (facts only: nothing is changed)")
-        ctx = preflight.Context(res, ssh=ssh, connectors=dep.hosts)
+        ctx = dep.context
         if _failed(preflight.run_checks(ctx, only=preflight.before_shipping()), out, log, state):
             return preflight.EXIT_FAILED
         client = ctx.docker()  # images are built (or refreshed) here, then shipped from here
@@ -165,8 +165,8 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         state.emit("images_ready", build_s=round(build_images(client, res, log), 2))
         shipped = _ship_all(dep, log)
         state.emit("shipped", items=[s.__dict__ for s in shipped])
-        bringup = steps_of(res.engine_info)
-        ips = bringup.addresses(dep, ctx)
+        bringup = BRINGUP[res.engine]
+        ips = bringup.addresses(dep)
         put_render(dep, ips)
         log(f"render and compose files on {', '.join(dep.hosts)}; {bringup.addresses_words(ips)}")
         ctx.forget_facts()  # the images are there now

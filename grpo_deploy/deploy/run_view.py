@@ -66,16 +66,15 @@ def status_facts(res: Resolved, ssh: SshOptions) -> tuple[list[dict], list[dict]
     """What `status` shows of a run on its hosts — container states, the run's events, checkpoint headroom —
     gathered at once, every query bounded by STATUS_QUERY_S."""
     options = replace(ssh, command_cap_s=STATUS_QUERY_S)
-    dep, ctx = Deployment(res, options), preflight.Context(res, ssh=options)
+    dep = Deployment(res, options)
     try:
         with ThreadPoolExecutor(max_workers=3) as pool:
             states = pool.submit(host_states, dep)
             events = pool.submit(run_events, dep, True)
-            disk = pool.submit(preflight.checkpoint_headroom, ctx)
+            disk = pool.submit(preflight.checkpoint_headroom, dep.context)
             return states.result(), events.result(), disk.result()
     finally:
         dep.close()
-        ctx.close()
 
 
 def events(res: Resolved, ssh: SshOptions) -> list[dict]:

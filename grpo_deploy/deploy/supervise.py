@@ -86,26 +86,27 @@ def supervise(state: RunState, log: Callable[[str], None], since: float, restart
     is killed (SIGKILL, out of memory), *restart*(role) starts what is needed again — for the server: the trainer
     stopped, both started, the server's new ready time returned — and the trainer resumes from its newest complete
     checkpoint (the half-written one quarantined); a vLLM replica or the replica proxy is started again alone while
-    the trainer goes on. At most *restarts* times in all, then the run fails in one line."""
+    the trainer goes on. At most *restarts* times in all, then the run fails in one line. The engine names its roles
+    (Engine.restart_words)."""
+    words = state.res.engine_info.restart_words
     used = 0
     while True:
         try:
             return follow(since)
         except RoleDied as died:
-            what = {"server": "the vLLM server", "worker": "a Ray worker", "replica": "a vLLM server replica",
-                    "proxy": "the replica proxy"}.get(died.role, "the trainer")
+            what = words.died.get(died.role, "the trainer")
             what += f" {died.where}" if died.where else ""
             if used >= restarts:
-                role = "server" if died.role == "replica" else died.role
+                role = words.logs_role.get(died.role, died.role)
                 raise LaunchError(f"{what} exited with {exit_words(died.exit_code)} at step {died.step}; "
                                   f"{restarts} restart(s) allowed (--restarts) are used up; its last lines: "
                                   f"grpo-deploy logs --role {role}") from None
             used += 1
             state.emit("role_died", role=died.role, exit_code=died.exit_code, step=died.step, restart=used,
                        **({"where": died.where} if died.where else {}))
-            again = {"server": "the server and the trainer", "worker": "the Ray cluster"}.get(died.role, "the trainer")
-            if died.role in ("replica", "proxy"):
-                others = " with the other replicas" if died.role == "replica" else " once it answers"
+            again = words.again.get(died.role, "the trainer")
+            if died.role in words.alone:
+                others = words.alone[died.role]
                 log(f"{what} exited with {exit_words(died.exit_code)} at step {died.step}: restarting it; the trainer "
                     f"goes on{others} (restart {used} of {restarts})")
             else:

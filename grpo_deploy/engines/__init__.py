@@ -1,8 +1,9 @@
 """The training engines: the registry (ENGINES by name, their names, every role any engine has, the default engine)
 over the interface (grpo_deploy.engines.base) and one module per engine with the same methods (trl_async, verl).
-Adding an engine adds a module and registers its instance here; outside engines/ it still needs a bring-up module
-(bringup/), a diagnosis, forecast.KNOBS rows, and the places that name an engine (profiles, the cluster check,
-supervise's role words, status's guess by data shape)."""
+Adding an engine adds a module and registers its instance here; an engine declares its own what-if knobs, restart
+words and cluster needs. Outside engines/ it still needs its bring-up (grpo_deploy.deploy.bringup: a module and a
+row of BRINGUP), its diagnosis (grpo_deploy.diagnose*, reached through Engine.diagnose), its image and its
+profiles' reference figures; nothing else names an engine (tests/static/test_engine_boundary.py)."""
 
 from __future__ import annotations
 

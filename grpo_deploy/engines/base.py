@@ -5,6 +5,7 @@ not support yet and why. The deployer calls these methods; it never asks which e
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,31 @@ class ClusterPorts:
 
 
 @dataclass(frozen=True)
+class Knob:
+    """A what-if of plan's forecast: *change*(res) is (current, proposed, reference key, invert, extra GPUs) or None
+    where it does not apply; the factor is the profile's reference figure (inverted when the change goes the other
+    way)."""
+
+    name: str
+    change: Callable[[Any], tuple[str, str, str, bool, int] | None]
+
+
+@dataclass(frozen=True)
+class RestartWords:
+    """How `up` names a role that died mid-run and what its restart starts again (grpo_deploy.deploy.supervise says
+    them); a role not named here is the trainer."""
+
+    died: dict[str, str] = field(default_factory=dict)
+    """role -> the role in words (`the vLLM server`); any other: `the trainer`."""
+    again: dict[str, str] = field(default_factory=dict)
+    """role -> what its restart starts again; any other: `the trainer`."""
+    alone: dict[str, str] = field(default_factory=dict)
+    """role restarted alone while the trainer goes on -> how the trainer goes on (the words after `goes on`)."""
+    logs_role: dict[str, str] = field(default_factory=dict)
+    """role -> the `logs --role` that shows it, where that is another role."""
+
+
+@dataclass(frozen=True)
 class Engine:
     name: str
     description: str
@@ -72,9 +98,6 @@ class Engine:
     """`init` with one host (or none): the roles that host runs."""
     multi_host_roles: tuple[tuple[str, ...], tuple[str, ...]]
     """`init --hosts a,b,...`: the roles of the first host, then of every other host."""
-    bringup: str = ""
-    """The module of its bring-up on the hosts (grpo_deploy.deploy.bringup: hosts, start, follow, restart,
-    after_failure)."""
     progress: tuple[tuple[str, str, str], ...] = ()
     """`up`'s progress line per step after reward and length: (label, step event key, format) of its own metrics."""
     saves_last_step: bool = False
@@ -97,6 +120,10 @@ class Engine:
     logger_keys: dict[str, tuple[str, ...]] = field(default_factory=lambda: {
         "project": ("wandb", "tensorboard", "mlflow"), "entity": ("wandb",)})
     """logger.<key> -> the logger kinds that read it on this engine (a key set for any other kind is refused)."""
+    what_if: tuple[Knob, ...] = ()
+    """The knobs of plan's what-if table (grpo_deploy.forecast), in the order it prints them."""
+    restart_words: RestartWords = field(default_factory=RestartWords)
+    """How `up` names a role of this engine's bring-up that died, and what its restart starts again."""
 
     # ------------------------------------------------------------------ what it is
 
@@ -295,6 +322,16 @@ class Engine:
     def diagnose(self, events, res: Resolved):
         """(the run's bottleneck diagnosis from its *events*, the labels of its evidence): `grpo-deploy diagnose`."""
         raise Unsupported(f"diagnose is not built for engine {self.name}")
+
+    def epochs(self, res: Resolved) -> int | None:
+        """The epochs the run's steps are counted from (plan's what-if changes them: an exact factor on the steps);
+        None when its length is a step count. This default: a step count."""
+        return None
+
+    def node_gpus(self, res: Resolved) -> tuple[int, str, str] | None:
+        """(GPUs every node of its cluster across hosts needs, the setting that says so, the override that lowers
+        it): preflight counts them on each node. None: no count asked. This default: none."""
+        return None
 
     def total_steps(self, res: Resolved) -> int:
         """The optimizer steps of the run."""

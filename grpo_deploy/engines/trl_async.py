@@ -8,50 +8,51 @@ fraction, the trainer the rest; grpo_deploy.engines.trl_memory) and TRL's checkp
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from grpo_deploy import diagnose
 from grpo_deploy.architecture import Architecture
-from grpo_deploy.common.values import MAX_PORT, host_part, ip_literal
-from grpo_deploy.engines import trl_memory, trl_sizes
-from grpo_deploy.engines.base import COMMON_SECTIONS, ClusterPorts, Engine, Resolved, human
+from grpo_deploy.common.values import MAX_PORT
+from grpo_deploy.engines import trl_files, trl_memory, trl_replicas, trl_sizes
+from grpo_deploy.engines.base import COMMON_SECTIONS, ClusterPorts, Engine, Knob, Resolved, RestartWords, human
+from grpo_deploy.engines.trl_replicas import (
+    check_replicas,
+    host_services,
+    proxy_args,
+    publish_address,
+    replica_count,
+    replicas_override,
+    server_replicas,
+)
+from grpo_deploy.engines.trl_trainers import (
+    check_trainer_processes,
+    check_trainer_switches,
+    machine_of,
+    machine_rank,
+    override_key,
+    trainer_hosts,
+    trainer_machines,
+    trainer_processes,
+    trainer_ranks,
+)
 from grpo_deploy.names import (
     COMPOSE_BASE,
     COMPOSE_TRAINER_HOSTS,
     COMPOSE_TRAINER_INFINIBAND,
     PROXY_SERVICE,
-    REPLICA_LABEL,
     project_name,
 )
 from grpo_deploy.runtime.storage.adapters import POLICY_PREFIX
-from grpo_deploy.runtime.trainer.config import RunConfig, SpeedSwitches, config_text
+from grpo_deploy.runtime.trainer.config import config_text
 from grpo_deploy.runtime.trainer.processes import MAIN_PORT, MAX_MACHINES
-from grpo_deploy.settings import SECTIONS, SERVER_PORT, VLLM_KIT_FLAGS, VLLM_LORA_RANKS, KitFlag, vllm_flags
+from grpo_deploy.settings import SERVER_PORT, VLLM_LORA_RANKS
 from grpo_deploy.templating import dump_yaml, template
-
-
-def _override(section: str, key: str) -> tuple[Any, ...]:
-    """The spec key a user changes to fix a broken rule (an override, whether or not it is written yet)."""
-    return ("overrides", section, key)
 
 
 class TrlAsync(Engine):
     def gpu_split(self, res: Resolved, host) -> dict[str, list[int]]:
-        """The spec's hosts[].gpus, else server on GPU 0 and the trainer on the rest when both roles share a host
-        (and no unified memory) — both on GPU 0 when it is the host's only one (vLLM takes gpu_memory_utilization
-        of it, the trainer the rest) — else every GPU of the profile for the one role."""
-        profile = res.profiles[host.name]
-        if profile.accelerator != "cuda":
-            return {}
-        n = int(profile.hardware.get("gpus_per_host", 1))
-        given = dict(host.gpus or {})
-        if len(host.roles) == 2 and not profile.hardware.get("unified_memory", False):
-            given.setdefault("server", [0])
-            given.setdefault("trainer", list(range(1, n)) if n > 1 else [0])
-        for role in host.roles:
-            given.setdefault(role, list(range(n)))
-        return given
+        """grpo_deploy.engines.trl_replicas.gpu_split: server and trainer apart unless they share a host's only GPU."""
+        return trl_replicas.gpu_split(res, host)
 
     def shared_gpus(self, res: Resolved, host) -> list[int]:
         """The GPUs of *host* that its server and trainer both use (on unified memory too): there the server starts
@@ -86,17 +87,17 @@ class TrlAsync(Engine):
             derived.append(("vllm", "port", SERVER_PORT, "vLLM's default port"))
 
         if max_loras < slots:
-            problem(_override("vllm", "max_loras"),
+            problem(override_key("vllm", "max_loras"),
                     f"vllm max_loras={max_loras} is too small for trl max_staleness={staleness}: TRL keeps up to "
                     f"max_staleness + 2 = {slots} adapter versions loaded, and a load beyond the slots evicts one "
                     f"still in use. Set it to >= {slots} or lower trl.max_staleness")
         if rank is None or rank < r:
-            problem(_override("vllm", "max_lora_rank"),
+            problem(override_key("vllm", "max_lora_rank"),
                     f"max_lora_rank={rank} is below the adapter's rank lora.r={r}: the server would refuse the "
                     "adapter" if rank else
                     f"lora.r={r} is above vLLM's largest LoRA rank slot ({VLLM_LORA_RANKS[-1]})")
         if vllm.max_model_len is not None and vllm.max_model_len < need_len:
-            problem(_override("vllm", "max_model_len"),
+            problem(override_key("vllm", "max_model_len"),
                     f"max_model_len={vllm.max_model_len} < max_prompt_length + max_completion_length = {need_len}")
         n = replica_count(res)
         inflight = s.trl.max_inflight_tasks
@@ -107,20 +108,20 @@ class TrlAsync(Engine):
                     "on its host's network is not built yet; use one server (one host with role server, replicas 1) "
                     "with several trainer hosts, or one trainer host with several servers")
         if n > 1:
-            _check_replicas(self, res, problem)
+            check_replicas(self, res, problem)
             inflight = _scale_with_replicas(res, n, derived)
         if inflight > vllm.max_num_seqs * 4 * n:
-            problem(_override("trl", "max_inflight_tasks"),
+            problem(override_key("trl", "max_inflight_tasks"),
                     f"max_inflight_tasks is more than 4x the server's max_num_seqs{f' x {n} replicas' if n > 1 else ''}"
                     ": requests would only queue")
         if s.runtime.device == "cpu" and (s.trl.bf16 or s.trl.fp16):
-            problem(_override("trl", "bf16" if s.trl.bf16 else "fp16"),
+            problem(override_key("trl", "bf16" if s.trl.bf16 else "fp16"),
                     "mixed precision cannot be used with runtime.device cpu: remove it, or run on cuda")
         elif s.trl.bf16 and s.trl.fp16:
-            problem(_override("trl", "fp16"), "trl.bf16 is true as well: TRL takes at most one of fp16 and bf16 "
+            problem(override_key("trl", "fp16"), "trl.bf16 is true as well: TRL takes at most one of fp16 and bf16 "
                     "(it would refuse to start); remove one")
-        _check_trainer_switches(res, problem)
-        _check_trainer_processes(self, res, problem)
+        check_trainer_switches(res, problem)
+        check_trainer_processes(self, res, problem)
         _check_names_and_ports(res, problem)
         if s.data.dataset != "brevity" and s.data.path is None:
             derived.append(("data", "path", f"{res.spec.storage.mount}/data/{s.data.dataset}/train.jsonl",
@@ -135,18 +136,18 @@ class TrlAsync(Engine):
     def config_files(self, res: Resolved, publish_ips: dict[str, str] | None = None) -> dict[str, str]:
         spec, s = res.spec, res.settings
         common = dict(run_name=spec.run.name, model_path=s.model.path, served_name=s.model.served_name,
-                      vllm=_vllm_context(res), device=s.runtime.device)
+                      vllm=trl_files.vllm_context(res), device=s.runtime.device)
         proxy = {"config/proxy.args": template("proxy.args.j2", args=proxy_args(res, publish_ips), **common)} \
             if replica_count(res) > 1 else {}
         return {
             **proxy,
-            "config/server.args": template("server.args.j2", args=server_arg_lines(res), **common),
+            "config/server.args": template("server.args.j2", args=trl_files.server_arg_lines(res), **common),
             "config/server.env": template("server.env.j2", umask=res.identities["server"].umask, **common),
             "config/trainer.env": template(
                 "trainer.env.j2", umask=res.identities["trainer"].umask, logger=spec.logger.kind,
                 logger_project=spec.logger.project or "grpo-deploy", logger_entity=spec.logger.entity, **common),
             "config/trainer.yaml": config_text(
-                trainer_config(res, publish_ips),
+                trl_files.trainer_config(self, res, publish_ips),
                 f"# Trainer config for run {spec.run.name}, rendered by grpo-deploy; read by "
                 "grpo_deploy.runtime.trainer.train.\n"),
         }
@@ -159,7 +160,7 @@ class TrlAsync(Engine):
         gpu = profile.accelerator == "cuda"
         if gpu:
             compose_files.append(f"{config_dir.rsplit('/config', 1)[0]}/hosts/{host.name}.gpu.yaml")
-            files[f"hosts/{host.name}.gpu.yaml"] = self._gpu_override(res, host)
+            files[f"hosts/{host.name}.gpu.yaml"] = self._gpuoverride_key(res, host)
         if (host.replicas or 1) > 1:
             compose_files.append(f"{config_dir.rsplit('/config', 1)[0]}/hosts/{host.name}.replicas.yaml")
             files[f"hosts/{host.name}.replicas.yaml"] = replicas_override(res, host)
@@ -212,7 +213,7 @@ class TrlAsync(Engine):
         ranks, machines = trainer_processes(res) if "trainer" in host.roles else 1, trainer_machines(res)
         more = f" ({ranks} trainer processes, FSDP2)" if ranks > 1 and machines == 1 else ""
         if "trainer" in host.roles and machines > 1:
-            more = f" (trainer machine {_machine_rank(res, host)} of {machines}: {ranks} process" \
+            more = f" (trainer machine {machine_rank(res, host)} of {machines}: {ranks} process" \
                    f"{'es' if ranks > 1 else ''} here, FSDP2 over {trainer_ranks(res)})"
         profile = res.profiles[host.name]
         shared = self._split_gpus(res, host)
@@ -230,7 +231,7 @@ class TrlAsync(Engine):
         return "; ".join(words + ([f"trainer {','.join(map(str, split['trainer']))}"] if "trainer" in split else [])) \
             + more
 
-    def _gpu_override(self, res: Resolved, host) -> str:
+    def _gpuoverride_key(self, res: Resolved, host) -> str:
         """The compose override reserving each service's GPUs on *host*."""
         profile = res.profiles[host.name]
         services: dict[str, Any] = {}
@@ -309,95 +310,6 @@ class TrlAsync(Engine):
                 "packed rows (seed 004, trl #7206)")
 
 
-@dataclass(frozen=True)
-class ServerReplica:
-    """One vLLM server of the run: its host, its compose service, its place on that host (its published port is
-    vllm.port + place) and its GPUs (none on a CPU host)."""
-
-    host: str
-    service: str
-    place: int
-    gpus: tuple[int, ...] = ()
-
-
-def replica_service(place: int) -> str:
-    """The compose service of a host's replica at *place*: `server` first (one replica: today's service), then
-    `server-2`, `server-3`, ..."""
-    return "server" if place == 0 else f"server-{place + 1}"
-
-
-def server_replicas(res: Resolved) -> list[ServerReplica]:
-    """Every vLLM server of the run, host by host in spec order; a host's server GPUs shared out evenly."""
-    out = []
-    for host in res.hosts_with("server"):
-        n = host.replicas or 1
-        gpus = TRL_ASYNC.gpu_split(res, host).get("server", [])
-        share = len(gpus) // n
-        out += [ServerReplica(host.name, replica_service(k), k, tuple(gpus[k * share:(k + 1) * share]))
-                for k in range(n)]
-    return out
-
-
-def replica_count(res: Resolved) -> int:
-    """vLLM servers in the run; more than one puts the replica proxy between them and the trainer."""
-    return sum(h.replicas or 1 for h in res.hosts_with("server"))
-
-
-def server_url(res: Resolved, resolved: dict[str, str] | None = None) -> str:
-    """The URL the trainer reaches the vLLM server by: the replica proxy beside it when the run has several, else
-    where the proxy would reach the one server (replica_urls)."""
-    urls = replica_urls(res, resolved)
-    if len(urls) > 1:
-        return f"http://{PROXY_SERVICE}:{res.settings.vllm.port}"
-    return urls[0] if urls else ""
-
-
-def host_services(res: Resolved, host) -> list[str]:
-    """The compose services *host* runs, in start order: its server replicas, then the replica proxy (beside the
-    trainer, when the run has several replicas) and the trainer."""
-    out = [r.service for r in server_replicas(res) if r.host == host.name]
-    if "trainer" in host.roles:
-        out += [PROXY_SERVICE, "trainer"] if replica_count(res) > 1 else ["trainer"]
-    return out
-
-
-def replica_urls(res: Resolved, resolved: dict[str, str] | None = None) -> list[str]:
-    """Where the proxy (on the trainer's host) reaches each replica: a replica beside it by its compose service (by
-    its published port on loopback when the trainer runs on the host's network: a trainer over several hosts), one
-    on another host by that host's address and the replica's published port."""
-    trainer, port = res.host_for("trainer"), res.settings.vllm.port
-    host_network = trainer_machines(res) > 1
-    out = []
-    for r in server_replicas(res):
-        if trainer is not None and r.host == trainer.name:
-            out.append(f"http://127.0.0.1:{port + r.place}" if host_network else f"http://{r.service}:{port}")
-        else:
-            out.append(f"http://{res.reach(r.host, resolved)}:{port + r.place}")
-    return out
-
-
-def proxy_args(res: Resolved, resolved: dict[str, str] | None = None) -> list[str]:
-    """The replica proxy's command line, one argument per line of config/proxy.args (argparse's @file): it
-    listens on vLLM's port in its own container, where the trainer's base URL points."""
-    return ["--listen", f"0.0.0.0:{res.settings.vllm.port}",
-            *(arg for url in replica_urls(res, resolved) for arg in ("--replica", url))]
-
-
-def replicas_override(res: Resolved, host) -> str:
-    """hosts/<host>.replicas.yaml: each replica after the first a service like `server` (compose's extends), with
-    its own published port and labels."""
-    port, services = res.settings.vllm.port, {}
-    for r in (r for r in server_replicas(res) if r.host == host.name and r.place):
-        services[r.service] = {
-            "extends": {"file": COMPOSE_BASE, "service": "server"},
-            "ports": [f"${{GRPO_SERVER_PUBLISH:-127.0.0.1}}:{port + r.place}:{port}"],
-            "labels": {REPLICA_LABEL: str(r.place + 1)},
-        }
-    header = (f"# vLLM server replicas of host {host.name} beyond the first, rendered by grpo-deploy: each like "
-              "`server`, on its own published port.\n")
-    return dump_yaml(header, {"services": services}).replace("ports:\n", "ports: !override\n")
-
-
 def _scale_with_replicas(res: Resolved, n: int, derived: list) -> int:
     """TRL's in-flight cap and queue are one for all replicas together (HF's third replica added nothing at the old
     cap): unless the spec sets them, the profile's (or TRL's automatic) value is taken per replica and multiplied by
@@ -420,94 +332,6 @@ def _scale_with_replicas(res: Resolved, n: int, derived: list) -> int:
     return inflight
 
 
-def _fix_at(res: Resolved, *keys: tuple[str, str]) -> tuple[Any, ...]:
-    """The spec key to name for a broken pair of settings (section, key): the first the spec overrides, else the
-    first."""
-    for section, key in keys:
-        origin = res.origins[section].get(key)
-        if origin is not None and origin.source == "override":
-            return _override(section, key)
-    return _override(*keys[0])
-
-
-def _check_trainer_switches(res: Resolved, problem) -> None:
-    """The trainer's speed switches against its precision and device (the trainer config's own rules, said at the
-    door with the key to change rather than as a traceback at render)."""
-    trl, rt = res.settings.trl, res.settings.runtime
-    cpu = rt.device == "cpu"
-    autocast = not cpu and (trl.bf16 if trl.bf16 is not None else not trl.fp16)  # as trainer_config sets bf16
-    if rt.base_dtype != "fp32" and not autocast:
-        cause, why = (("runtime", "device"), "runtime.device is cpu") if cpu else \
-            (("trl", "fp16"), "trl.fp16 is true") if trl.bf16 is None else (("trl", "bf16"), "trl.bf16 is false")
-        problem(_fix_at(res, ("runtime", "base_dtype"), cause),
-                f"runtime.base_dtype {rt.base_dtype} needs bf16 autocast and {why}: set overrides.runtime.base_dtype "
-                f"to fp32, or {'run on cuda' if cpu else 'train in bf16'}")
-    if rt.fused_kernels != "off" and rt.device != "cuda":
-        problem(_fix_at(res, ("runtime", "fused_kernels"), ("runtime", "device")),
-                f"runtime.fused_kernels {rt.fused_kernels} (Triton kernels) needs runtime.device cuda and it is "
-                f"{rt.device}: set overrides.runtime.fused_kernels to off, or run on cuda")
-    if rt.lora_elementwise and not rt.compile_layers:
-        problem(_fix_at(res, ("runtime", "lora_elementwise"), ("runtime", "compile_layers")),
-                "runtime.lora_elementwise needs runtime.compile_layers (eager, its broadcasts would be materialised): "
-                "set overrides.runtime.lora_elementwise to false, or compile_layers to true")
-
-
-def trainer_processes(res: Resolved) -> int:
-    """Trainer processes on each trainer host: runtime.trainer_processes, else 1 (a several-GPU trainer is not the
-    default until it has run on GPUs here)."""
-    return res.settings.runtime.trainer_processes or 1
-
-
-def trainer_hosts(res: Resolved) -> list:
-    """The hosts with role trainer, in spec order: the first is machine 0 (the rendezvous, rank 0, the metrics)."""
-    return res.hosts_with("trainer")
-
-
-def trainer_machines(res: Resolved) -> int:
-    return max(len(trainer_hosts(res)), 1)
-
-
-def trainer_ranks(res: Resolved) -> int:
-    """Ranks of the trainer's one process group: its processes on each trainer host."""
-    return trainer_processes(res) * trainer_machines(res)
-
-
-def _machine_rank(res: Resolved, host) -> int:
-    return next(k for k, h in enumerate(trainer_hosts(res)) if h.name == host.name)
-
-
-def main_address(res: Resolved, resolved: dict[str, str] | None = None) -> str:
-    """Machine 0's address as the other trainer hosts reach it: as the deployer found it (preflight's cluster check),
-    else the host part of its spec address."""
-    first = trainer_hosts(res)[0]
-    if resolved and first.name in resolved:
-        return resolved[first.name]
-    return host_part(first.address)
-
-
-def machine_of(res: Resolved, host, resolved: dict[str, str] | None = None) -> dict[str, Any] | None:
-    """A trainer host's place when the trainer spans several (its host env file's GRPO_MACHINE_RANK ...), else None.
-    *resolved*: each node's address as the deployer found it ({} for `render`: Gloo then finds the interface)."""
-    if "trainer" not in host.roles or trainer_machines(res) < 2:
-        return None
-    return {"rank": _machine_rank(res, host), "main_address": main_address(res, resolved), "main_port": MAIN_PORT,
-            "node_ip": (resolved or {}).get(host.name, ""), "ifname": host.interface or ""}
-
-
-def _check_trainer_processes(engine: TrlAsync, res: Resolved, problem) -> None:
-    """On cuda at most one trainer process per trainer GPU on each trainer host (an FSDP2 rank owns one GPU); on cpu
-    any count (gloo)."""
-    n = trainer_processes(res)
-    for host in trainer_hosts(res) if res.settings.runtime.device == "cuda" else []:
-        gpus = engine.gpu_split(res, host).get("trainer")
-        if gpus is not None and n > len(gpus):
-            problem(_override("runtime", "trainer_processes"),
-                    f"runtime.trainer_processes is {n} but the trainer on {host.name} has {len(gpus)} GPU(s) "
-                    f"({gpus}): FSDP2 runs one process per GPU; set it to {len(gpus)} or fewer, or give the trainer "
-                    f"{n} GPUs (hosts[].gpus.trainer)")
-            return
-
-
 def _check_names_and_ports(res: Resolved, problem) -> None:
     """The served model's name is not one of the trainer's adapter names; every replica's published port exists."""
     served = res.settings.model.served_name
@@ -527,18 +351,7 @@ def _check_names_and_ports(res: Resolved, problem) -> None:
                     f"{MAX_PORT - (host.replicas or 1) + 1} or below, or the replicas")
 
 
-def _check_replicas(engine: TrlAsync, res: Resolved, problem) -> None:
-    """Several replicas: on a GPU host each replica needs GPUs of its own, as many each."""
-    for i, host in enumerate(res.spec.hosts):
-        n = host.replicas or 1
-        gpus = engine.gpu_split(res, host).get("server")
-        if n > 1 and gpus is not None and (len(gpus) < n or len(gpus) % n):
-            problem(("hosts", i, "replicas"), f"{n} replicas on host {host.name} need their own GPUs, as many each: "
-                    f"its server has {len(gpus)} ({gpus}); set hosts[{i}].gpus.server to {n} GPUs (or a multiple), "
-                    f"or replicas to {len(gpus) or 1}")
-
-
-def _check_gpus(engine: TrlAsync, res: Resolved, problem) -> None:
+def _check_gpus(engine: Engine, res: Resolved, problem) -> None:
     """Every role of a GPU host gets at least one GPU. Server and trainer may share one: whether they fit is a matter
     of memory (plan's split, preflight's memory check), not of the door."""
     for i, host in enumerate(res.spec.hosts):
@@ -551,95 +364,30 @@ def _check_gpus(engine: TrlAsync, res: Resolved, problem) -> None:
                 break
 
 
-def _vllm_context(res: Resolved) -> dict[str, Any]:
-    ctx = res.settings.vllm.model_dump()
-    ctx["env"] = dict(sorted(ctx["env"].items()))
-    return ctx
+# ------------------------------------------------------------------ plan's what-if knobs (seed 004)
 
 
-def server_arg_lines(res: Resolved) -> list[str]:
-    """vLLM's arguments, one per line: each VllmSettings field's flag in field order (grpo_deploy.settings declares
-    them), each of the kit's own flags just before the field it names, then extra_args as given."""
-    vllm, lines = res.settings.vllm, []
-    for name, flag in vllm_flags().items():
-        lines += [arg for kit in VLLM_KIT_FLAGS if kit.before == name for arg in _kit_args(res, kit)]
-        lines += flag.args(getattr(vllm, name))
-    return lines + list(vllm.extra_args)
+def _packing(res):
+    budget = res.settings.trl.token_budget
+    return ("on", "off", "packing_on", True, 0) if budget else ("off", "on", "packing_on", False, 0)
 
 
-def _kit_args(res: Resolved, kit: KitFlag) -> list[str]:
-    """A kit flag's lines: its value read from its setting (run.* from the spec, the rest from the settings), else
-    its fixed value, else the bare flag."""
-    value = kit.value
-    if kit.setting is not None:
-        section, key = kit.setting.split(".")
-        value = getattr(getattr(res.settings if section in SECTIONS else res.spec, section), key)
-    return [kit.name] if value is None else [kit.name, str(value)]
+def _checkpointing(res):
+    on = res.settings.trl.gradient_checkpointing
+    return ("on", "off", "checkpointing_off", False, 0) if on else ("off", "on", "checkpointing_off", True, 0)
 
 
-def trainer_config(res: Resolved, publish_ips: dict[str, str] | None = None) -> RunConfig:
-    """The trainer entrypoint's config (grpo_deploy.runtime.trainer.config's schema, validated here as in the
-    container); async_grpo goes to TRL's AsyncGRPOConfig."""
-    s, spec = res.settings, res.spec
-    kit = {"output_dir": res.checkpoint_dir, "vllm_server_base_url": server_url(res, publish_ips),
-           "seed": spec.run.seed,
-           "report_to": _report_to(spec.logger.kind), "vllm_server_timeout": s.trl.vllm_server_timeout}
-    if spec.logger.kind != "none" and s.trl.run_name is None:
-        kit["run_name"] = spec.run.name
-    if s.runtime.device == "cpu":
-        kit.update(use_cpu=True, bf16=False)
-    elif s.trl.bf16 is None and not s.trl.fp16:
-        kit["bf16"] = True
-    grpo = dict(sorted({**s.trl.model_dump(exclude_unset=True), **kit}.items()))
-    lora = s.lora.model_dump(exclude_unset=True)
-    return RunConfig.model_validate({
-        "run_name": spec.run.name,
-        "seed": spec.run.seed,
-        "model": s.model.path,
-        "dataset": {"name": s.data.dataset, "path": s.data.path, "num_prompts": s.data.num_prompts},
-        "rewards": list(s.data.rewards),
-        "lora": {k: lora[k] for k in ("r", "alpha", "dropout", "target_modules") if k in lora},
-        "attention_shim": s.runtime.attention_shim,
-        "response_template": s.runtime.response_template,
-        "device": s.runtime.device,
-        "metrics_path": f"{res.run_dir}/metrics.jsonl",
-        "adapters": {"dir": res.checkpoint_dir, "keep": res.adapter_slots},
-        "resume": s.checkpoints.resume,
-        "unload_stale_adapters": True,
-        "disk_watchdog": TRL_ASYNC.disk_watchdog(res),
-        "watch": TRL_ASYNC.watch(res),
-        **({"speed": speed} if (speed := _speed(res)) else {}),
-        **({"processes": n} if (n := trainer_processes(res)) > 1 else {}),
-        **({"machines": m} if (m := trainer_machines(res)) > 1 else {}),
-        "async_grpo": grpo,
-    })
+def _replicas(res):
+    n = replica_count(res)
+    replicas = server_replicas(res)
+    per = len(replicas[0].gpus) if replicas else 0
+    return (str(n), str(n + 1), "replica_added", False, per)
 
 
-def _speed(res: Resolved) -> dict:
-    """The trainer's speed switches the profile turns on (none: today's path, and no `speed` key in trainer.yaml)."""
-    default = SpeedSwitches()
-    return {name: getattr(res.settings.runtime, name) for name in SpeedSwitches.model_fields
-            if getattr(res.settings.runtime, name) != getattr(default, name)}
-
-
-def _report_to(kind: str) -> str:
-    return {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow"}.get(kind, "none")
-
-
-def publish_address(res: Resolved, server_host, resolved: dict[str, str] | None = None) -> str:
-    """Where the server's port is published: loopback when the trainer shares its host; else the spec's
-    hosts[].publish, the IP the trainer reaches the host by (an IP address, or a name the deployer resolved),
-    and loopback while nothing says (vLLM's LoRA and dev endpoints have no authentication: never all interfaces
-    unless the spec asks)."""
-    trainer = res.host_for("trainer")
-    if server_host is None or trainer is not None and server_host.name == trainer.name:
-        return "127.0.0.1"
-    if server_host.publish:
-        return server_host.publish
-    if resolved and server_host.name in resolved:
-        return resolved[server_host.name]
-    literal = ip_literal(host_part(server_host.address))
-    return literal or "127.0.0.1"
+def _trainer_processes(res):
+    n = res.engine_info.trainer_processes(res)
+    cuda = res.settings.runtime.device == "cuda"
+    return (str(n), str(2 * n), "trainer_processes_double", False, n if cuda else 0)
 
 
 TRL_ASYNC = TrlAsync(
@@ -647,7 +395,6 @@ TRL_ASYNC = TrlAsync(
     description="TRL async GRPO trainer + a vLLM server, adapters handed over through the shared volume",
     roles=("server", "trainer"),
     main_role="trainer",
-    bringup="grpo_deploy.deploy.bringup.trl_async",
     progress=(("staleness", "sample/staleness_mean", ".2f"), ("ratio", "ratio", ".4f"),
               ("queue", "sample/rollout_queue_size", ".0f")),
     role_images={"server": "server", "trainer": "trainer"},
@@ -667,4 +414,11 @@ TRL_ASYNC = TrlAsync(
     single_host_roles=("server", "trainer"),
     multi_host_roles=(("trainer",), ("server",)),
     settings_roles={"vllm": "server"},
+    what_if=(Knob("packing (trl.token_budget)", _packing), Knob("gradient checkpointing", _checkpointing),
+             Knob("server replicas", _replicas), Knob("trainer processes", _trainer_processes)),
+    restart_words=RestartWords(
+        died={"server": "the vLLM server", "replica": "a vLLM server replica", "proxy": "the replica proxy"},
+        again={"server": "the server and the trainer"},
+        alone={"replica": " with the other replicas", "proxy": " once it answers"},
+        logs_role={"replica": "server"}),
 )

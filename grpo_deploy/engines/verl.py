@@ -11,7 +11,7 @@ from typing import Any
 from grpo_deploy import diagnose_verl
 from grpo_deploy.architecture import Architecture
 from grpo_deploy.common.values import CONTROL, MAX_STEPS, host_part
-from grpo_deploy.engines.base import COMMON_SECTIONS, GB, ClusterPorts, Engine, Resolved
+from grpo_deploy.engines.base import COMMON_SECTIONS, GB, ClusterPorts, Engine, Knob, Resolved, RestartWords
 from grpo_deploy.names import COMPOSE_INFINIBAND, COMPOSE_VERL, COMPOSE_VERL_CLUSTER, project_name
 from grpo_deploy.runtime.verl import data as verl_data
 from grpo_deploy.runtime.verl.ray_node import GCS_PORT, NODE_PORTS, PEER_PORTS, WORKER_PORTS
@@ -157,6 +157,15 @@ class Verl(Engine):
         if verl.total_training_steps:
             return verl.total_training_steps
         return (_dataset_size(res) // verl.train_batch_size) * verl.total_epochs
+
+    def epochs(self, res: Resolved) -> int | None:
+        """verl.total_epochs, unless verl.total_training_steps sets the steps."""
+        verl = res.settings.verl
+        return None if verl.total_training_steps else verl.total_epochs
+
+    def node_gpus(self, res: Resolved) -> tuple[int, str, str] | None:
+        return (res.settings.verl.n_gpus_per_node, "trainer.n_gpus_per_node",
+                "overrides.verl.trainer.n_gpus_per_node")
 
     def max_completion_length(self, res: Resolved) -> int | None:
         value = res.settings.verl.overrides(["data.max_response_length"]).get("data.max_response_length")
@@ -319,12 +328,24 @@ def _hydra_quoted(text: str, quote: str) -> str:
     return quote + text + quote
 
 
+# ------------------------------------------------------------------ plan's what-if knobs (seed 000)
+
+
+def _checkpointing(res):
+    on = bool((res.settings.verl.model_extra or {}).get("actor_rollout_ref.model.enable_gradient_checkpointing"))
+    return ("on", "off", "checkpointing_off", False, 0) if on else ("off", "on", "checkpointing_off", True, 0)
+
+
+def _rollout_n(res):
+    n = res.settings.verl.rollout_n
+    return (str(n), str(2 * n), "rollout_n_double", False, 0)
+
+
 VERL = Verl(
     name="verl",
     description="verl with colocated vLLM (one node, or a Ray cluster of a head and workers)",
     roles=("head", "worker"),
     main_role="head",
-    bringup="grpo_deploy.deploy.bringup.verl",
     role_images={"head": "verl", "worker": "verl"},
     role_counts={"head": (1, 1), "worker": (0, 1 << 16)},
     sections=COMMON_SECTIONS + ("verl",),
@@ -342,4 +363,6 @@ VERL = Verl(
     progress=(("kl", "actor/kl_loss", ".4f"), ("grad", "actor/grad_norm", ".3f"), ("gen s", "timing_s/gen", ".1f"),
               ("update s", "timing_s/update_actor", ".1f"), ("step s", "timing_s/step", ".1f")),
     unreadable_share="A worker could not load the checkpoint its head saved: a resume would fail or start over",
+    what_if=(Knob("gradient checkpointing", _checkpointing), Knob("rollout n", _rollout_n)),
+    restart_words=RestartWords(died={"worker": "a Ray worker"}, again={"worker": "the Ray cluster"}),
 )

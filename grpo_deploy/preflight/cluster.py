@@ -147,13 +147,13 @@ def _infiniband(ctx: Context, host, found: dict) -> Result | None:
 
 
 def _gpus(ctx: Context, host, found: dict) -> Result | None:
-    if ctx.res.profiles[host.name].accelerator != "cuda" or found.get("gpus") is None or "verl" not in \
-            ctx.res.engine_info.sections:
+    asked = ctx.res.engine_info.node_gpus(ctx.res)
+    if ctx.res.profiles[host.name].accelerator != "cuda" or found.get("gpus") is None or asked is None:
         return None
-    want, have = ctx.res.settings.verl.n_gpus_per_node, len(found["gpus"])
+    (want, setting, override), have = asked, len(found["gpus"])
     if have < want:
-        return Result("cluster", host.name, FAIL, f"{have} GPU(s) there; trainer.n_gpus_per_node is {want}",
-                      "lower overrides.verl.trainer.n_gpus_per_node to the smallest host's GPU count")
+        return Result("cluster", host.name, FAIL, f"{have} GPU(s) there; {setting} is {want}",
+                      f"lower {override} to the smallest host's GPU count")
     return None
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_deploy.common.shown import shown
+from grpo_deploy.engines import ENGINE_NAMES
 from grpo_deploy.settings import SECTIONS as SETTINGS_SECTIONS
 from grpo_deploy.spec.yamlpos import YamlSyntaxError, load_file, shown_path
 
@@ -151,8 +152,9 @@ def _references(name: str, raw: Any) -> dict[str, dict[str, Reference]]:
         raise ProfileError(f"{where} must be a mapping of engine -> figures")
     out: dict[str, dict[str, Reference]] = {}
     for engine, figures in raw.items():
-        if engine not in ("trl-async", "verl") or not isinstance(figures, dict):
-            raise ProfileError(f"{where}.{_short(engine)}: expected an engine (trl-async, verl) holding a mapping")
+        if engine not in ENGINE_NAMES or not isinstance(figures, dict):
+            raise ProfileError(f"{where}.{_short(engine)}: expected an engine ({', '.join(ENGINE_NAMES)}) holding a "
+                               "mapping")
         parsed = {}
         for key, entry in figures.items():
             at = f"{where}.{engine}.{_short(key)}"

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from grpo_deploy import settings, spec
-from grpo_deploy.engines.trl_async import server_url
+from grpo_deploy.engines.trl_replicas import server_url
 from grpo_deploy.spec import profiles, resolve
 from tests.specs import loaded
 

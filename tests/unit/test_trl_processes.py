@@ -1,11 +1,11 @@
-"""Tests of the trl-async engine's trainer processes (grpo_deploy.engines.trl_async: runtime.trainer_processes, one per
-trainer GPU by default on cuda, any count on cpu, in trainer.yaml as `processes`)."""
+"""Tests of the trl-async engine's trainer processes (grpo_deploy.engines.trl_trainers: runtime.trainer_processes, one
+per trainer GPU by default on cuda, any count on cpu, in trainer.yaml as `processes`)."""
 
 import pytest
 import yaml
 
 from grpo_deploy import render, spec
-from grpo_deploy.engines.trl_async import trainer_processes
+from grpo_deploy.engines.trl_trainers import trainer_processes
 from grpo_deploy.spec import resolve
 from tests.specs import spec_yaml
 

@@ -1,4 +1,4 @@
-"""Tests of the trl-async engine's vLLM server replicas (grpo_deploy.engines.trl_async: hosts[].replicas, the replica
+"""Tests of the trl-async engine's vLLM server replicas (grpo_deploy.engines.trl_replicas: hosts[].replicas, the replica
 proxy's render, the in-flight cap scaled with the replica count, each replica's GPUs) and of the bring-up's verdict
 on dead replicas (grpo_deploy.deploy.bringup.trl_async._judge)."""
 
@@ -8,7 +8,7 @@ import yaml
 from grpo_deploy import render, spec
 from grpo_deploy.deploy.bringup.trl_async import PROXY, REPLICA, Servers, _judge
 from grpo_deploy.deploy.supervise import RoleDied
-from grpo_deploy.engines.trl_async import (
+from grpo_deploy.engines.trl_replicas import (
     proxy_args,
     replica_count,
     replica_urls,

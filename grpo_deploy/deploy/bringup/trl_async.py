@@ -21,19 +21,13 @@ from urllib.parse import urlsplit
 from grpo_deploy.common.metrics import parse_events
 from grpo_deploy.common.values import ip_literal, parse_address
 from grpo_deploy.deploy import run_view
-from grpo_deploy.deploy.bringup import POLL_S, STOPPED, container, follow_steps, main_exit
+from grpo_deploy.deploy.bringup.base import POLL_S, STOPPED, container, follow_steps, main_exit
 from grpo_deploy.deploy.deployment import Deployment
 from grpo_deploy.deploy.run_state import LaunchError
 from grpo_deploy.deploy.supervise import KILLED, EnginePatience, RoleDied, view_words
-from grpo_deploy.engines.trl_async import (
-    TRL_ASYNC,
-    ServerReplica,
-    host_services,
-    replica_urls,
-    server_replicas,
-    server_url,
-    trainer_hosts,
-)
+from grpo_deploy.engines.trl_async import TRL_ASYNC
+from grpo_deploy.engines.trl_replicas import ServerReplica, host_services, replica_urls, server_replicas, server_url
+from grpo_deploy.engines.trl_trainers import trainer_hosts
 from grpo_deploy.hosts import facts as host_facts
 from grpo_deploy.hosts import oneoff
 from grpo_deploy.hosts.connect import HostError, on_all
@@ -41,6 +35,8 @@ from grpo_deploy.names import PROXY_SERVICE, READY_TIMEOUT_S
 from grpo_deploy.preflight import cluster as cluster_checks
 from grpo_deploy.spec.resolve import Resolved
 
+ENGINE = TRL_ASYNC.name
+"""The engine this bring-up serves (grpo_deploy.deploy.bringup.BRINGUP)."""
 NOTE_EVERY_S = 15.0  # a line while the server loads
 REPLICA = "replica"  # RoleDied's role when some vLLM replicas died and others still serve
 PROXY = "proxy"  # RoleDied's role when the replica proxy died (started again alone)
@@ -57,14 +53,13 @@ def _trainers(dep: Deployment) -> list[str]:
     return [h.name for h in trainer_hosts(dep.res)]
 
 
-def addresses(dep: Deployment, ctx=None) -> dict[str, str]:
+def addresses(dep: Deployment) -> dict[str, str]:
     """Each server host's IP as the trainer's host resolves its address (a name is looked up there): where that
     server publishes its ports ({} when every server shares the trainer's host: loopback); with several trainer
     hosts also each one's address as preflight's cluster check found it (machine 0's is the rendezvous)."""
     out = _server_addresses(dep)
-    if ctx is not None:
-        for name, found in cluster_checks.node_addresses(ctx).items():
-            out.setdefault(name, found.ip)
+    for name, found in cluster_checks.node_addresses(dep.context).items():
+        out.setdefault(name, found.ip)
     return out
 
 

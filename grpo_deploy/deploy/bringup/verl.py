@@ -11,13 +11,16 @@ import time
 from collections.abc import Callable
 
 from grpo_deploy.common.metrics import parse_events
-from grpo_deploy.deploy.bringup import POLL_S, STOPPED, container, follow_steps, main_exit
+from grpo_deploy.deploy.bringup.base import POLL_S, STOPPED, container, follow_steps, main_exit
 from grpo_deploy.deploy.deployment import Deployment
 from grpo_deploy.deploy.run_state import LaunchError
 from grpo_deploy.deploy.supervise import EnginePatience, RoleDied, exit_words
+from grpo_deploy.engines.verl import VERL
 from grpo_deploy.hosts.connect import HostError, on_all
 from grpo_deploy.preflight import cluster as cluster_checks
 
+ENGINE = VERL.name
+"""The engine this bring-up serves (grpo_deploy.deploy.bringup.BRINGUP)."""
 ROLE = "head"
 WORKER = "worker"
 HEAD_UP_TIMEOUT_S = 300.0  # the head's container start, its data, `ray start --head`
@@ -34,9 +37,9 @@ def _workers(dep: Deployment) -> list[str]:
     return [h.name for h in dep.res.hosts_with(WORKER)]
 
 
-def addresses(dep: Deployment, ctx) -> dict[str, str]:
+def addresses(dep: Deployment) -> dict[str, str]:
     """Each node's address as preflight found it (what every node's Ray advertises); {} on one host."""
-    return {name: a.ip for name, a in cluster_checks.node_addresses(ctx).items()}
+    return {name: a.ip for name, a in cluster_checks.node_addresses(dep.context).items()}
 
 
 def addresses_words(ips: dict[str, str]) -> str:

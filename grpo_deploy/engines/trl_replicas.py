@@ -1,0 +1,148 @@
+"""The trl-async engine's vLLM servers: the GPU split of a host (server and trainer), each replica (its host, compose
+service, place and GPUs), the URLs the trainer and the replica proxy reach them by, the proxy's arguments, each host's
+replica services and where the server's port is published."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from grpo_deploy.common.values import host_part, ip_literal
+from grpo_deploy.engines.base import Engine, Resolved
+from grpo_deploy.engines.trl_trainers import trainer_machines
+from grpo_deploy.names import COMPOSE_BASE, PROXY_SERVICE, REPLICA_LABEL
+from grpo_deploy.templating import dump_yaml
+
+
+def gpu_split(res: Resolved, host) -> dict[str, list[int]]:
+    """The trl-async engine's GPU split of *host* (TrlAsync.gpu_split): the spec's hosts[].gpus, else server on GPU 0
+    and the trainer on the rest when both roles share a host
+    (and no unified memory) — both on GPU 0 when it is the host's only one (vLLM takes gpu_memory_utilization
+    of it, the trainer the rest) — else every GPU of the profile for the one role."""
+    profile = res.profiles[host.name]
+    if profile.accelerator != "cuda":
+        return {}
+    n = int(profile.hardware.get("gpus_per_host", 1))
+    given = dict(host.gpus or {})
+    if len(host.roles) == 2 and not profile.hardware.get("unified_memory", False):
+        given.setdefault("server", [0])
+        given.setdefault("trainer", list(range(1, n)) if n > 1 else [0])
+    for role in host.roles:
+        given.setdefault(role, list(range(n)))
+    return given
+
+
+@dataclass(frozen=True)
+class ServerReplica:
+    """One vLLM server of the run: its host, its compose service, its place on that host (its published port is
+    vllm.port + place) and its GPUs (none on a CPU host)."""
+
+    host: str
+    service: str
+    place: int
+    gpus: tuple[int, ...] = ()
+
+
+def replica_service(place: int) -> str:
+    """The compose service of a host's replica at *place*: `server` first (one replica: today's service), then
+    `server-2`, `server-3`, ..."""
+    return "server" if place == 0 else f"server-{place + 1}"
+
+
+def server_replicas(res: Resolved) -> list[ServerReplica]:
+    """Every vLLM server of the run, host by host in spec order; a host's server GPUs shared out evenly."""
+    out = []
+    for host in res.hosts_with("server"):
+        n = host.replicas or 1
+        gpus = gpu_split(res, host).get("server", [])
+        share = len(gpus) // n
+        out += [ServerReplica(host.name, replica_service(k), k, tuple(gpus[k * share:(k + 1) * share]))
+                for k in range(n)]
+    return out
+
+
+def replica_count(res: Resolved) -> int:
+    """vLLM servers in the run; more than one puts the replica proxy between them and the trainer."""
+    return sum(h.replicas or 1 for h in res.hosts_with("server"))
+
+
+def server_url(res: Resolved, resolved: dict[str, str] | None = None) -> str:
+    """The URL the trainer reaches the vLLM server by: the replica proxy beside it when the run has several, else
+    where the proxy would reach the one server (replica_urls)."""
+    urls = replica_urls(res, resolved)
+    if len(urls) > 1:
+        return f"http://{PROXY_SERVICE}:{res.settings.vllm.port}"
+    return urls[0] if urls else ""
+
+
+def host_services(res: Resolved, host) -> list[str]:
+    """The compose services *host* runs, in start order: its server replicas, then the replica proxy (beside the
+    trainer, when the run has several replicas) and the trainer."""
+    out = [r.service for r in server_replicas(res) if r.host == host.name]
+    if "trainer" in host.roles:
+        out += [PROXY_SERVICE, "trainer"] if replica_count(res) > 1 else ["trainer"]
+    return out
+
+
+def replica_urls(res: Resolved, resolved: dict[str, str] | None = None) -> list[str]:
+    """Where the proxy (on the trainer's host) reaches each replica: a replica beside it by its compose service (by
+    its published port on loopback when the trainer runs on the host's network: a trainer over several hosts), one
+    on another host by that host's address and the replica's published port."""
+    trainer, port = res.host_for("trainer"), res.settings.vllm.port
+    host_network = trainer_machines(res) > 1
+    out = []
+    for r in server_replicas(res):
+        if trainer is not None and r.host == trainer.name:
+            out.append(f"http://127.0.0.1:{port + r.place}" if host_network else f"http://{r.service}:{port}")
+        else:
+            out.append(f"http://{res.reach(r.host, resolved)}:{port + r.place}")
+    return out
+
+
+def proxy_args(res: Resolved, resolved: dict[str, str] | None = None) -> list[str]:
+    """The replica proxy's command line, one argument per line of config/proxy.args (argparse's @file): it
+    listens on vLLM's port in its own container, where the trainer's base URL points."""
+    return ["--listen", f"0.0.0.0:{res.settings.vllm.port}",
+            *(arg for url in replica_urls(res, resolved) for arg in ("--replica", url))]
+
+
+def replicas_override(res: Resolved, host) -> str:
+    """hosts/<host>.replicas.yaml: each replica after the first a service like `server` (compose's extends), with
+    its own published port and labels."""
+    port, services = res.settings.vllm.port, {}
+    for r in (r for r in server_replicas(res) if r.host == host.name and r.place):
+        services[r.service] = {
+            "extends": {"file": COMPOSE_BASE, "service": "server"},
+            "ports": [f"${{GRPO_SERVER_PUBLISH:-127.0.0.1}}:{port + r.place}:{port}"],
+            "labels": {REPLICA_LABEL: str(r.place + 1)},
+        }
+    header = (f"# vLLM server replicas of host {host.name} beyond the first, rendered by grpo-deploy: each like "
+              "`server`, on its own published port.\n")
+    return dump_yaml(header, {"services": services}).replace("ports:\n", "ports: !override\n")
+
+
+
+def check_replicas(engine: Engine, res: Resolved, problem) -> None:
+    """Several replicas: on a GPU host each replica needs GPUs of its own, as many each."""
+    for i, host in enumerate(res.spec.hosts):
+        n = host.replicas or 1
+        gpus = engine.gpu_split(res, host).get("server")
+        if n > 1 and gpus is not None and (len(gpus) < n or len(gpus) % n):
+            problem(("hosts", i, "replicas"), f"{n} replicas on host {host.name} need their own GPUs, as many each: "
+                    f"its server has {len(gpus)} ({gpus}); set hosts[{i}].gpus.server to {n} GPUs (or a multiple), "
+                    f"or replicas to {len(gpus) or 1}")
+
+
+def publish_address(res: Resolved, server_host, resolved: dict[str, str] | None = None) -> str:
+    """Where the server's port is published: loopback when the trainer shares its host; else the spec's
+    hosts[].publish, the IP the trainer reaches the host by (an IP address, or a name the deployer resolved),
+    and loopback while nothing says (vLLM's LoRA and dev endpoints have no authentication: never all interfaces
+    unless the spec asks)."""
+    trainer = res.host_for("trainer")
+    if server_host is None or trainer is not None and server_host.name == trainer.name:
+        return "127.0.0.1"
+    if server_host.publish:
+        return server_host.publish
+    if resolved and server_host.name in resolved:
+        return resolved[server_host.name]
+    literal = ip_literal(host_part(server_host.address))
+    return literal or "127.0.0.1"
