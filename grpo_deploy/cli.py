@@ -22,10 +22,12 @@ from grpo_deploy.plan import plan_text
 from grpo_deploy.render import render_files
 from grpo_deploy.render.folder import WriteRefused, diff_tree, write_tree
 from grpo_deploy.render.k8s_overlay import OverlayError, overlay_dir, problems, regenerate
-from grpo_deploy.spec import SpecError, load, new_spec, profiles
+from grpo_deploy.spec import new_spec, profiles
+from grpo_deploy.spec.load import load
 from grpo_deploy.spec.new_spec import InitError
 from grpo_deploy.spec.profiles import ProfileError
 from grpo_deploy.spec.resolve import Resolved, resolve
+from grpo_deploy.spec.schema import SpecError
 from grpo_deploy.templating import RenderError
 
 # ---------------------------------------------------------------- shared helpers

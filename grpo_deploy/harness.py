@@ -34,8 +34,10 @@ from grpo_deploy.common.metrics import read_events
 from grpo_deploy.render import render_files
 from grpo_deploy.render.folder import parse_env, write_tree
 from grpo_deploy.runtime import health
-from grpo_deploy.spec import SpecError, load, profiles
+from grpo_deploy.spec import profiles
+from grpo_deploy.spec.load import load
 from grpo_deploy.spec.resolve import resolve
+from grpo_deploy.spec.schema import SpecError
 from grpo_deploy.templating import RenderError
 
 SHAPES = ("rehearsal", "seed004")
