@@ -355,7 +355,8 @@ def cmd_checkpoints(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    from grpo_deploy import diagnose, status
+    from grpo_deploy import status
+    from grpo_deploy.diagnose.base import diagnosis_text
 
     res = _load(args)
     res.engine_info.refuse("diagnose", CliError)
@@ -366,7 +367,7 @@ def cmd_diagnose(args) -> int:
     if args.json:
         print(json.dumps({**d.to_dict(), "watch": watched.watch, "watch_findings": watched.watch_findings}, indent=2))
     else:
-        print("\n".join([diagnose.diagnosis_text(d, labels), *status.watch_lines(watched)]))
+        print("\n".join([diagnosis_text(d, labels), *status.watch_lines(watched)]))
     return 1 if d.side == "not enough data" else 0
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_deploy import diagnose
 from grpo_deploy.architecture import Architecture
 from grpo_deploy.common.values import MAX_PORT, host_part, ip_literal
+from grpo_deploy.diagnose import trl_async as diagnose
 from grpo_deploy.engines import trl_memory, trl_sizes
 from grpo_deploy.engines.base import COMMON_SECTIONS, ClusterPorts, Engine, Resolved, human
 from grpo_deploy.names import (
