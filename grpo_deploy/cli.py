@@ -22,10 +22,12 @@ from grpo_deploy.plan import plan_text
 from grpo_deploy.render import render_files
 from grpo_deploy.render.folder import WriteRefused, diff_tree, write_tree
 from grpo_deploy.render.k8s_overlay import OverlayError, overlay_dir, problems, regenerate
-from grpo_deploy.spec import SpecError, load, new_spec, profiles
+from grpo_deploy.spec import new_spec, profiles
+from grpo_deploy.spec.load import load
 from grpo_deploy.spec.new_spec import InitError
 from grpo_deploy.spec.profiles import ProfileError
 from grpo_deploy.spec.resolve import Resolved, resolve
+from grpo_deploy.spec.schema import SpecError
 from grpo_deploy.templating import RenderError
 
 # ---------------------------------------------------------------- shared helpers
@@ -353,7 +355,8 @@ def cmd_checkpoints(args) -> int:
 
 
 def cmd_diagnose(args) -> int:
-    from grpo_deploy import diagnose, status
+    from grpo_deploy import status
+    from grpo_deploy.diagnose.base import diagnosis_text
 
     res = _load(args)
     res.engine_info.refuse("diagnose", CliError)
@@ -364,7 +367,7 @@ def cmd_diagnose(args) -> int:
     if args.json:
         print(json.dumps({**d.to_dict(), "watch": watched.watch, "watch_findings": watched.watch_findings}, indent=2))
     else:
-        print("\n".join([diagnose.diagnosis_text(d, labels), *status.watch_lines(watched)]))
+        print("\n".join([diagnosis_text(d, labels), *status.watch_lines(watched)]))
     return 1 if d.side == "not enough data" else 0
 
 

@@ -8,10 +8,10 @@ import re
 from collections.abc import Callable, Mapping
 
 from grpo_deploy import __version__, preflight
-from grpo_deploy.bench import add_bench_parser
 from grpo_deploy.engines import ENGINE_NAMES
 from grpo_deploy.image_build.cli import add_images_parser
 from grpo_deploy.names import UP_RESTARTS
+from grpo_deploy.runtime.bench import trainer as bench_trainer
 from grpo_deploy.spec import profiles
 
 DEFAULT_SPEC = "grpo-deploy.yaml"
@@ -122,7 +122,11 @@ def _add_free_space(p: argparse.ArgumentParser) -> None:
                    help="what-if: plan as if HOST had SIZE free where checkpoints go (e.g. node1=500GB); repeatable")
 
 
-def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> argparse.ArgumentParser:
+Verbs = Mapping[str, Callable[[argparse.Namespace], int]]
+"""Each verb (k8s-render and k8s-check for `k8s`) -> its handler (grpo_deploy.cli.VERBS)."""
+
+
+def build_parser(verbs: Verbs) -> argparse.ArgumentParser:
     """The whole command line; *verbs* maps each verb (k8s-render and k8s-check for `k8s`) to its handler."""
     parser = Parser(
         prog="grpo-deploy",
@@ -133,6 +137,28 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
     parser.add_argument("--version", action="version", version=f"grpo-deploy {__version__}")
     sub = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
 
+    _add_init(sub, verbs)
+    _add_render(sub, verbs)
+    _add_k8s(sub, verbs)
+    _add_plan(sub, verbs)
+    _add_preflight(sub, verbs)
+    _add_profiles(sub, verbs)
+    _add_up(sub, verbs)
+    _add_status(sub, verbs)
+    _add_down(sub, verbs)
+    _add_logs(sub, verbs)
+    _add_check(sub, verbs)
+    _add_bench(sub)
+    add_images_parser(sub)
+    _add_checkpoints(sub, verbs)
+    _add_diagnose(sub, verbs)
+    return parser
+
+
+# ---------------------------------------------------------------- one grammar per verb, in --help's order
+
+def _add_init(sub, verbs: Verbs) -> None:
+    """`init`: a commented spec from a hardware profile."""
     p = sub.add_parser("init", help="write a commented deployment spec from a hardware profile",
                        description="Write a commented spec with every key, filled from a hardware profile.")
     p.add_argument("--profile", required=True, choices=profiles.names(), help="hardware profile (grpo-deploy profiles)")
@@ -145,6 +171,9 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
     p.set_defaults(fn=verbs["init"])
 
+
+def _add_render(sub, verbs: Verbs) -> None:
+    """`render`: every artifact of the run into a folder, or --check it."""
     p = sub.add_parser("render", help="write every artifact (vLLM args, trainer config, compose env, verl overrides)",
                        description="Render every artifact of the run into DIR: a new or empty directory, or an "
                                    "earlier render, whose record (.grpo-deploy-render) lists the files the kit wrote: "
@@ -156,6 +185,9 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
     p.add_argument("--check", action="store_true", help="diff DIR against a fresh render instead of writing")
     p.set_defaults(fn=verbs["render"])
 
+
+def _add_k8s(sub, verbs: Verbs) -> None:
+    """`k8s render` and `k8s check`: a Kubernetes overlay's generated/ files."""
     p = sub.add_parser("k8s", help="a Kubernetes overlay (k8s/<name>/): render its generated/, check it before apply")
     k8s = p.add_subparsers(dest="k8s_verb", metavar="ACTION", required=True, parser_class=Parser)
     q = k8s.add_parser("render", help="rewrite OVERLAY/generated/ from OVERLAY/spec.yaml (only files the kit wrote)")
@@ -166,6 +198,9 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
     q.add_argument("overlay", metavar="OVERLAY", help="an overlay folder, e.g. k8s/h200")
     q.set_defaults(fn=verbs["k8s-check"])
 
+
+def _add_plan(sub, verbs: Verbs) -> None:
+    """`plan`: what runs where, memory fit, checkpoint size and disk need."""
     p = sub.add_parser("plan", help="what runs where, memory fit, checkpoint size and disk need per host",
                        description="Plan the run: roles and GPUs per host, memory fit (rough estimates), checkpoint "
                                    "size, save schedule, and disk need against the real free space. Exit 1 when "
@@ -176,6 +211,9 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
     p.add_argument("--explain", action="store_true", help="list every setting with its source and reason")
     p.set_defaults(fn=verbs["plan"])
 
+
+def _add_preflight(sub, verbs: Verbs) -> None:
+    """`preflight`: every precondition checked before anything starts."""
     p = sub.add_parser("preflight", help="run every check; table or --json; exit 0 ok, 1 failed, 2 could not run",
                        description="Check every precondition before anything starts: spec, identity (UID/umask), "
                                    "Docker engine, architecture, disk headroom, logger credentials, images.")
@@ -187,9 +225,15 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
     _add_ssh(p)
     p.set_defaults(fn=verbs["preflight"])
 
+
+def _add_profiles(sub, verbs: Verbs) -> None:
+    """`profiles`: the hardware profiles."""
     p = sub.add_parser("profiles", help="list the hardware profiles")
     p.set_defaults(fn=verbs["profiles"])
 
+
+def _add_up(sub, verbs: Verbs) -> None:
+    """`up`: start the run on its hosts, follow it, summarise."""
     p = sub.add_parser("up", help="start the run on its hosts, follow it, summarise (all-or-nothing)",
                        description="Render, build missing images (refresh the cpu image's code layer), run preflight "
                                    "on every host (nothing starts if a check fails), ship images to remote hosts over "
@@ -209,6 +253,9 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
                         f"trainer goes on; up to N restarts in all (0-10, default {UP_RESTARTS})")
     p.set_defaults(fn=verbs["up"])
 
+
+def _add_status(sub, verbs: Verbs) -> None:
+    """`status`: a run's summary, once or --watch."""
     p = sub.add_parser("status", help="steps, reward, adapter syncs, staleness, start-up times of a run",
                        description="Summarise a running or finished run started from this directory: containers "
                                    "per host and role, steps, reward, completion length, staleness, adapter syncs.")
@@ -221,12 +268,18 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
                         "object per line")
     p.set_defaults(fn=verbs["status"])
 
+
+def _add_down(sub, verbs: Verbs) -> None:
+    """`down`: stop the run's containers."""
     p = sub.add_parser("down", help="stop the run's containers on every host (the shared volume is kept)")
     _add_spec(p)
     _add_ssh(p)
     p.add_argument("--volumes", action="store_true", help="also delete the shared volume (checkpoints, adapters)")
     p.set_defaults(fn=verbs["down"])
 
+
+def _add_logs(sub, verbs: Verbs) -> None:
+    """`logs`: the run's container logs."""
     p = sub.add_parser("logs", help="the run's container logs, per host and role",
                        description="The run's container logs (docker compose logs) from every host, each line "
                                    "prefixed with its host on a multi-host run. --follow streams new lines from all "
@@ -240,6 +293,9 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
                    help="lines of history per container first (default 200)")
     p.set_defaults(fn=verbs["logs"])
 
+
+def _add_check(sub, verbs: Verbs) -> None:
+    """`check`: testinfra health checks of the spec's hosts."""
     p = sub.add_parser("check", help="testinfra health checks of the spec's hosts (--run: and of the running run)",
                        description="Check every host of the spec with pytest-testinfra (grpo_deploy.hostchecks): run "
                                    "UID owns the shared directory, NFS mount and options, a cross-host write/read as "
@@ -255,9 +311,23 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
     p.add_argument("pytest_args", nargs="*", metavar="-- PYTEST_ARGS", help="extra pytest arguments, after --")
     p.set_defaults(fn=verbs["check"])
 
-    add_bench_parser(sub)
-    add_images_parser(sub)
 
+def _add_bench(sub) -> None:
+    """`bench trainer`: measured where the work runs (the trainer's forward/backward); its options are the runtime
+    module's own (grpo_deploy.runtime.bench.trainer)."""
+    bench = sub.add_parser(
+        "bench", help="measure where the work runs (trainer: tokens/s, memory, MFU)",
+        description="Benchmarks that run where the work runs: inside a trainer image, on its GPU.")
+    what = bench.add_subparsers(dest="bench", metavar="WHAT", required=True)
+    trainer = what.add_parser(
+        "trainer", help="TRL's packed GRPO fwd/bwd: packing off/on x checkpointing, token budget, attention paths",
+        description=bench_trainer.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench_trainer.add_arguments(trainer)
+    trainer.set_defaults(fn=bench_trainer.run)
+
+
+def _add_checkpoints(sub, verbs: Verbs) -> None:
+    """`checkpoints`: list, verify or prune the run's checkpoints."""
     p = sub.add_parser("checkpoints", help="list, verify or prune the run's checkpoints where they are written",
                        description="The run's checkpoints (TRL checkpoint-N or verl global_step_N) on the host that "
                                    "holds them, read in a throw-away container of the run's image as the run's "
@@ -273,6 +343,9 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
     p.add_argument("--dry-run", action="store_true", help="prune: say what would be removed, change nothing")
     p.set_defaults(fn=verbs["checkpoints"])
 
+
+def _add_diagnose(sub, verbs: Verbs) -> None:
+    """`diagnose`: the bottleneck and the next setting to change."""
     p = sub.add_parser("diagnose", help="name the bottleneck (trainer, generation, adapter sync) and the next setting "
                                         "to change",
                        description="Reads the run's own TRL step metrics (forward/backward time, queue fill vs "
@@ -283,5 +356,3 @@ def build_parser(verbs: Mapping[str, Callable[[argparse.Namespace], int]]) -> ar
     _add_json(p)
     _add_ssh(p)
     p.set_defaults(fn=verbs["diagnose"])
-
-    return parser

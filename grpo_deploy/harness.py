@@ -17,11 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,13 +27,18 @@ from typing import Any
 
 import yaml
 
-from grpo_deploy import diagnose, status
+from grpo_deploy import status
 from grpo_deploy.common.metrics import read_events
+from grpo_deploy.diagnose.base import step_events
+from grpo_deploy.diagnose.trl_async import diagnose
+from grpo_deploy.harness_memory import MemoryWatch
 from grpo_deploy.render import render_files
 from grpo_deploy.render.folder import parse_env, write_tree
 from grpo_deploy.runtime import health
-from grpo_deploy.spec import SpecError, load, profiles
+from grpo_deploy.spec import profiles
+from grpo_deploy.spec.load import load
 from grpo_deploy.spec.resolve import resolve
+from grpo_deploy.spec.schema import SpecError
 from grpo_deploy.templating import RenderError
 
 SHAPES = ("rehearsal", "seed004")
@@ -227,51 +230,6 @@ def log_tail(path: Path, lines: int = 25) -> str:
         return "\n".join(handle.read().decode("utf-8", "replace").splitlines()[-lines:])
 
 
-def _session_of(pid: int) -> int | None:
-    """The session id of *pid* (field 6 of /proc/PID/stat), or None when it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(text.rsplit(")", 1)[1].split()[3])
-
-
-def gpu_use_by_pid(smi: str | None) -> dict[int, int]:
-    """pid -> MiB of GPU memory, from nvidia-smi (every process that holds a CUDA context); {} without one."""
-    if not smi:
-        return {}
-    try:
-        out = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    return parse_compute_apps(out)
-
-
-def parse_compute_apps(text: str) -> dict[int, int]:
-    use: dict[int, int] = {}
-    for line in text.splitlines()[:256]:
-        pid, _, mib = line.partition(",")
-        if pid.strip().isdigit() and mib.strip().isdigit():
-            use[int(pid)] = use.get(int(pid), 0) + int(mib)
-    return use
-
-
-class MemoryWatch(threading.Thread):
-    """Samples each role's GPU memory (every process of its session) once a second and keeps the peak."""
-
-    def __init__(self, roles: list[Role]):
-        super().__init__(daemon=True)
-        self.roles, self.smi, self.done = roles, shutil.which("nvidia-smi"), threading.Event()
-
-    def run(self) -> None:
-        while not self.done.wait(1.0):
-            use = gpu_use_by_pid(self.smi)
-            for role in self.roles:
-                mine = sum(mib for pid, mib in use.items() if _session_of(pid) == role.process.pid)
-                role.peak_mib = max(role.peak_mib, mine)
-
-
 def wait_ready(server: Role, rendered: Rendered, timeout: float, say) -> float:
     """Seconds until the server lists the model and generates one token; raises when it dies or times out."""
     deadline, last = time.time() + timeout, 0.0
@@ -315,8 +273,8 @@ def report(trial: Trial, rendered: Rendered, server: Role, trainer: Role, ready_
     memory and times only the harness sees."""
     events = _events(Path(rendered.trainer_config["metrics_path"]))
     summary = status.summarize(trial.name, events).to_dict()
-    evidence = diagnose.diagnose(events).evidence
-    steps = diagnose.step_events(events)
+    evidence = diagnose(events).evidence
+    steps = step_events(events)
     medians = {name: _median([float(s[key]) for s in steps if isinstance(s.get(key), int | float)])
                for name, key in MEDIANS.items()}
     step_s = medians["step_s_median"]

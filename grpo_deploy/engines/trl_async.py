@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_deploy import diagnose
 from grpo_deploy.architecture import Architecture
 from grpo_deploy.common.values import MAX_PORT
+from grpo_deploy.diagnose import trl_async as diagnose
 from grpo_deploy.engines import trl_files, trl_memory, trl_replicas, trl_sizes
 from grpo_deploy.engines.base import COMMON_SECTIONS, ClusterPorts, Engine, Knob, Resolved, RestartWords, human
 from grpo_deploy.engines.trl_replicas import (
@@ -250,7 +250,7 @@ class TrlAsync(Engine):
         return dump_yaml(header, {"services": services})
 
     def diagnose(self, events, res: Resolved):
-        """Seed 004's rules over TRL's async metrics (grpo_deploy.diagnose)."""
+        """Seed 004's rules over TRL's async metrics (grpo_deploy.diagnose.trl_async)."""
         hint = {**diagnose.settings_hint(res, trainer_ranks(res), trainer_machines(res)),
                 "replicas": replica_count(res)}
         return diagnose.diagnose(events, hint), diagnose.LABELS

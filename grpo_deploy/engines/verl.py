@@ -8,9 +8,9 @@ import json
 import re
 from typing import Any
 
-from grpo_deploy import diagnose_verl
 from grpo_deploy.architecture import Architecture
 from grpo_deploy.common.values import CONTROL, MAX_STEPS, host_part
+from grpo_deploy.diagnose import verl as diagnose_verl
 from grpo_deploy.engines.base import COMMON_SECTIONS, GB, ClusterPorts, Engine, Knob, Resolved, RestartWords
 from grpo_deploy.names import COMPOSE_INFINIBAND, COMPOSE_VERL, COMPOSE_VERL_CLUSTER, project_name
 from grpo_deploy.runtime.verl import data as verl_data
@@ -139,7 +139,7 @@ class Verl(Engine):
         return total, 0, why
 
     def diagnose(self, events, res: Resolved):
-        """Seed 000's knobs over verl's per-phase timings (grpo_deploy.diagnose_verl)."""
+        """Seed 000's knobs over verl's per-phase timings (grpo_deploy.diagnose.verl)."""
         return diagnose_verl.diagnose(events, diagnose_verl.settings_hint(res)), diagnose_verl.LABELS
 
     def loss_objective(self, res: Resolved) -> str:

@@ -23,8 +23,9 @@ def pytest_addoption(parser, pluginmanager):
 def resolved(config):
     """The spec from --spec, loaded and resolved once per session; an invalid or missing one stops the session."""
     if RES not in config.stash:
-        from grpo_deploy.spec import SpecError, load
+        from grpo_deploy.spec.load import load
         from grpo_deploy.spec.resolve import resolve
+        from grpo_deploy.spec.schema import SpecError
 
         path = config.getoption("spec")
         try:

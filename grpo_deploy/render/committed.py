@@ -10,7 +10,7 @@ from pathlib import Path
 from grpo_deploy.kit_data import KitDataMissing, checkout_dir
 from grpo_deploy.render import render_files
 from grpo_deploy.render.folder import WriteRefused, check_tree, write_tree
-from grpo_deploy.spec import load
+from grpo_deploy.spec.load import load
 from grpo_deploy.spec.new_spec import embedded_default
 from grpo_deploy.spec.resolve import resolve
 

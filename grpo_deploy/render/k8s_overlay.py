@@ -10,7 +10,7 @@ from pathlib import Path
 
 from grpo_deploy.render.committed import k8s_generated
 from grpo_deploy.render.folder import WriteRefused, diff_tree, write_tree
-from grpo_deploy.spec import load
+from grpo_deploy.spec.load import load
 from grpo_deploy.spec.resolve import resolve
 
 # Addresses and names reserved for documentation and examples (RFC 5737, RFC 3849, RFC 2606/6761): the kit's

@@ -11,7 +11,9 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from grpo_deploy.common.values import HostAddress, parse_address
 from grpo_deploy.engines import DEFAULT_ENGINE, ENGINES
 from grpo_deploy.settings import SECTIONS
-from grpo_deploy.spec import DeploymentSpec, LoadedSpec, loads, profiles
+from grpo_deploy.spec import profiles
+from grpo_deploy.spec.load import loads
+from grpo_deploy.spec.schema import DeploymentSpec, LoadedSpec
 
 DEFAULT_PROFILE = "cpu"
 COMMENT_COLUMN = 36

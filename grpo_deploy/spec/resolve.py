@@ -22,7 +22,8 @@ from grpo_deploy.common.shown import shown_key
 from grpo_deploy.common.values import describe_error, error_location, parse_address
 from grpo_deploy.engines import ALL_ROLES, ENGINES, Engine
 from grpo_deploy.settings import OWNED, SECTIONS, Settings, unknown_key_hint
-from grpo_deploy.spec import LoadedSpec, Problem, SpecError, key_str, profiles
+from grpo_deploy.spec import profiles
+from grpo_deploy.spec.schema import LoadedSpec, Problem, SpecError, key_str
 
 
 @dataclass(frozen=True)

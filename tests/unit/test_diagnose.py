@@ -1,5 +1,5 @@
-"""Tests of grpo_deploy.diagnose: recorded metric streams (tests/unit/metrics/, provenance at the top of each file)
--> the bottleneck side, the evidence figures and the first knob."""
+"""Tests of grpo_deploy.diagnose.trl_async: recorded metric streams (tests/unit/metrics/, provenance at the top of
+each file) -> the bottleneck side, the evidence figures and the first knob."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy import diagnose
 from grpo_deploy.common.metrics import read_events
+from grpo_deploy.diagnose import trl_async as diagnose
+from grpo_deploy.diagnose.base import diagnosis_text
 from grpo_deploy.spec import new_spec, resolve
 from tests import specs
 
@@ -87,7 +88,7 @@ def test_a_missing_metric_is_named_not_guessed():
     assert d.side == "not enough data" and d.next_knobs == []
     assert d.evidence["fwd_bwd_share"] is None
     assert any(m.startswith("perf/fwd_bwd_s") for m in d.not_recorded)
-    assert "not recorded:\n  - perf/fwd_bwd_s" in diagnose.diagnosis_text(d)
+    assert "not recorded:\n  - perf/fwd_bwd_s" in diagnosis_text(d, diagnose.LABELS)
 
 
 def test_step_time_falls_back_to_the_sinks_timestamps_and_says_so():
@@ -159,7 +160,7 @@ def test_too_few_steps_is_not_enough_data():
 def test_no_events_at_all():
     d = diagnose.diagnose([])
     assert d.side == "not enough data" and d.evidence["steps"] == 0
-    assert diagnose.diagnosis_text(d).startswith("diagnosis: not enough data")
+    assert diagnosis_text(d, diagnose.LABELS).startswith("diagnosis: not enough data")
 
 
 # a real stream --------------------------------------------------------------------------------------------------
@@ -194,7 +195,7 @@ def test_the_cpu_rehearsal_stream_is_trainer_bound_by_backpressure():
 # output -------------------------------------------------------------------------------------------------------------
 def test_text_and_json():
     d = diagnose.diagnose(_events("spark_trainer_bound"), SPARK_BASELINE)
-    text = diagnose.diagnosis_text(d)
+    text = diagnosis_text(d, diagnose.LABELS)
     assert text.splitlines()[0] == "diagnosis: trainer-bound"
     assert "1. overrides.trl.token_budget: 16384" in text and "queue fill vs cap" in text
     assert "reward gain per wall-clock hour" in text and "mean completion length" in text
@@ -268,5 +269,5 @@ def test_one_h200_run_reads_mfu_as_trl_logs_it():
     d = diagnose.diagnose(_events("h200_one_gpu_seed004"))
     ev = d.evidence
     assert ev["mfu_fwd_bwd"] == pytest.approx(0.396, abs=0.005)
-    assert "MFU (fwd/bwd)" in diagnose.diagnosis_text(d) and "39.6%" in diagnose.diagnosis_text(d)
+    assert "MFU (fwd/bwd)" in diagnosis_text(d, diagnose.LABELS) and "39.6%" in diagnosis_text(d, diagnose.LABELS)
     assert ev["steps"] == 20 and ev["step_time_median_s"] == pytest.approx(6.98, abs=0.05)

@@ -1,4 +1,4 @@
-"""grpo_deploy.diagnose_verl: the bound phase of a verl step and the seed-000 knobs, from a real verl rehearsal's
+"""grpo_deploy.diagnose.verl: the bound phase of a verl step and the seed-000 knobs, from a real verl rehearsal's
 events (tests/unit/metrics/verl-rehearsal-cpu.jsonl: `make test-verl`, 2 cores, a head kill at step 8 and the
 resume) and from streams that change one phase."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from grpo_deploy import diagnose, diagnose_verl
 from grpo_deploy.common.metrics import read_events
+from grpo_deploy.diagnose import verl as diagnose_verl
+from grpo_deploy.diagnose.base import diagnosis_text
 
 RECORDED = Path(__file__).parent / "metrics" / "verl-rehearsal-cpu.jsonl"
 CPU_HINT = {"rollout_tp": 1, "gpu_memory_utilization": 0.2, "rollout_n": 4, "ppo_mini_batch_size": 4,
@@ -21,7 +22,7 @@ def test_the_real_rehearsal_is_generation_bound_and_names_the_seed_knob():
     assert d.evidence["generation_share"] > 0.5 and d.evidence["steps"] >= 16
     assert d.evidence["reward_last"] > d.evidence["reward_first"]
     assert [k.setting for k in d.next_knobs] == ["overrides.verl.actor_rollout_ref.rollout.gpu_memory_utilization"]
-    text = diagnose.diagnosis_text(d, diagnose_verl.LABELS)
+    text = diagnosis_text(d, diagnose_verl.LABELS)
     assert "generation share of step" in text and "seed 000" in text
 
 

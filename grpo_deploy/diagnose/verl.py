@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from grpo_deploy.diagnose import Diagnosis, Knob
+from grpo_deploy.diagnose.base import Diagnosis, Knob
 
 PHASES = {"generation": "timing_s/gen", "old log-prob": "timing_s/old_log_prob", "reference": "timing_s/ref",
           "actor update": "timing_s/update_actor"}

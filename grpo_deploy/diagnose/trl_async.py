@@ -1,6 +1,6 @@
 """TRL async GRPO's bottleneck diagnosis (pure, no I/O): the trainer's own step events -> which side bounds the run
-(trainer, generation, adapter sync), the figures that say so, and the next spec setting to change. It also holds what
-both engines' diagnoses share: the Diagnosis and Knob types and diagnosis_text (diagnose_verl builds on them).
+(trainer, generation, adapter sync), the figures that say so, and the next spec setting to change (the types and the
+text it shares with verl's: grpo_deploy.diagnose.base).
 
 The rules are seed 004's hand diagnosis, read from TRL 1.16's metric keys (shared/reference/trl_async_grpo.md §4):
 trainer-bound = the rollout queue sits near its cap while forward/backward fills the step; generation-bound = the
@@ -10,11 +10,11 @@ large share of the wall clock. A metric a rule needs that the events lack is nam
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from grpo_deploy.diagnose.base import Diagnosis, Knob, _mean, _num, _r, _recorded, _share, _vals, step_events
 
 SIDES = ("trainer-bound", "generation-bound", "sync-bound", "balanced", "not enough data")
 
@@ -96,56 +96,7 @@ LABELS: dict[str, tuple[str, str, str]] = {
 }
 
 
-@dataclass(frozen=True)
-class Knob:
-    setting: str  # the spec key to change, exactly as written in grpo-deploy.yaml
-    value: str  # what to set it to
-    why: str  # one line
-
-
-@dataclass
-class Diagnosis:
-    side: str
-    reason: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-    next_knobs: list[Knob] = field(default_factory=list)
-    not_recorded: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 # --- reading events ---------------------------------------------------------------------------------------------
-def _num(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _vals(steps: list[dict], key: str) -> list[float]:
-    return [float(s[key]) for s in steps if _num(s.get(key))]
-
-
-def _recorded(steps: list[dict], key: str) -> bool:
-    return any(key in s for s in steps)
-
-
-def _r(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(value, digits)
-
-
-def _mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
-
-
-def _share(part: float, whole: float) -> float | None:
-    return part / whole if whole > 0 else None
-
-
-def step_events(events: Iterable[Mapping[str, Any]]) -> list[dict]:
-    """The trainer's `step` events in time order (the sink appends across resumes; `run_events` cuts to the last up)."""
-    return sorted((dict(e) for e in events if e.get("event") == "step"), key=lambda e: e.get("time", 0))
-
-
 def _timed(steps: list[dict]) -> tuple[list[tuple[dict, float]], bool]:
     """(step, step seconds) pairs: TRL's `perf/step_s`, else the gap between the sink's timestamps (same quantity
     with logging_steps 1). The flag says whether the fallback was used."""
@@ -446,27 +397,3 @@ def settings_hint(res, processes: int = 1, machines: int = 1) -> dict[str, Any]:
     if hardware.get("memory_gb_per_gpu"):
         hint["trainer_memory_gb"] = hardware["memory_gb_per_gpu"]
     return hint
-
-
-# --- text -------------------------------------------------------------------------------------------------------
-def _figure(key: str, value: Any, labels: Mapping[str, tuple[str, str, str]]) -> str:
-    _, fmt, unit = labels[key]
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return f"{format(value, fmt)}{unit}" if fmt and _num(value) else str(value)
-
-
-def diagnosis_text(d: Diagnosis, labels: Mapping[str, tuple[str, str, str]] = LABELS) -> str:
-    """What `grpo-deploy diagnose` prints (*labels*: the engine's evidence keys, LABELS for TRL's)."""
-    lines = [f"diagnosis: {d.side}", f"  {d.reason}", "", "evidence:"]
-    width = max(len(label) for label, _, _ in labels.values())
-    lines += [f"  {labels[k][0]:<{width}}  {_figure(k, v, labels)}" for k, v in d.evidence.items()
-              if k in labels and v is not None]
-    if d.next_knobs:
-        lines += ["", "next knobs, in order:"]
-        lines += [f"  {i}. {k.setting}: {k.value}\n     {k.why}" for i, k in enumerate(d.next_knobs, 1)]
-    if d.notes:
-        lines += ["", "notes:"] + [f"  - {n}" for n in d.notes]
-    if d.not_recorded:
-        lines += ["", "not recorded:"] + [f"  - {m}" for m in d.not_recorded]
-    return "\n".join(lines)

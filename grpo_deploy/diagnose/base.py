@@ -1,0 +1,84 @@
+"""What both engines' bottleneck diagnoses share (pure, no I/O): the Diagnosis and Knob types, reading the step events,
+and diagnosis_text, the text `grpo-deploy diagnose` prints with the labels each engine gives for its evidence."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Knob:
+    setting: str  # the spec key to change, exactly as written in grpo-deploy.yaml
+    value: str  # what to set it to
+    why: str  # one line
+
+
+@dataclass
+class Diagnosis:
+    side: str
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    next_knobs: list[Knob] = field(default_factory=list)
+    not_recorded: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- reading events ---------------------------------------------------------------------------------------------
+def _num(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _vals(steps: list[dict], key: str) -> list[float]:
+    return [float(s[key]) for s in steps if _num(s.get(key))]
+
+
+def _recorded(steps: list[dict], key: str) -> bool:
+    return any(key in s for s in steps)
+
+
+def _r(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _share(part: float, whole: float) -> float | None:
+    return part / whole if whole > 0 else None
+
+
+def step_events(events: Iterable[Mapping[str, Any]]) -> list[dict]:
+    """The trainer's `step` events in time order (the sink appends across resumes; `run_events` cuts to the last up)."""
+    return sorted((dict(e) for e in events if e.get("event") == "step"), key=lambda e: e.get("time", 0))
+
+
+# --- text -------------------------------------------------------------------------------------------------------
+def _figure(key: str, value: Any, labels: Mapping[str, tuple[str, str, str]]) -> str:
+    _, fmt, unit = labels[key]
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return f"{format(value, fmt)}{unit}" if fmt and _num(value) else str(value)
+
+
+def diagnosis_text(d: Diagnosis, labels: Mapping[str, tuple[str, str, str]]) -> str:
+    """What `grpo-deploy diagnose` prints (*labels*: the engine's evidence keys: label, format, unit)."""
+    lines = [f"diagnosis: {d.side}", f"  {d.reason}", "", "evidence:"]
+    width = max(len(label) for label, _, _ in labels.values())
+    lines += [f"  {labels[k][0]:<{width}}  {_figure(k, v, labels)}" for k, v in d.evidence.items()
+              if k in labels and v is not None]
+    if d.next_knobs:
+        lines += ["", "next knobs, in order:"]
+        lines += [f"  {i}. {k.setting}: {k.value}\n     {k.why}" for i, k in enumerate(d.next_knobs, 1)]
+    if d.notes:
+        lines += ["", "notes:"] + [f"  - {n}" for n in d.notes]
+    if d.not_recorded:
+        lines += ["", "not recorded:"] + [f"  - {m}" for m in d.not_recorded]
+    return "\n".join(lines)
