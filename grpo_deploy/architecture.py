@@ -21,7 +21,7 @@ Dim = Annotated[Count, Field(le=2**24)]
 class ArchitectureSpec(Strict):
     """A model's shape (its config.json), for plan's memory and checkpoint estimates."""
 
-    # As every spec model (grpo_deploy.spec._Strict): not frozen, an assignment validated like a loaded value.
+    # As every spec model (grpo_deploy.spec.schema._Strict): not frozen, an assignment validated like a loaded value.
     model_config = ConfigDict(frozen=False, validate_assignment=True)
 
     hidden_size: Dim

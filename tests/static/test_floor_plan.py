@@ -1,0 +1,136 @@
+"""The floor plan holds: no module over 470 lines; the shared base (common/) imports nothing else of the kit;
+runtime/ (what runs in the containers) imports only runtime/ and common/; runtime's rooms import each other in one
+direction only; every module path that a file outside the package's code names (compose, k8s, Dockerfiles,
+entrypoint scripts, templates, pyproject, Makefile, the docs) is a module, or a name in one, that exists."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from tests.static.test_imports import cycles, graph
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "grpo_deploy"
+MAX_LINES = 470
+# Files that name the package's modules as text. Historical records (docs/bench, docs/notes, MEASUREMENTS, CHANGELOG)
+# keep the paths of their day.
+NAMED_IN = ("compose/**/*", "k8s/**/*", "images/**/*", "grpo_deploy/templates/**/*", "ansible/**/*", "pyproject.toml",
+            "Makefile", "setup.py", ".ci/*", "scripts/**/*", "README.md", "docs/*.md", "benchmarks/**/*")
+HISTORICAL = ("docs/MEASUREMENTS.md",)
+DOTTED = re.compile(r"(?<![\w./-])grpo_deploy(?:\.\w+)+(?::\w+)?")
+SLASHED = re.compile(r"(?<![\w./-])grpo_deploy(?:/\w+)+\.py\b")
+
+
+def _room(module: str) -> str:
+    """The room of a grpo_deploy module: its folder under the package; in runtime/, each subfolder and each module
+    beside them (health, identity, tiny_model, netprobe) is a room of its own."""
+    parts = module.split(".")
+    return ".".join(parts[:3] if parts[1:2] == ["runtime"] else parts[:2])
+
+
+def _defined(path: Path) -> set[str]:
+    """The names a module defines or imports at its top level (what `module.name` may name)."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return names
+
+
+def resolves(reference: str, root: Path = ROOT) -> bool:
+    """Whether `grpo_deploy.a.b[.name][:attr]` names a module of the checkout (and a name defined in it)."""
+    dotted, _, attr = reference.partition(":")
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        base = root.joinpath(*parts[:i])
+        path = base.with_suffix(".py") if base.with_suffix(".py").is_file() else base / "__init__.py"
+        if not path.is_file():
+            continue
+        rest = parts[i:] + ([attr] if attr else [])
+        if not rest:
+            return True
+        if (base / rest[0]).with_suffix(".py").is_file() or (base / rest[0] / "__init__.py").is_file():
+            return False  # a module below that the loop would have found
+        return rest[0] in _defined(path)
+    return False
+
+
+def named_references(root: Path = ROOT) -> list[tuple[str, str]]:
+    out = []
+    for pattern in NAMED_IN:
+        for path in sorted(root.glob(pattern)):
+            rel = str(path.relative_to(root))
+            if not path.is_file() or path.is_symlink() or rel in HISTORICAL or "__pycache__" in rel \
+                    or "/generated/" in rel and rel.endswith(".json"):
+                continue
+            try:
+                text = path.read_text(encoding="utf-8")
+            except UnicodeDecodeError:
+                continue
+            for n, line in enumerate(text.splitlines(), 1):
+                out += [(f"{rel}:{n}", m.group(0)) for m in DOTTED.finditer(line)]
+                out += [(f"{rel}:{n}", m.group(0)) for m in SLASHED.finditer(line)]
+    return out
+
+
+def test_no_module_over_the_limit():
+    long = {str(p.relative_to(ROOT)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (cut them along a seam): {long}"
+
+
+def test_the_shared_base_imports_nothing_else_of_the_kit():
+    edges = graph()
+    wrong = {m: sorted(t for t in to if not t.startswith("grpo_deploy.common") and t != "grpo_deploy")
+             for m, to in edges.items() if m.startswith("grpo_deploy.common")}
+    assert not {m: t for m, t in wrong.items() if t}, wrong
+
+
+def test_the_runtime_imports_only_the_runtime_and_the_shared_base():
+    edges = graph()
+    allowed = ("grpo_deploy.runtime", "grpo_deploy.common")
+    wrong = {m: sorted(t for t in to if not t.startswith(allowed) and t != "grpo_deploy")
+             for m, to in edges.items() if m.startswith("grpo_deploy.runtime")}
+    assert not {m: t for m, t in wrong.items() if t}, {m: t for m, t in wrong.items() if t}
+
+
+def test_the_runtime_rooms_import_each_other_in_one_direction_only():
+    rooms: dict[str, set[str]] = {}
+    for module, to in graph().items():
+        if module.startswith("grpo_deploy.runtime."):
+            rooms.setdefault(_room(module), set()).update(
+                _room(t) for t in to if t.startswith("grpo_deploy.runtime.") and _room(t) != _room(module))
+    for room in list(rooms):
+        for target in rooms[room]:
+            rooms.setdefault(target, set())
+    assert not cycles(rooms), f"runtime rooms that import each other: {sorted(sorted(c) for c in cycles(rooms))}"
+
+
+def test_every_module_named_outside_the_code_exists():
+    refs = named_references()
+    assert len(refs) > 40, "the scan found too few references: its patterns no longer match the files"
+    bad = [f"{where}: {ref}" for where, ref in refs
+           if not (ROOT / ref).is_file() if "/" in ref] + \
+          [f"{where}: {ref}" for where, ref in refs if "/" not in ref and not resolves(ref)]
+    assert not bad, "names of modules that do not exist (follow the move):\n" + "\n".join(bad)
+
+
+def test_the_checker_refuses_a_moved_module(tmp_path):
+    (tmp_path / "grpo_deploy" / "runtime" / "trainer").mkdir(parents=True)
+    for rel in ("grpo_deploy/__init__.py", "grpo_deploy/runtime/__init__.py",
+                "grpo_deploy/runtime/trainer/__init__.py"):
+        (tmp_path / rel).write_text("")
+    (tmp_path / "grpo_deploy/runtime/trainer/train.py").write_text("def main():\n    pass\n")
+    assert resolves("grpo_deploy.runtime.trainer.train", tmp_path)
+    assert resolves("grpo_deploy.runtime.trainer.train:main", tmp_path)
+    assert resolves("grpo_deploy.runtime.trainer.train.main", tmp_path)
+    assert not resolves("grpo_deploy.runtime.train", tmp_path)  # the old path
+    assert not resolves("grpo_deploy.runtime.trainer.train:run", tmp_path)
+    assert not resolves("grpo_deploy.runtime.trainer.serve", tmp_path)
