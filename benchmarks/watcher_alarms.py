@@ -1,7 +1,7 @@
 """Benchmark: the run watcher's plateau alarm on seeded, seed-shaped metric streams (tests/unit/runtime/
 watch_streams.py) at the default settings — the false-alarm rate on still-rising streams (target: under 1%), the
 detection delay on plateaued ones (steps from the true onset to the warning) and seed 000's curve — then the same over
-a few window sizes. Prints its numbers; it is not a test (tests/unit/runtime/test_watcher.py holds the bounds).
+a few window sizes. Prints its numbers; it is not a test (tests/unit/runtime/watch/test_watcher.py holds the bounds).
 
 Run: python3 benchmarks/watcher_alarms.py [--streams 1000]   (make bench-watcher; about 15 s on 2 cores)
 """

@@ -39,7 +39,7 @@ ENVIRONMENT = {"PYTHONPATH": KIT_MOUNT, "PYTHONDONTWRITEBYTECODE": "1", "QEMU_CP
 
 
 def bench_argv(out: str) -> list[str]:
-    """The tiny bench as the CPU test runs it (tests/unit/runtime/test_bench_trainer.py), every switch row, without
+    """The tiny bench as the CPU test runs it (tests/unit/runtime/bench/test_trainer.py), every switch row, without
     the packing table, the attention paths and the profiler's breakdown (no switch in them; under emulation they
     would double the time)."""
     return ["python3", "-m", "grpo_deploy.runtime.bench.trainer", "--tiny", "--device", "cpu", "--speed-only",

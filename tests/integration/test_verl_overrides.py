@@ -1,8 +1,8 @@
 """The GPU profiles' verl overrides against verl's real configuration: the a100 render's Hydra overrides (the seed-000
-recipe, tests/render/a100-verl-single, checked against the renderer by tests/unit/test_render_output.py) composed by
-verl 0.9.1's own `main_ppo` entry point (`--cfg job`: Hydra composes and prints the job's config, nothing runs) inside
-the verl-cpu image, as the run user. A key verl does not have, a value of the wrong type or a group that does not
-exist makes Hydra refuse; the test also reads the composed values back. Seconds once the image exists."""
+recipe, tests/render/a100-verl-single, checked against the renderer by tests/unit/render/test_render_output.py)
+composed by verl 0.9.1's own `main_ppo` entry point (`--cfg job`: Hydra composes and prints the job's config, nothing
+runs) inside the verl-cpu image, as the run user. A key verl does not have, a value of the wrong type or a group that
+does not exist makes Hydra refuse; the test also reads the composed values back. Seconds once the image exists."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from grpo_deploy.runtime import health
-from runtime.stub_server import StubServer
+from tests.unit.runtime.stub_server import StubServer
 
 MODELS = {"data": [{"id": "tiny-qwen2"}, {"id": "trl-policy-v3"}]}
 

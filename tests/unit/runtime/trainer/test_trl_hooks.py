@@ -13,7 +13,7 @@ from trl.experimental.async_grpo import vllm_client as client_module  # noqa: E4
 from grpo_deploy.runtime.storage.adapters import AdapterPublisher
 from grpo_deploy.runtime.storage.faults import StorageFault
 from grpo_deploy.runtime.trainer import trl_hooks
-from runtime.stub_server import StubServer  # noqa: E402
+from tests.unit.runtime.stub_server import StubServer  # noqa: E402
 
 
 def publisher(tmp_path, events):

@@ -68,7 +68,7 @@ def test_diagnose_names_the_next_trainer_process_from_the_spec():
 
     from grpo_deploy.common.metrics import read_events
 
-    events = read_events(str(Path(__file__).parent / "metrics" / "spark_trainer_bound.jsonl"))
+    events = read_events(str(Path(__file__).parents[1] / "metrics" / "spark_trainer_bound.jsonl"))
     res = _res(**{"overrides.runtime": {"trainer_processes": 2}})
     found, _labels = res.engine_info.diagnose(events, res)
     assert found.side == "trainer-bound"

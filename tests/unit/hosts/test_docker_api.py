@@ -16,7 +16,7 @@ from grpo_deploy.image_build import build
 from grpo_deploy.image_build.progress import Step
 from tests.engine_standin import IMAGE_ID, StandInEngine
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_a_query_that_times_out_once_is_sent_again_and_answered(tmp_path):

@@ -9,7 +9,7 @@ from transformers import TrainerControl, TrainerState
 from grpo_deploy.runtime.storage.disk_space import DiskWatchdogConfig, free_bytes, judge
 from grpo_deploy.runtime.trainer.disk_watchdog import DiskWatchdog
 from tests.unit.runtime.as_root import small_tmpfs
-from tests.unit.runtime.test_checkpoints import trl_checkpoint
+from tests.unit.runtime.storage.test_checkpoints import trl_checkpoint
 
 MB = 10**6
 

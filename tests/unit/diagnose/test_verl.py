@@ -11,7 +11,7 @@ from grpo_deploy.common.metrics import read_events
 from grpo_deploy.diagnose import verl as diagnose_verl
 from grpo_deploy.diagnose.base import diagnosis_text
 
-RECORDED = Path(__file__).parent / "metrics" / "verl-rehearsal-cpu.jsonl"
+RECORDED = Path(__file__).parents[1] / "metrics" / "verl-rehearsal-cpu.jsonl"
 CPU_HINT = {"rollout_tp": 1, "gpu_memory_utilization": 0.2, "rollout_n": 4, "ppo_mini_batch_size": 4,
             "train_batch_size": 4, "ppo_micro_batch_size_per_gpu": 4, "log_prob_micro_batch_size_per_gpu": 4}
 

@@ -57,7 +57,7 @@ def test_data_is_written_for_brevity_kept_when_there_and_asked_for_otherwise(tmp
 
 
 def test_retention_before_an_attempt_quarantines_the_cut_save_and_keeps_the_newest(tmp_path):
-    from runtime.test_checkpoints_verl import first_process, states, verl_save
+    from tests.unit.runtime.storage.test_checkpoints_verl import first_process, states, verl_save
 
     ckpt = tmp_path / "checkpoints"
     ckpt.mkdir()
@@ -76,7 +76,7 @@ def test_retention_before_an_attempt_quarantines_the_cut_save_and_keeps_the_newe
 
 
 def test_an_unreadable_tracker_stops_the_attempt_in_one_line(tmp_path):
-    from runtime.test_checkpoints_verl import verl_save
+    from tests.unit.runtime.storage.test_checkpoints_verl import verl_save
 
     ckpt = tmp_path / "checkpoints"
     ckpt.mkdir()

@@ -12,7 +12,7 @@ import yaml
 from grpo_deploy import cli
 from grpo_deploy.render import k8s_overlay
 
-K8S = Path(__file__).resolve().parents[2] / "k8s"
+K8S = Path(__file__).resolve().parents[3] / "k8s"
 
 
 @pytest.mark.parametrize("host", ["192.0.2.10", "198.51.100.7", "203.0.113.250", "2001:db8::5", "[2001:db8::5]",

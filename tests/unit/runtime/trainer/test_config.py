@@ -17,7 +17,7 @@ from grpo_deploy.runtime.trainer.config import (
     response_template,
 )
 
-GOLDEN = Path(__file__).resolve().parents[2] / "render"
+GOLDEN = Path(__file__).resolve().parents[3] / "render"
 # The rehearsal's trainer config as the renderer writes it (tests/render: checked against the renderer).
 EXAMPLE = str(GOLDEN / "cpu-trl-async-local" / "expected" / "config" / "trainer.yaml")
 

@@ -8,7 +8,7 @@ import pytest
 
 from grpo_deploy.runtime.storage import adapters
 from grpo_deploy.runtime.storage.adapters import AdapterPublisher, prunable, prune_versions, safe_keep, unload_stale
-from runtime.stub_server import StubServer
+from tests.unit.runtime.stub_server import StubServer
 
 
 def make_versions(root, versions):

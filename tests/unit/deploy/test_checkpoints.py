@@ -1,5 +1,5 @@
 """Tests of grpo_deploy.deploy.checkpoints: the manager's answers as the CLI prints them (the manager itself is tested
-in tests/unit/runtime/test_checkpoints.py, and run in the real image in tests/integration/test_rehearsal.py)."""
+in tests/unit/runtime/storage/test_checkpoints.py, and run in the real image in tests/integration/test_rehearsal.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from grpo_deploy.cli import main
 from grpo_deploy.deploy import checkpoints
 from grpo_deploy.runtime.storage import checkpoints as manager
 from grpo_deploy.spec import resolve
-from tests.unit.runtime.test_checkpoints import verl_checkpoint
+from tests.unit.runtime.storage.test_checkpoints import verl_checkpoint
 
 
 def _answer(directory, action="list", **kw) -> dict:

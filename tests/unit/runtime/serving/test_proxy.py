@@ -19,10 +19,10 @@ import pytest
 from grpo_deploy.runtime.serving import proxy as rp
 from grpo_deploy.runtime.serving.adapter_sync import LOAD, UNLOAD
 from grpo_deploy.runtime.serving.proxy_args import Settings, parse_args, settings_of
-from runtime.fake_vllm import BASE, FakeVLLM
-from runtime.test_prefix_router import TEMPLATE, tokens
+from tests.unit.runtime.fake_vllm import BASE, FakeVLLM
+from tests.unit.runtime.serving.test_prefix_router import TEMPLATE, tokens
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 FAST = Settings(health_interval_s=0.05, connect_timeout_s=0.5, load_retry_s=1.0)
 
 

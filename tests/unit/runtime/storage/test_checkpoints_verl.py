@@ -11,7 +11,7 @@ import pytest
 from grpo_deploy.runtime.storage import checkpoints
 from grpo_deploy.runtime.storage.checkpoints import Shape, TrackerUnreadable, prune
 from grpo_deploy.runtime.storage.resume import ResumeError, resolve_resume, verl_resume
-from runtime.test_checkpoints import verl_checkpoint
+from tests.unit.runtime.storage.test_checkpoints import verl_checkpoint
 
 TRACKER = "latest_checkpointed_iteration.txt"
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grpo_deploy.runtime.trainer import attention_compare, attention_shim
-from runtime.attention_cases import random_qkv, shared_prompt_row
+from tests.unit.runtime.attention_cases import random_qkv, shared_prompt_row
 
 CASE = (37, [23, 5, 41, 1], [19, 8])
 

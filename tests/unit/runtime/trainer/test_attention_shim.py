@@ -10,7 +10,13 @@ import torch
 
 from grpo_deploy.runtime.trainer import attention_shim
 from grpo_deploy.runtime.trainer.attention_shim import VarlenAttention
-from runtime.attention_cases import dense_reference, from_segments, random_qkv, relative_error, shared_prompt_row
+from tests.unit.runtime.attention_cases import (
+    dense_reference,
+    from_segments,
+    random_qkv,
+    relative_error,
+    shared_prompt_row,
+)
 
 BF16_TOLERANCE = 2**-7
 

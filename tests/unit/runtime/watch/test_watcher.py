@@ -17,7 +17,7 @@ from grpo_deploy.runtime.watch.series import fit
 from grpo_deploy.runtime.watch.watcher import Watcher
 from tests.unit.runtime import watch_streams
 
-METRICS = Path(__file__).resolve().parents[1] / "metrics"
+METRICS = Path(__file__).resolve().parents[2] / "metrics"
 # Bounds measured by benchmarks/watcher_alarms.py at the defaults (docs/MEASUREMENTS.md, issue 23): median 89 and
 # p95 137 steps over 1,000 streams; the test holds them with a margin over its smaller sample.
 DELAY_MEDIAN_MAX, DELAY_P95_MAX = 110, 160

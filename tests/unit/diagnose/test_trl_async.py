@@ -14,7 +14,7 @@ from grpo_deploy.diagnose.base import diagnosis_text
 from grpo_deploy.spec import new_spec, resolve
 from tests import specs
 
-METRICS = Path(__file__).parent / "metrics"
+METRICS = Path(__file__).parents[1] / "metrics"
 
 # The settings each recorded run used (what the events cannot say), as `diagnose.settings_hint` gives them.
 SPARK_BASELINE = {"queue_maxsize": 512, "max_inflight_tasks": 128, "max_num_seqs": 128, "weight_sync_steps": 4,
@@ -254,7 +254,7 @@ def test_the_next_trainer_process_is_counted_per_trainer_host():
         "overrides.runtime": {"trainer_processes": 2}}))
     hint = diagnose.settings_hint(res, processes=4, machines=2)
     assert (hint["trainer_processes"], hint["trainer_processes_per_host"], hint["trainer_machines"]) == (4, 2, 2)
-    events = read_events(str(Path(__file__).parent / "metrics" / "spark_trainer_bound.jsonl"))
+    events = read_events(str(Path(__file__).parents[1] / "metrics" / "spark_trainer_bound.jsonl"))
     found, _labels = res.engine_info.diagnose(events, res)
     knob = found.next_knobs[-1]
     assert (knob.setting, knob.value) == ("overrides.runtime.trainer_processes", "3")

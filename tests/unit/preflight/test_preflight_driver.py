@@ -16,7 +16,7 @@ from grpo_deploy.image_build import tags as image_tags
 from grpo_deploy.preflight import host as checks_host
 from grpo_deploy.spec import new_spec, resolve
 
-OUTPUTS = Path(__file__).parent / "nvidia_smi"
+OUTPUTS = Path(__file__).parents[1] / "nvidia_smi"
 H200_TAG = image_tags.arch_tag("vllm", "amd64")
 
 

@@ -9,7 +9,7 @@ import yaml
 from grpo_deploy.common.metrics import MetricsSink, read_events
 from grpo_deploy.runtime.trainer import train
 from grpo_deploy.runtime.trainer.config import parse_config
-from runtime.stub_server import StubServer
+from tests.unit.runtime.stub_server import StubServer
 
 
 def test_importing_the_entrypoint_is_light():
