@@ -134,3 +134,44 @@ def test_the_checker_refuses_a_moved_module(tmp_path):
     assert not resolves("grpo_deploy.runtime.train", tmp_path)  # the old path
     assert not resolves("grpo_deploy.runtime.trainer.train:run", tmp_path)
     assert not resolves("grpo_deploy.runtime.trainer.serve", tmp_path)
+
+
+# Modules without a test file of their name, each with the reason (tests/unit mirrors the package: grpo_deploy/a/b.py
+# is tested in tests/unit/a/test_b.py; a package's __init__.py with code in tests/unit/a/test_a.py).
+# Unit test files that are named after no module, each with what it tests.
+TESTS_OF_SEVERAL: dict[str, str] = {
+}
+UNTESTED_BY_NAME: dict[str, str] = {
+    "grpo_deploy/__init__.py": "the version string only",
+}
+
+
+def _test_file_of(path: Path) -> Path | None:
+    """The test file a module's tests live in; None for a package face that only re-exports."""
+    rel = path.relative_to(PACKAGE)
+    if path.name != "__init__.py":
+        return ROOT.joinpath("tests", "unit", *rel.parent.parts, f"test_{path.stem}.py")
+    body = [n for n in ast.parse(path.read_text(encoding="utf-8")).body
+            if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    if all(isinstance(n, (ast.Import, ast.ImportFrom)) for n in body) or not rel.parent.parts:
+        return None
+    return ROOT.joinpath("tests", "unit", *rel.parent.parts, f"test_{rel.parent.name}.py")
+
+
+def test_every_module_has_a_test_file_of_its_name():
+    missing = sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts
+                     and (t := _test_file_of(p)) is not None and not t.is_file()
+                     and str(p.relative_to(ROOT)) not in UNTESTED_BY_NAME)
+    assert not missing, "modules without tests/unit/<room>/test_<module>.py (write one, or say why in " \
+                        "UNTESTED_BY_NAME):\n" + "\n".join(missing)
+    stale = sorted(m for m in UNTESTED_BY_NAME if not (ROOT / m).is_file() or _test_file_of(ROOT / m) is not None
+                   and _test_file_of(ROOT / m).is_file())
+    assert not stale, f"UNTESTED_BY_NAME entries that now have a test file or no module: {stale}"
+
+
+def test_every_unit_test_file_is_named_after_a_module():
+    modules = {t for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts and (t := _test_file_of(p))}
+    orphans = sorted(str(t.relative_to(ROOT)) for t in ROOT.glob("tests/unit/**/test_*.py")
+                     if t not in modules and str(t.relative_to(ROOT)) not in TESTS_OF_SEVERAL)
+    assert not orphans, "unit test files named after no module (rename to the module they test, or say why in " \
+                        "TESTS_OF_SEVERAL):\n" + "\n".join(orphans)
