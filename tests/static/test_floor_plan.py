@@ -143,6 +143,14 @@ TESTS_OF_SEVERAL: dict[str, str] = {
 }
 UNTESTED_BY_NAME: dict[str, str] = {
     "grpo_deploy/__init__.py": "the version string only",
+    "grpo_deploy/deploy/images.py": "builds images on a Docker engine: `up` runs it in "
+                                    "tests/integration/test_rehearsal.py",
+    "grpo_deploy/hostchecks/conftest.py": "pytest glue of the host checks: run by tests/unit/hostchecks/test_runner.py",
+    "grpo_deploy/hostchecks/plugin.py": "the host checks' pytest options: run by tests/unit/hostchecks/test_runner.py",
+    "grpo_deploy/hostchecks/test_host.py": "testinfra checks users run against hosts: run by "
+                                           "tests/unit/hostchecks/test_runner.py and test_hostchecks_remote.py",
+    "grpo_deploy/hostchecks/test_run.py": "testinfra checks of a running run: run by "
+                                          "tests/unit/hostchecks/test_runner.py and test_hostchecks_remote.py",
 }
 
 

@@ -1,4 +1,5 @@
-"""Tests of grpo_deploy.plan: model sizes, checkpoint sizes, and the seed-000 disk case."""
+"""Tests of grpo_deploy.plan: model sizes, checkpoint sizes, the seed-000 disk case, and the save the seed-000
+replay's scenario fails at from per-save sizes."""
 
 from __future__ import annotations
 
@@ -120,3 +121,19 @@ def test_tiny_model_entry_matches_the_model_the_image_bakes():
                 "head_dim", "tie_word_embeddings"):
         assert entry[key] == tiny_model.ARCHITECTURE[key], key
     assert entry["vocab_size"] == len(tiny_model.SPECIAL_TOKENS) + len(tiny_model.CHARACTERS)
+
+
+def test_the_seed_scenario_fails_at_the_4th_save_from_per_save_sizes():
+    changes = {"checkpoints.save_every": 2, "checkpoints.keep": "all", "checkpoints.disk_margin_gb": 0.0,
+               "overrides": {"trl": {"max_steps": 8}}}
+    res = resolve.resolve(spec.loads(spec_yaml("cpu", hosts=(), **changes)))
+    arch = plan.Architecture.from_dict(res.architecture)
+    sizes = [plan.checkpoint_bytes(res, arch, s)[0] for s in (2, 4, 6, 8)]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1]
+    d0 = plan.make_plan(res, free_bytes=10**9).disk
+    fixed = d0.adapter_bytes * d0.adapters_kept
+    just_three = fixed + sum(sizes[:3])
+    d = plan.make_plan(res, free_bytes=just_three).disk
+    assert (d.fails_at_save, d.fails_at_step) == (4, 8) and d.peak_bytes == fixed + sum(sizes)
+    assert plan.make_plan(res, free_bytes=just_three - 1).disk.fails_at_step == 6
+    assert "KB per checkpoint" in " ".join(d.explanation)  # not "0.0 GB"

@@ -74,21 +74,6 @@ def test_plot_title():
     assert status.plot_title() == "grpo-deploy run"
 
 
-def test_deployer_events_use_the_runtime_envelope(tmp_path, monkeypatch):
-    from grpo_deploy.deploy import run_view
-    from grpo_deploy.deploy.deployment import Deployment
-    from grpo_deploy.hosts.connect import SshOptions
-    from grpo_deploy.spec import new_spec, resolve
-
-    monkeypatch.chdir(tmp_path)
-    dep = Deployment(resolve.resolve(new_spec.embedded_default()), SshOptions())
-    state = dep.state
-    state.emit("up_start", run="rehearsal", seconds=float("nan"))
-    (line,) = state.deploy_log.read_text().splitlines()
-    record = json.loads(line)
-    assert list(record)[:2] == ["event", "time"] and record["event"] == "up_start"
-    assert record["run"] == "rehearsal" and record["seconds"] is None  # NaN is written as null, never as NaN
-    assert [e["event"] for e in run_view.run_events(dep)] == ["up_start"]
 
 
 def test_watch_ends_when_the_run_has_ended(tmp_path):

@@ -40,20 +40,6 @@ def test_logs_of_another_host_on_a_local_run_is_refused():
         deployer.logs(_res(), SshOptions(None, False), [], host="spark1")
 
 
-def test_down_refuses_a_run_folder_render_that_is_a_link_in_one_line(tmp_path, monkeypatch):
-    """`down` from a folder whose run render is a symlink: nothing is written through it, and the one line says so."""
-    monkeypatch.chdir(tmp_path)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (elsewhere / "mine").write_text("the user's\n")
-    run_dir = tmp_path / ".grpo-deploy" / "r1"
-    run_dir.mkdir(parents=True)
-    (run_dir / "render").symlink_to(elsewhere)
-    with pytest.raises(deployer.LaunchError) as caught:
-        deployer.down(_res(), SshOptions())
-    line = str(caught.value)
-    assert "\n" not in line and "not stopped on 1 host(s): host local" in line and "symbolic link" in line
-    assert sorted(p.name for p in elsewhere.iterdir()) == ["mine"]
 
 
 def test_logs_of_a_run_never_started_from_here_says_so(tmp_path, monkeypatch):

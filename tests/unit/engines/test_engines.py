@@ -9,28 +9,10 @@ import pytest
 
 from grpo_deploy import engines, plan, preflight, render, spec
 from grpo_deploy.cli import main
-from grpo_deploy.engines import ENGINES, TRL_ASYNC, VERL
+from grpo_deploy.engines import TRL_ASYNC, VERL
 from grpo_deploy.engines.base import Engine, Unsupported
 from grpo_deploy.spec import new_spec, profiles, resolve
 from tests.specs import spec_yaml
-
-
-def test_each_role_runs_one_of_its_engines_images():
-    for engine in ENGINES.values():
-        assert set(engine.role_images) == set(engine.roles), engine.name
-        assert {engine.image_of(r) for r in engine.roles} == set(engine.image_roles), engine.name
-
-
-def test_verl_roles_share_the_verl_image_and_trl_roles_have_their_own():
-    assert VERL.image_roles == ("verl",) and VERL.images_on(["head", "worker"]) == ["verl"]
-    assert TRL_ASYNC.image_roles == ("server", "trainer")
-    assert TRL_ASYNC.images_on(["trainer", "server"]) == ["trainer", "server"]
-
-
-def test_a_role_the_engine_does_not_have_is_not_given_an_image():
-    with pytest.raises(KeyError):
-        VERL.image_of("server")
-
 
 # ---------------------------------------------------------------- a third engine, registered only here
 
@@ -135,14 +117,6 @@ def test_all_roles_are_the_engines_roles_each_once():
     assert engines.DEFAULT_ENGINE in engines.ENGINES
 
 
-def test_verl_refuses_a_host_listing_fewer_gpus_than_n_gpus_per_node():
-
-    text = spec_yaml("a100", "verl", ("n1", "n2"), **{"hosts.1.gpus": {"worker": [0, 1]}})
-    with pytest.raises(spec.SpecError, match=r"hosts\[1\]\.gpus\.worker: 2 GPU\(s\) listed for worker but "
-                                             r"trainer\.n_gpus_per_node is 4"):
-        resolve.resolve(spec.loads(text, source="s.yaml"))
-    resolve.resolve(spec.loads(spec_yaml("a100", "verl", ("n1", "n2"), **{"hosts.1.gpus": {"worker": [0, 1, 2, 3]}}),
-                               source="s.yaml"))
 
 
 def test_a_cluster_key_where_no_cluster_spans_hosts_is_refused_not_ignored():

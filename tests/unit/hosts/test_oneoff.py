@@ -1,13 +1,14 @@
 """One-off containers (grpo_deploy.hosts.oneoff): the docker run arguments of the one recipe, and the engine's own
 error read out of a `docker run` that never started its container (the stderr below is what Docker 20.10 printed
-here for an NFS volume that cannot be mounted)."""
+here for an NFS volume that cannot be mounted), and the share a one-off container mounts: what compose mounts."""
 
 from __future__ import annotations
 
+from grpo_deploy import spec
 from grpo_deploy.hosts import oneoff
 from grpo_deploy.hosts.connect import Result
 from grpo_deploy.spec import resolve
-from tests.specs import loaded
+from tests.specs import loaded, spec_yaml
 
 NFS_REFUSED = ("docker: Error response from daemon: failed to mount local volume: mount :/export:/var/lib/docker/"
                "volumes/5bb2/_data, data: addr=127.0.0.1,nfsvers=4.1,hard: no such device.\n"
@@ -52,3 +53,29 @@ def test_the_recipe_is_labelled_removed_offline_and_mounts_the_share_as_the_stac
     assert "--label" in argv and argv[argv.index("--user") + 1] == res.identities["trainer"].user
     assert argv[argv.index("-v") + 1] == f"{res.spec.storage.volume}:{res.spec.storage.mount}"
     assert argv[-2:] == ["img:1", "true"]
+
+
+def _res(**changes):
+    return resolve.resolve(spec.loads(spec_yaml("cpu", hosts=(), **changes)))
+
+
+def _share(res):
+    return oneoff.share_source(res, res.host_for(res.engine_info.main_role))
+
+
+def test_share_source_is_what_compose_mounts(tmp_path):
+    share = tmp_path / "share"
+    assert _share(_res()) == ("grpo-deploy-shared", None)
+    assert _share(_res(**{"hosts.0.shared_dir": str(share)})) == (str(share), None)
+    nfs = _res(**{"storage.nfs": {"server": "10.0.0.5", "export": "/export/grpo"}})
+    volume, opts = _share(nfs)
+    assert volume == "grpo-deploy-shared"
+    assert opts == {"type": "nfs", "o": "addr=10.0.0.5,nfsvers=4.1,hard,lookupcache=positive",
+                    "device": ":/export/grpo"}
+
+
+def test_preflight_probes_mount_what_compose_mounts_when_nfs_and_shared_dir_are_both_set(tmp_path):
+    both = _res(**{"storage.nfs": {"server": "10.0.0.5", "export": "/export/grpo"},
+                   "hosts.0.shared_dir": str(tmp_path / "share")})
+    args = oneoff.share_args(both, both.host_for("trainer"))
+    assert args[0] == "--mount" and "volume-opt=type=nfs" in args[1] and str(tmp_path) not in " ".join(args)

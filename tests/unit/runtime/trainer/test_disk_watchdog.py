@@ -1,6 +1,6 @@
 """The trainer's disk watchdog: the verdict against the estimate, the newest checkpoint's real size and the margin;
 the callback cancels the save and stops training on real transformers TrainerControl/TrainerState objects; and the
-verdict on a real small filesystem (a tmpfs, mounted as root as CI runs)."""
+verdict on a real small filesystem (a tmpfs, mounted as root as CI runs); the armed event it announces at the start."""
 
 from __future__ import annotations
 
@@ -54,3 +54,12 @@ def test_on_a_real_small_filesystem(tmp_path):
         assert judge(str(mnt), DiskWatchdogConfig(margin_bytes=MB)).fits
         verdict = judge(str(mnt), DiskWatchdogConfig(margin_bytes=free - MB + 1))  # 1 MB checkpoint + margin > free
         assert not verdict.fits and verdict.free_bytes == free and verdict.need_bytes > free
+
+
+def test_the_watchdog_announces_its_estimate_at_the_start(tmp_path):
+    events = []
+    watchdog = DiskWatchdog(str(tmp_path), DiskWatchdogConfig(checkpoint_bytes=543_000, margin_bytes=7),
+                            lambda e, **f: events.append((e, f)), free=lambda _: 2_000_000)
+    watchdog.on_train_begin(None, TrainerState(), TrainerControl())
+    assert events == [("disk_watchdog_armed", {"checkpoint_bytes": 543_000, "margin_bytes": 7,
+                                               "free_bytes": 2_000_000})]

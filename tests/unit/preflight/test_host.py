@@ -1,7 +1,10 @@
-"""The driver check: the host's NVIDIA driver (nvidia-smi) against the CUDA its images are built with.
+"""Tests of grpo_deploy.preflight.host: the arch check (this machine against a GPU profile), the port check from a
+host's gathered facts, and the driver check: the host's NVIDIA driver (nvidia-smi) against the CUDA its images are
+built with.
 
-The GPU is the one part faked here: a stand-in `nvidia-smi` on PATH prints outputs from tests/unit/nvidia_smi/
-(one recorded on the H200 test machine; see the README there). The fact reader, the check and the spec are real."""
+For the driver, the GPU is the one part faked: a stand-in `nvidia-smi` on PATH prints outputs from
+tests/unit/nvidia_smi/ (one recorded on the H200 test machine; see the README there). The fact reader, the check and
+the spec are real."""
 
 from __future__ import annotations
 
@@ -18,6 +21,15 @@ from grpo_deploy.spec import new_spec, resolve
 
 OUTPUTS = Path(__file__).parents[1] / "nvidia_smi"
 H200_TAG = image_tags.arch_tag("vllm", "amd64")
+CPU = new_spec.spec_text("cpu", "trl-async")
+
+
+def ctx_for(text: str, **kw) -> preflight.Context:
+    return preflight.Context(resolve.resolve(spec.loads(text)), **kw)
+
+
+def _only(ctx, name):
+    return list(preflight.run_checks(ctx, only=[name]))
 
 
 @pytest.fixture
@@ -103,3 +115,32 @@ def test_check_reads_this_hosts_driver_and_the_images_cuda(fake_gpu_nvidia_smi):
     fake_gpu_nvidia_smi("h200-r580.csv")
     ctx = preflight.Context(resolve.resolve(spec.loads(new_spec.spec_text("h200", "trl-async"))))
     assert {r.verdict for r in preflight.run_checks(ctx, only=["driver"])} == {"ok"}
+
+
+def test_arch_mismatch_fails_for_gpu_profile_here():
+    """This machine has no NVIDIA GPU: an h200 profile on the local host must fail the arch check."""
+    import os
+
+    (r,) = _only(ctx_for(new_spec.spec_text("h200", "trl-async")), "arch")
+    if os.uname().machine == "x86_64":
+        assert r.verdict == "fail" and "GPU" in r.fact
+    else:
+        assert r.verdict == "fail" and "x86_64" in r.fact
+
+
+def test_port_check_refuses_a_run_with_running_containers():
+    """The verdict from the server host's gathered facts (the gathering runs in every real preflight: integration)."""
+    ctx = ctx_for(CPU)
+    ctx._facts = {"local": {"running": ["grpo-rehearsal-server-1"], "listening": {8000: True}}}
+    (r,) = _only(ctx, "port")
+    assert r.verdict == "fail" and "grpo-rehearsal-server-1" in r.fact and "grpo-deploy down" in r.hint
+    ctx._facts = {"local": {"running": [], "listening": {8000: True}}}
+    (r,) = _only(ctx, "port")
+    assert r.verdict == "fail" and "already listens on port 8000" in r.fact
+    ctx._facts = {"local": {"running": [], "listening": {8000: None}}}
+    assert _only(ctx, "port")[0].verdict == "warn"
+    ctx._facts = {"local": {"running": [], "listening": {8000: False}}}
+    assert _only(ctx, "port")[0].verdict == "ok"
+    ctx._facts = {"local": {"running": [], "listening": {8000: False, 8001: True}}}  # a second replica's port
+    (r,) = _only(ctx, "port")
+    assert r.verdict == "fail" and "already listens on port 8001 there (the replicas publish ports 8000-8001)" in r.fact

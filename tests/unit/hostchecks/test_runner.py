@@ -1,8 +1,10 @@
-"""grpo_deploy.hostchecks against this machine (testinfra's local:// backend) with a spec in tmp_path: `grpo-deploy
-check` passes on a shared directory made the way the spec wants it, and names the host, the check and the fix when the
-directory is missing, owned by another UID, too tight, or the disk too small; run checks fail with no run; exit codes;
-plain pytest; and the pure parts (host specs, host mapping, NFS options). Checks that need a Docker engine are left out
-with -k (tests/integration/test_hostchecks_remote.py runs them against real hosts)."""
+"""Tests of grpo_deploy.hostchecks.runner (`grpo-deploy check`) and, through it, the checks it runs (hostchecks'
+test_host.py and test_run.py, with conftest.py and plugin.py), against this machine (testinfra's local:// backend)
+with a spec in tmp_path: `grpo-deploy check` passes on a shared directory made the way the spec wants it, and names
+the host, the check and the fix when the directory is missing, owned by another UID, too tight, or the disk too small;
+run checks fail with no run; exit codes; plain pytest. The pure parts are in test_targets.py and test_mounts.py.
+Checks that need a Docker engine are left out with -k (tests/integration/test_hostchecks_remote.py runs them against
+real hosts)."""
 
 from __future__ import annotations
 
@@ -12,14 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import testinfra
 import yaml
 
-from grpo_deploy import spec
 from grpo_deploy.cli import main
-from grpo_deploy.hostchecks import mounts, runner
-from grpo_deploy.hostchecks.targets import hostspec, hostspecs, spec_host_of
-from grpo_deploy.spec import new_spec, resolve
+from grpo_deploy.hostchecks import runner
+from grpo_deploy.spec import new_spec
 from tests.check_output import check_lines
 
 NO_ENGINE = ["--", "-k", "shared_dir or headroom or nfs or gpus or nvidia"]  # what needs no Docker engine
@@ -63,8 +62,6 @@ def check(tmp_path, monkeypatch, capsys, spec_path, *args) -> tuple[int, str, st
     out, err = capsys.readouterr()
     print(out, err)
     return code, out, err
-
-
 
 
 def test_check_passes_on_a_shared_dir_made_as_the_spec_wants(tmp_path, monkeypatch, capsys, shared):
@@ -160,45 +157,3 @@ def test_check_verb_explains_itself(capsys):
         main(["check", "--help"])
     out = capsys.readouterr().out
     assert exc.value.code == 0 and "--ssh-config" in out and "--run" in out and "exit 0 all passed" in out
-
-
-def test_hostspecs_from_addresses():
-    assert hostspec("local") == "local://"
-    assert hostspec("spark1") == "paramiko://spark1"
-    assert hostspec("deploy@10.0.0.2:2222") == "paramiko://deploy@10.0.0.2:2222"
-    assert hostspec("fe80::1") == "paramiko://[fe80::1]"
-    res = resolve.resolve(spec.loads(new_spec.spec_text("cpu", "trl-async", ["spark1", "deploy@10.0.0.9:2222"])))
-    assert hostspecs(res) == ["paramiko://spark1", "paramiko://deploy@10.0.0.9:2222"]
-
-
-def test_a_testinfra_host_maps_to_the_spec_host_it_is():
-    res = resolve.resolve(spec.loads(new_spec.spec_text("cpu", "trl-async", ["spark1", "deploy@10.0.0.9:2222"])))
-    names = {s: getattr(spec_host_of(res, testinfra.get_host(s)), "name", None)
-             for s in ("paramiko://spark1", "paramiko://10.0.0.9", "paramiko://deploy@10.0.0.9:2222",
-                       "paramiko://10.0.0.9:22", "paramiko://other", "local://")}
-    second = res.spec.hosts[1].name
-    assert names == {"paramiko://spark1": "spark1", "paramiko://10.0.0.9": second,
-                     "paramiko://deploy@10.0.0.9:2222": second, "paramiko://10.0.0.9:22": None,
-                     "paramiko://other": None, "local://": None}
-
-
-@pytest.mark.parametrize(("wanted", "shown", "gaps"), [
-    ("nfsvers=4.1,hard,lookupcache=positive", "rw,relatime,vers=4.1,rsize=1048576,wsize=1048576,hard,proto=tcp,"
-     "lookupcache=pos,sec=sys", []),
-    ("nfsvers=4,hard,_netdev,x-systemd.automount,rsize=1048576", "rw,vers=4.2,hard,rsize=524288", []),
-    ("nfsvers=4.1,hard,lookupcache=positive", "rw,vers=4.2,soft,proto=tcp",
-     ["nfsvers=4.1 (mounted with vers=4.2)", "hard (not set)", "lookupcache=positive (not set)"]),
-    ("nfsvers=3,proto=tcp,rsize=65536", "rw,vers=3,proto=udp,rsize=1048576",
-     ["proto=tcp (mounted with proto=udp)", "rsize=65536 (mounted with rsize=1048576)"]),
-])
-def test_nfs_options_compared_as_the_kernel_shows_them(wanted, shown, gaps):
-    assert mounts.option_gaps(wanted, shown) == gaps
-
-
-def test_nfs_source_matches_the_export_by_name_or_address():
-    assert mounts.same_export("nfs1:/srv/grpo/", "nfs1", "/srv/grpo")
-    assert mounts.same_export("10.0.0.5:/srv/grpo", "nfs1", "/srv/grpo", {"10.0.0.5"})
-    assert not mounts.same_export("nfs1:/srv/other", "nfs1", "/srv/grpo")
-    assert not mounts.same_export("/dev/vda", "nfs1", "/srv/grpo")
-    assert mounts.parse_findmnt('{"filesystems": [{"target": "/x", "fstype": "nfs4"}]}')["fstype"] == "nfs4"
-    assert mounts.parse_findmnt("") is None
