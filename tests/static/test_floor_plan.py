@@ -140,6 +140,11 @@ def test_the_checker_refuses_a_moved_module(tmp_path):
 # is tested in tests/unit/a/test_b.py; a package's __init__.py with code in tests/unit/a/test_a.py).
 # Unit test files that are named after no module, each with what it tests.
 TESTS_OF_SEVERAL: dict[str, str] = {
+    "tests/unit/image_build/test_cuda_recipes.py": "the CUDA entries of image_build.recipes: their lock (locks, "
+                                                   "lockgen), deps key (build), tags and served wheelhouse",
+    "tests/unit/render/test_render_output.py": "`render -o DIR` end to end: cli over render.folder's refusals",
+    "tests/unit/test_arm64_switches.py": "tests/arm64_switches.py, a helper of the test suite (not a package module)",
+    "tests/unit/test_image_records.py": "tests/image_records.py, a helper of the test suite (not a package module)",
 }
 UNTESTED_BY_NAME: dict[str, str] = {
     "grpo_deploy/__init__.py": "the version string only",

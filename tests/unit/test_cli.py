@@ -5,8 +5,7 @@ import sys
 
 import pytest
 
-from grpo_deploy.cli import VERBS, main
-from grpo_deploy.cli_parser import build_parser, host_list
+from grpo_deploy.cli import main
 from grpo_deploy.spec import new_spec
 
 
@@ -54,23 +53,6 @@ def test_up_with_remote_hosts_is_refused_clearly(tmp_path, capsys):
 def test_bad_free_space_is_a_clear_error(capsys):
     assert main(["plan", "--free-space", "local=lots"]) == 2
     assert "cannot read size" in capsys.readouterr().err
-
-
-def test_every_verb_of_the_grammar_has_a_handler_and_every_handler_a_verb():
-    used = set()
-
-    class Recording(dict):
-        def __getitem__(self, key):
-            used.add(key)
-            return super().__getitem__(key)
-
-    build_parser(Recording(VERBS))  # a verb without a handler is a KeyError here
-    assert used == set(VERBS)
-
-
-def test_host_list_drops_blanks():
-    assert host_list(" spark1, ,spark2 ") == ["spark1", "spark2"]
-    assert host_list(None) == [] and host_list("") == []
 
 
 def test_a_second_up_of_the_same_run_is_refused_at_once(tmp_path):

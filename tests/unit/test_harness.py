@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_deploy import harness, harness_memory
+from grpo_deploy import harness
 from grpo_deploy.spec import profiles
 
 
@@ -95,11 +95,6 @@ def test_render_is_read_back_and_the_trainer_reaches_the_server_on_loopback(tmp_
     assert {k: v for k, v in local.items() if k != "async_grpo"} == \
         {k: v for k, v in rendered.trainer_config.items() if k != "async_grpo"}
     assert Path(rendered.trainer_config["metrics_path"]).is_relative_to(tmp_path / "shared")
-
-
-def test_nvidia_smi_compute_apps_are_summed_per_pid_and_junk_is_skipped():
-    text = "123, 4000\n123, 96\n77, 512\n[N/A], 3\nx\n"
-    assert harness_memory.parse_compute_apps(text) == {123: 4096, 77: 512}
 
 
 def test_median():

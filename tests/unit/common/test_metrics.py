@@ -1,4 +1,5 @@
-"""Metrics file: one flushed JSON object per line, appended, NaN-free; and the TRL log callback."""
+"""Metrics file: one flushed JSON object per line, appended, NaN-free; on a real full filesystem a line that cannot be
+written goes to stderr and the caller carries on; and the TRL log callback."""
 
 import json
 import math
@@ -7,6 +8,7 @@ import os
 import pytest
 
 from grpo_deploy.common.metrics import MetricsSink, read_events, to_json_value
+from tests.unit.runtime.as_root import small_tmpfs
 
 
 def test_lines_are_flushed_appended_and_strict_json(tmp_path):
@@ -70,3 +72,21 @@ def test_read_events_refuses_what_is_not_a_metrics_file_in_one_line(tmp_path):
             read_events(str(path))
         assert says in str(refused.value) and "\n" not in str(refused.value)
     assert [e["event"] for e in read_events(str(good))] == ["run_start"]
+
+
+def test_a_full_disk_does_not_raise_from_emit(tmp_path, capfd):
+    with small_tmpfs(tmp_path, "64k") as mnt:
+        with MetricsSink(str(mnt / "metrics.jsonl")) as sink:
+            sink.emit("step", step=1)
+            fd = os.open(mnt / "filler", os.O_WRONLY | os.O_CREAT)  # fill the rest of the filesystem
+            with pytest.raises(OSError):
+                while True:
+                    os.write(fd, b"\0" * 4096)
+            os.close(fd)
+            for step in range(2, 2000):  # past the metrics file's last partly used block
+                sink.emit("step", step=step)
+            sink.emit("run_end", status="error", error="OSError: [Errno 28] No space left on device")
+            assert sink.unwritten > 0
+        err = capfd.readouterr().err
+        assert '"event":"run_end"' in err and "No space left on device" in err
+        assert read_events(str(mnt / "metrics.jsonl"))[0]["step"] == 1

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grpo_deploy.image_build import build, lockgen, locks, verify, wheelhouse
+from grpo_deploy.image_build import build, lockgen, locks, wheelhouse
 from grpo_deploy.image_build import tags as image_tags
 from grpo_deploy.image_build.recipes import RECIPES
 
@@ -101,15 +101,6 @@ def test_the_code_dockerfile_consumes_every_build_argument_and_labels_the_build_
     assert 'org.grpo-deploy.build-hash="${BUILD_HASH}"' in text
 
 
-def test_verify_hands_the_labels_to_the_check_as_its_expectations():
-    labels = {"org.grpo-deploy.uid": "1000", "org.grpo-deploy.gid": "1000", "org.grpo-deploy.image-role": "server",
-              "org.grpo-deploy.cuda-version": "13.0", "org.grpo-deploy.vllm-version": "0.31.0"}
-    env = verify.expectations(labels, uid=1001)
-    assert env["EXPECT_UID"] == "1001" and env["EXPECT_GID"] == "1000"
-    assert (env["EXPECT_ROLE"], env["EXPECT_CUDA"], env["EXPECT_VLLM"], env["EXPECT_TRL"]) == ("server", "13.0",
-                                                                                                "0.31.0", "")
-
-
 def test_the_served_wheelhouse_lists_and_serves_exactly_the_given_wheels(tmp_path: Path):
     given = tmp_path / "a-1.0-py3-none-any.whl"
     given.write_bytes(b"wheel bytes")
@@ -125,10 +116,3 @@ def test_the_served_wheelhouse_lists_and_serves_exactly_the_given_wheels(tmp_pat
             assert err.value.code == 404, path
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url, timeout=2)
-
-
-def test_the_emulated_cpu_identity_is_what_onednn_reads(tmp_path: Path):
-    folder = verify.emulated_cpu_dir(tmp_path / "cpu", cpus=2)
-    for n in (0, 1):
-        assert (folder / f"cpu{n}/regs/identification/midr_el1").read_text().strip() == verify.EMULATED_MIDR
-    assert (folder / "online").read_text() == "0-1\n"

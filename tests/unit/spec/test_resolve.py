@@ -7,8 +7,10 @@ import yaml
 
 from grpo_deploy import settings, spec
 from grpo_deploy.engines.trl_replicas import server_url
-from grpo_deploy.spec import profiles, resolve
+from grpo_deploy.spec import new_spec, profiles, resolve
 from tests.specs import loaded
+from tests.unit.spec.bad_specs import PAIR
+from tests.unit.spec.bad_specs import problems as _problems
 
 
 def _res(profile="gb10", engine="trl-async", hosts=("a", "b"), overrides=None, **changes):
@@ -149,3 +151,21 @@ def test_image_for_a_role_is_the_engines_image_key():
     assert (trl.image_for("server"), trl.image_for("trainer")) == (trl.images["server"], trl.images["trainer"])
     verl = _res("a100", "verl", ("a", "b"))
     assert verl.image_for("head") == verl.image_for("worker") == verl.images["verl"] != ""
+
+
+def test_max_loras_too_small_for_staleness():
+    (p,) = _problems(PAIR.replace("overrides: {}", "overrides: {vllm: {max_loras: 3}, trl: {max_staleness: 4}}"))
+    assert p.key == "overrides.vllm.max_loras"
+    assert "max_staleness" in p.message and ">= 6" in p.message
+
+
+def test_verl_save_total_limit_rejected_with_the_key_to_use():
+    text = new_spec.spec_text("a100", "verl", ["n1"]).replace("overrides: {}",
+                                                              "overrides: {verl: {trainer.save_total_limit: 3}}")
+    (p,) = _problems(text)
+    assert p.key == "overrides.verl.trainer.save_total_limit" and "checkpoints.keep" in p.message
+
+
+def test_unknown_trl_override_rejected():
+    (p,) = _problems(PAIR.replace("overrides: {}", "overrides: {trl: {learnin_rate: 1}}"))
+    assert p.key == "overrides.trl.learnin_rate"
