@@ -140,6 +140,9 @@ def test_the_checker_refuses_a_moved_module(tmp_path):
 # is tested in tests/unit/a/test_b.py; a package's __init__.py with code in tests/unit/a/test_a.py).
 # Unit test files that are named after no module, each with what it tests.
 TESTS_OF_SEVERAL: dict[str, str] = {
+    "tests/unit/runtime/storage/test_checkpoints_verl.py": "verl checkpoints across a resume, on one save history: "
+                                                           "storage/resume.py (verl_resume) and storage/checkpoints.py "
+                                                           "(prune, the tracker); its helpers serve verl/test_node.py",
 }
 UNTESTED_BY_NAME: dict[str, str] = {
     "grpo_deploy/__init__.py": "the version string only",
