@@ -50,8 +50,9 @@ def _ancestors(event) -> list[str]:
 
 
 def breakdown_of(events, wall_us: float, rank: int, on_device: bool) -> dict:
-    """Seconds per class from profiler events: device kernels on CUDA, leaf ops' own time on CPU; host gaps are the
-    wall time no kernel covered."""
+    """Seconds per class from profiler events: device kernels on CUDA, each aten op's own time on CPU (its self time,
+    children excluded, so an op with children, as CPU aten::mm with its resolve_conj, still counts); host gaps are
+    the wall time no kernel covered."""
     seconds = defaultdict(float)
     kernels = defaultdict(float)
     for event in events:
@@ -59,7 +60,7 @@ def breakdown_of(events, wall_us: float, rank: int, on_device: bool) -> dict:
             launched = getattr(event, "kernels", None) or []
             items = [(k.name, k.duration) for k in launched]
         else:
-            if getattr(event, "cpu_children", None) or not str(event.name).startswith("aten::"):
+            if not str(event.name).startswith("aten::"):
                 continue
             items = [(event.name, event.self_cpu_time_total)]
         if not items:

@@ -1,6 +1,7 @@
 """The replica proxy against fake vLLM servers (real aiohttp servers on 127.0.0.1): prefix affinity, spread, adapter
-namespaces, spills, broadcast loads (retried, 504, rolled back), pause/resume/reset, health fan-in, dead and returning
-replicas, stats, and the command line. Every wait is bounded."""
+namespaces, spills, pause/resume/reset, health fan-in, dead and returning replicas, stats, and the command serving
+until SIGTERM. Every wait is bounded. The adapter sync (on this file's rig) is tested in test_adapter_sync.py, the
+arguments in test_proxy_args.py."""
 
 from __future__ import annotations
 
@@ -14,11 +15,10 @@ import time
 from pathlib import Path
 
 import aiohttp
-import pytest
 
 from grpo_deploy.runtime.serving import proxy as rp
 from grpo_deploy.runtime.serving.adapter_sync import LOAD, UNLOAD
-from grpo_deploy.runtime.serving.proxy_args import Settings, parse_args, settings_of
+from grpo_deploy.runtime.serving.proxy_args import Settings
 from tests.unit.runtime.fake_vllm import BASE, FakeVLLM
 from tests.unit.runtime.serving.test_prefix_router import TEMPLATE, tokens
 
@@ -210,105 +210,7 @@ def test_a_streamed_completion_is_relayed_as_it_streams():
     run(scenario())
 
 
-# ---------------------------------------------------------------- adapter loads and broadcasts
-
-
-def test_a_load_reaches_every_replica_and_is_counted():
-    async def scenario():
-        async with rig(3) as r:
-            status, text = await r.load("trl-policy-v1")
-            assert status == 200, text
-            assert all(f.adapters == {"trl-policy-v1": "/adapters/trl-policy-v1"} for f in r.fakes)
-            stats = r.proxy.stats()
-            assert stats["adapters"] == ["trl-policy-v1"]
-            assert stats["adapter_loads"]["ok"] == 1 and stats["adapter_loads"]["last_s"] is not None
-            assert [x["loads_ok"] for x in stats["replicas"]] == [1, 1, 1]
-
-    run(scenario())
-
-
-def test_a_lagging_mount_is_retried_until_the_adapter_appears(caplog):
-    async def scenario():
-        async with rig() as r:
-            r.fakes[1].lag = 2
-            status, text = await r.load("trl-policy-v1")
-            assert status == 200, text
-            assert r.fakes[1].paths().count(LOAD) == 3 and r.fakes[0].paths().count(LOAD) == 1
-            replicas = r.proxy.stats()["replicas"]
-            assert [x["loads_retried"] for x in replicas] == [0, 2]
-            assert replicas[1]["last_load_s"] >= 0.25 + 0.5  # its two waits
-            assert replicas[0]["last_load_s"] is not None
-
-    run(scenario())
-    retried = [rec.message for rec in caplog.records if "not found (try" in rec.message]
-    assert len(retried) == 2 and all("No adapter found" in m for m in retried)
-
-
-def test_a_mount_that_never_shows_the_adapter_answers_504_not_404_and_rolls_back():
-    async def scenario():
-        async with rig(settings=Settings(health_interval_s=0.05, load_retry_s=0.6)) as r:
-            r.fakes[1].lag = 10_000
-            started = time.monotonic()
-            status, text = await r.load("trl-policy-v1")
-            assert status == 504, text
-            assert time.monotonic() - started < 5
-            assert "No adapter found" in json.loads(text)["error"]["message"]  # the kit's storage check reads it
-            assert r.fakes[0].adapters == {} and UNLOAD in r.fakes[0].paths()
-            assert r.proxy.stats()["adapters"] == [] and r.proxy.stats()["adapter_loads"]["failed"] == 1
-
-    run(scenario())
-
-
-def test_runtime_lora_off_is_passed_through_as_404_without_retries():
-    async def scenario():
-        async with rig() as r:
-            r.fakes[1].runtime_lora = False
-            status, text = await r.load("trl-policy-v1")
-            assert status == 404 and json.loads(text) == {"detail": "Not Found"}
-            assert r.fakes[1].paths().count(LOAD) == 1
-            assert r.fakes[0].adapters == {}
-
-    run(scenario())
-
-
-def test_a_load_is_all_or_nothing(caplog):
-    async def scenario():
-        async with rig(3) as r:
-            r.fakes[2].refuse = (400, "LoRA rank 64 is greater than max_lora_rank 16.")
-            status, text = await r.load("trl-policy-v1")
-            assert status == 400 and "max_lora_rank" in text
-            assert [f.adapters for f in r.fakes] == [{}, {}, {}]
-            assert all(UNLOAD in f.paths() for f in r.fakes[:2]) and UNLOAD not in r.fakes[2].paths()
-            assert r.proxy.stats()["adapters"] == []
-            assert [x["loads_failed"] for x in r.proxy.stats()["replicas"]] == [0, 0, 1]
-
-    run(scenario())
-    assert len([rec for rec in caplog.records if "refused by" in rec.message]) == 1
-
-
-def test_a_refusal_does_not_wait_for_a_lagging_replica():
-    async def scenario():
-        async with rig(settings=Settings(health_interval_s=0.05, load_retry_s=20)) as r:
-            r.fakes[0].lag = 10_000
-            r.fakes[1].refuse = (500, "vLLM does not yet support DoRA.")
-            started = time.monotonic()
-            status, _ = await r.load("trl-policy-v1")
-            assert status == 500 and time.monotonic() - started < 5
-
-    run(scenario())
-
-
-def test_unload_reaches_every_replica_and_a_missing_name_is_no_error():
-    async def scenario():
-        async with rig() as r:
-            await r.load("trl-policy-v1")
-            r.fakes[1].adapters.clear()
-            status, _ = await r.post(UNLOAD, {"lora_name": "trl-policy-v1"})
-            assert status == 200
-            assert all(UNLOAD in f.paths() for f in r.fakes) and r.fakes[0].adapters == {}
-            assert r.proxy.stats()["adapters"] == []
-
-    run(scenario())
+# ---------------------------------------------------------------- broadcasts (adapter loads: test_adapter_sync.py)
 
 
 def test_pause_resume_and_prefix_cache_reset_reach_every_replica():
@@ -440,80 +342,6 @@ def test_requests_fail_over_when_a_replica_dies():
     run(scenario())
 
 
-def test_a_returning_replica_gets_the_adapters_and_the_pause_before_it_is_routed_to():
-    async def scenario():
-        async with rig() as r:
-            assert (await r.load("trl-policy-v1"))[0] == 200
-            port = r.fakes[1].port
-            await r.fakes[1].stop()
-            await until(lambda: not r.proxy.replicas[1].healthy, what="replica 1 marked down")
-            assert (await r.post("/pause?mode=keep"))[0] == 200
-            assert (await r.load("trl-policy-v2"))[0] == 200  # the one live replica took it
-            back = r.fakes[1] = await FakeVLLM(port).start()
-            await until(lambda: r.proxy.replicas[1].healthy, what="replica 1 resynced")
-            loads = [body["lora_name"] for m, path, body in back.calls if path == LOAD]
-            assert loads == ["trl-policy-v1", "trl-policy-v2"] and back.paused
-            assert (await r.post("/resume"))[0] == 200
-            served = [await r.complete(tokens(seed), "trl-policy-v2") for seed in range(8)]
-            assert served.count(port) >= 3
-            assert r.proxy.stats()["replicas"][1]["resyncs"] == 2  # the first start, the return
-
-    run(scenario())
-
-
-def test_a_replica_that_only_blinked_keeps_its_adapters_and_is_not_given_them_twice():
-    async def scenario():
-        async with rig() as r:
-            assert (await r.load("trl-policy-v1"))[0] == 200
-            r.fakes[1].healthy = False
-            await until(lambda: not r.proxy.replicas[1].healthy, what="replica 1 marked down")
-            r.fakes[1].healthy = True
-            await until(lambda: r.proxy.replicas[1].healthy, what="replica 1 back")
-            assert r.fakes[1].paths().count(LOAD) == 1 and "/v1/models" in r.fakes[1].paths("GET")
-
-    run(scenario())
-
-
-def test_a_replica_that_cannot_take_the_adapter_back_stays_out():
-    async def scenario():
-        async with rig() as r:
-            assert (await r.load("trl-policy-v1"))[0] == 200
-            port = r.fakes[1].port
-            await r.fakes[1].stop()
-            await until(lambda: not r.proxy.replicas[1].healthy, what="replica 1 marked down")
-            back = FakeVLLM(port)
-            back.refuse = (500, "disk full")
-            r.fakes[1] = await back.start()
-            await until(lambda: LOAD in back.paths(), what="a resync attempt")
-            await asyncio.sleep(0.2)
-            assert not r.proxy.replicas[1].healthy and "resync" in r.proxy.replicas[1].why
-            assert {await r.complete(tokens(seed), "trl-policy-v1") for seed in range(4)} == {r.fakes[0].port}
-
-    run(scenario())
-
-
-def test_a_returning_replica_that_cannot_see_the_adapter_yet_does_not_hold_up_the_others():
-    async def scenario():
-        async with rig(settings=Settings(health_interval_s=0.05, load_retry_s=30)) as r:
-            assert (await r.load("trl-policy-v1"))[0] == 200
-            port = r.fakes[1].port
-            await r.fakes[1].stop()
-            await until(lambda: not r.proxy.replicas[1].healthy, what="replica 1 marked down")
-            back = FakeVLLM(port)
-            back.lag = 10_000
-            r.fakes[1] = await back.start()
-            await until(lambda: back.paths().count(LOAD) >= 2, what="two resync attempts")
-            started = time.monotonic()
-            assert (await r.post("/pause?mode=keep"))[0] == 200
-            assert time.monotonic() - started < 2
-            assert not r.proxy.replicas[1].healthy
-            back.lag = 0
-            await until(lambda: r.proxy.replicas[1].healthy, what="replica 1 resynced once the adapter shows")
-            assert back.adapters == {"trl-policy-v1": "/adapters/trl-policy-v1"} and back.paused
-
-    run(scenario())
-
-
 def test_stats_count_requests_per_replica():
     async def scenario():
         async with rig() as r:
@@ -570,82 +398,3 @@ def test_the_command_serves_and_stops_on_sigterm():
             await fake.stop()
 
     run(scenario(), 60)
-
-
-# ---------------------------------------------------------------- command line
-
-
-@pytest.mark.parametrize(
-    "argv, says",
-    [
-        ([], "--replica"),
-        (["--replica", "ftp://a:1"], "not an http"),
-        (["--replica", "http://user:secret@a:1"], "credentials"),
-        (["--replica", "http://a:1/v1"], "base URL"),
-        (["--replica", "http://a:99999"], "--replica"),
-        (["--replica", "http://a:1", "--replica", "http://a:1"], "twice"),
-        (["--replica", "http://a:1", "--listen", "8000"], "HOST:PORT"),
-        (["--replica", "http://a:1", "--block-size", "0"], "at least 1"),
-        (["--replica", "http://a:1", "--imbalance", "x"], "not a number"),
-        (["--replica", "http://a:1", "--load-retry-s", "nan"], "finite"),
-        (["--replica", "http://a:1", "--load-retry-s", "inf"], "finite"),
-        # hostile values: a newline, non-ASCII digits (int() takes them), a leading '-', a space, '$'
-        (["--replica", "http://a:1", "--listen", "a\nb:1"], "HOST:PORT"),
-        (["--replica", "http://a:1", "--listen", "127.0.0.1:\uff18\uff10"], "HOST:PORT"),
-        (["--replica", "http://a:1", "--listen=-x:80"], "HOST:PORT"),
-        (["--replica", "http://a:1", "--listen", "$HOST:80"], "HOST:PORT"),
-        (["--replica", "http://a:\uff18\uff10"], "printable ASCII"),
-        (["--replica", "http://a b:1"], "printable ASCII"),
-        (["--replica", "http://a$b:1"], "not a name or an IP address"),
-        (["--replica", "http://a:1", "--block-size", "\uff18"], "not a number"),
-        (["--replica", "http://a:1", "--imbalance", "1" + "0" * 22], "at most"),
-        (["--replica", "http://a:1", "--load-retry-s", "1e300"], "at most"),
-    ],
-)
-def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys):
-    with pytest.raises(SystemExit) as stop:
-        rp.main(argv)
-    assert stop.value.code == 2
-    err = capsys.readouterr().err
-    assert says in err and err.count("\n") == 1 and "Traceback" not in err and "secret" not in err
-
-
-def test_arguments_come_from_a_file_bounded_and_never_through_a_link(tmp_path, capsys):
-    args = tmp_path / "proxy.args"
-    args.write_text("# the kit's render\n--listen\n0.0.0.0:8000\n\n--replica\nhttp://server:8000\n")
-    parsed = parse_args([f"@{args}", "--replica", "http://server-2:8000"])
-    assert parsed.listen == ("0.0.0.0", 8000) and parsed.replica == ["http://server:8000", "http://server-2:8000"]
-    link = tmp_path / "link.args"
-    link.symlink_to(args)
-    huge = tmp_path / "huge.args"
-    huge.write_text("--replica\n" * 20_000)
-    secret = tmp_path / "shadow"
-    secret.write_text("root:$y$j9T$planted-hash-value:19000:0:99999:7:::\n")
-    for bad, says in ((link, "symbolic link"), (huge, "at most 65536 bytes"), (tmp_path / "none", "no such file"),
-                      (secret, "not an arguments file")):
-        with pytest.raises(SystemExit) as stop:
-            parse_args([f"@{bad}"])
-        err = capsys.readouterr().err
-        assert stop.value.code == 2 and says in err and err.count("\n") == 1 and "planted" not in err, err
-
-
-def test_good_arguments_become_settings():
-    args = parse_args(
-        [
-            "--listen",
-            "[::1]:9000",
-            "--replica",
-            "http://a:1/",
-            "--replica",
-            "https://b:2",
-            "--block-size",
-            "32",
-            "--imbalance",
-            "0",
-            "--load-retry-s",
-            "5",
-        ]
-    )
-    assert args.listen == ("::1", 9000) and args.replica == ["http://a:1", "https://b:2"]
-    settings = settings_of(args)
-    assert (settings.block_size, settings.imbalance, settings.load_retry_s) == (32, 0, 5.0)

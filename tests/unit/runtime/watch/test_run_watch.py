@@ -1,5 +1,5 @@
-"""The run watcher inside a running trainer (runtime/run_watch.py) and its two engine hooks: TRL's WatcherCallback
-(real transformers TrainerState/TrainerControl/TrainingArguments) and verl's WatchStop."""
+"""The run watcher inside a running trainer (runtime/watch/run_watch.py) and verl's engine hook, WatchStop. TRL's hook,
+WatcherCallback: runtime/trainer/test_callbacks.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import os
 import pytest
 
 from grpo_deploy.common.metrics import MetricsSink, read_events
-from grpo_deploy.runtime.trainer.callbacks import WatcherCallback
 from grpo_deploy.runtime.verl.node import WatchStop
 from grpo_deploy.runtime.watch.config import WatchConfig
 from grpo_deploy.runtime.watch.run_watch import STOPPED_EARLY, RunWatch, history, read_history
@@ -73,47 +72,6 @@ def test_a_resume_warms_up_on_the_runs_steps_and_keeps_the_plateau_clock():
     stops = [watch.step(n, {"reward": 0.5}, now=1000.0 + 5 * n) for n in range(8, 8 + FLAT["patience"] + 1)]
     # flat since the window's first step, warned when the window filled (step 5), stopped patience steps later
     assert since == 1 and stops[0] is not None and stops[0].step == FLAT["window"] + FLAT["patience"], stops
-
-
-def _trl(tmp_path, save_strategy="steps"):
-    from transformers import TrainerControl, TrainerState, TrainingArguments
-
-    args = TrainingArguments(output_dir=str(tmp_path), save_strategy=save_strategy, save_steps=100, use_cpu=True,
-                             report_to=[])
-    return args, TrainerState(), TrainerControl()
-
-
-def test_the_trl_callback_stops_at_the_next_step_end_with_a_save(tmp_path):
-    args, state, control = _trl(tmp_path)
-    callback = WatcherCallback(RunWatch(config(), lambda *a, **k: {}))
-    for n in range(1, 20):
-        state.global_step = n
-        callback.on_step_end(args, state, control)
-        if control.should_training_stop:
-            break
-        callback.on_log(args, state, control, logs={"reward": 0.5, "loss": 0.1})
-    assert callback.stopped_at == callback.watch.stop.step + 1  # the step after the log that asked for it
-    assert control.should_save and control.should_training_stop
-
-
-def test_the_trl_callback_does_not_add_a_save_to_a_run_that_never_saves(tmp_path):
-    args, state, control = _trl(tmp_path, save_strategy="no")
-    callback = WatcherCallback(RunWatch(config(), lambda *a, **k: {}))
-    for n in range(1, 20):
-        state.global_step = n
-        callback.on_log(args, state, control, logs={"reward": 0.5})
-        callback.on_step_end(args, state, control)
-    assert control.should_training_stop and not control.should_save
-
-
-def test_the_trl_callback_of_a_rank_above_0_watches_nothing_and_never_stops_alone(tmp_path):
-    args, state, control = _trl(tmp_path)
-    callback = WatcherCallback(None)
-    for n in range(1, 20):
-        state.global_step = n
-        callback.on_log(args, state, control, logs={"reward": 0.5})
-        callback.on_step_end(args, state, control)
-    assert callback.stopped_at is None and not control.should_training_stop
 
 
 def test_verl_is_stopped_only_after_a_step_that_saved():

@@ -1,0 +1,86 @@
+"""The replica proxy's command line (runtime/serving/proxy_args.py): bad and hostile values (a newline, non-ASCII
+digits, a leading '-', credentials, huge numbers) refused in one line with exit 2, arguments from a bounded file
+never read through a link, and good arguments as the proxy's settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_deploy.runtime.serving import proxy as rp
+from grpo_deploy.runtime.serving.proxy_args import parse_args, settings_of
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        ([], "--replica"),
+        (["--replica", "ftp://a:1"], "not an http"),
+        (["--replica", "http://user:secret@a:1"], "credentials"),
+        (["--replica", "http://a:1/v1"], "base URL"),
+        (["--replica", "http://a:99999"], "--replica"),
+        (["--replica", "http://a:1", "--replica", "http://a:1"], "twice"),
+        (["--replica", "http://a:1", "--listen", "8000"], "HOST:PORT"),
+        (["--replica", "http://a:1", "--block-size", "0"], "at least 1"),
+        (["--replica", "http://a:1", "--imbalance", "x"], "not a number"),
+        (["--replica", "http://a:1", "--load-retry-s", "nan"], "finite"),
+        (["--replica", "http://a:1", "--load-retry-s", "inf"], "finite"),
+        # hostile values: a newline, non-ASCII digits (int() takes them), a leading '-', a space, '$'
+        (["--replica", "http://a:1", "--listen", "a\nb:1"], "HOST:PORT"),
+        (["--replica", "http://a:1", "--listen", "127.0.0.1:\uff18\uff10"], "HOST:PORT"),
+        (["--replica", "http://a:1", "--listen=-x:80"], "HOST:PORT"),
+        (["--replica", "http://a:1", "--listen", "$HOST:80"], "HOST:PORT"),
+        (["--replica", "http://a:\uff18\uff10"], "printable ASCII"),
+        (["--replica", "http://a b:1"], "printable ASCII"),
+        (["--replica", "http://a$b:1"], "not a name or an IP address"),
+        (["--replica", "http://a:1", "--block-size", "\uff18"], "not a number"),
+        (["--replica", "http://a:1", "--imbalance", "1" + "0" * 22], "at most"),
+        (["--replica", "http://a:1", "--load-retry-s", "1e300"], "at most"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys):
+    with pytest.raises(SystemExit) as stop:
+        rp.main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err and "secret" not in err
+
+
+def test_arguments_come_from_a_file_bounded_and_never_through_a_link(tmp_path, capsys):
+    args = tmp_path / "proxy.args"
+    args.write_text("# the kit's render\n--listen\n0.0.0.0:8000\n\n--replica\nhttp://server:8000\n")
+    parsed = parse_args([f"@{args}", "--replica", "http://server-2:8000"])
+    assert parsed.listen == ("0.0.0.0", 8000) and parsed.replica == ["http://server:8000", "http://server-2:8000"]
+    link = tmp_path / "link.args"
+    link.symlink_to(args)
+    huge = tmp_path / "huge.args"
+    huge.write_text("--replica\n" * 20_000)
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$y$j9T$planted-hash-value:19000:0:99999:7:::\n")
+    for bad, says in ((link, "symbolic link"), (huge, "at most 65536 bytes"), (tmp_path / "none", "no such file"),
+                      (secret, "not an arguments file")):
+        with pytest.raises(SystemExit) as stop:
+            parse_args([f"@{bad}"])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and says in err and err.count("\n") == 1 and "planted" not in err, err
+
+
+def test_good_arguments_become_settings():
+    args = parse_args(
+        [
+            "--listen",
+            "[::1]:9000",
+            "--replica",
+            "http://a:1/",
+            "--replica",
+            "https://b:2",
+            "--block-size",
+            "32",
+            "--imbalance",
+            "0",
+            "--load-retry-s",
+            "5",
+        ]
+    )
+    assert args.listen == ("::1", 9000) and args.replica == ["http://a:1", "https://b:2"]
+    settings = settings_of(args)
+    assert (settings.block_size, settings.imbalance, settings.load_retry_s) == (32, 0, 5.0)
