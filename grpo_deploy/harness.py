@@ -31,6 +31,7 @@ from grpo_deploy import status
 from grpo_deploy.common.metrics import read_events
 from grpo_deploy.diagnose.base import step_events
 from grpo_deploy.diagnose.trl_async import diagnose
+from grpo_deploy.engines.trl_async import TRL_ASYNC
 from grpo_deploy.harness_memory import MemoryWatch
 from grpo_deploy.render import render_files
 from grpo_deploy.render.folder import parse_env, write_tree
@@ -142,7 +143,7 @@ def trial_spec(trial: Trial, profile: str, mount: Path, model_dir: Path,
                             "roles": ["server", "trainer"]}
     if gpu:
         host["gpus"] = {"server": [0], "trainer": [0]}
-    return {"version": 1, "engine": "trl-async", "run": {"name": trial.name},
+    return {"version": 1, "engine": TRL_ASYNC.name, "run": {"name": trial.name},
             "hosts": [host], "storage": {"mount": str(mount)},
             "checkpoints": {"save_every": trial.steps, "keep": 1},
             "overrides": {k: v for k, v in overrides.items() if v}}

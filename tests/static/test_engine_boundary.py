@@ -16,8 +16,6 @@ IMAGE_ROOMS = ("image_build/",)
 ALLOWED: dict[tuple[str, str], str] = {
     # the settings section an engine reads is named after it (overrides.verl): a section, not an engine choice
     ("settings.py", "verl"): "OWNED's section key",
-    # the trainer bench harness builds specs for TRL's trainer only (its trials are trl-async runs)
-    ("harness.py", "trl-async"): "the spec of a bench trial",
 }
 """(module, word) -> why it may name the engine; keep it tiny."""
 
