@@ -299,7 +299,7 @@ def _log_steps(value: Any) -> int | float:
     return int(value)
 
 
-def _no_bool(value: Any) -> Any:
+def no_bool(value: Any) -> Any:
     """Before a number or enum: a YAML boolean here was almost always an unquoted on/off/yes/no."""
     if isinstance(value, bool):
         raise ValueError(f"got the boolean {shown(value)}: YAML reads unquoted on/off/yes/no/true/false as booleans; "
@@ -330,13 +330,13 @@ NfsOptions = Annotated[str, AfterValidator(_matching(
 HydraKey = Annotated[str, AfterValidator(_matching(
     HYDRA_KEY_RE, "a Hydra key", "dotted identifiers, optionally prefixed by + or ++"))]
 ModuleName = Annotated[str, AfterValidator(_matching(MODULE_RE, "a module name", "letters, digits, '_' and '.'"))]
-Uid = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=2**31 - 2)]
-Finite = Annotated[float, BeforeValidator(_no_bool), Field(allow_inf_nan=False)]
-Count = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=MAX_INT)]
-NonNegative = Annotated[int, BeforeValidator(_no_bool), Field(ge=0, le=MAX_INT)]
+Uid = Annotated[int, BeforeValidator(no_bool), Field(ge=1, le=2**31 - 2)]
+Finite = Annotated[float, BeforeValidator(no_bool), Field(allow_inf_nan=False)]
+Count = Annotated[int, BeforeValidator(no_bool), Field(ge=1, le=MAX_INT)]
+NonNegative = Annotated[int, BeforeValidator(no_bool), Field(ge=0, le=MAX_INT)]
 LogSteps = Annotated[int | float, BeforeValidator(_log_steps)]
 MAX_PORT = 65535
-Port = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=MAX_PORT)]
+Port = Annotated[int, BeforeValidator(no_bool), Field(ge=1, le=MAX_PORT)]
 
 
 def describe_error(err: dict) -> str:

@@ -31,27 +31,27 @@ class Diagnosis:
 
 
 # --- reading events ---------------------------------------------------------------------------------------------
-def _num(value: Any) -> bool:
+def is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _vals(steps: list[dict], key: str) -> list[float]:
-    return [float(s[key]) for s in steps if _num(s.get(key))]
+def values_of(steps: list[dict], key: str) -> list[float]:
+    return [float(s[key]) for s in steps if is_number(s.get(key))]
 
 
-def _recorded(steps: list[dict], key: str) -> bool:
+def recorded(steps: list[dict], key: str) -> bool:
     return any(key in s for s in steps)
 
 
-def _r(value: float | None, digits: int = 4) -> float | None:
+def rounded(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _mean(values: list[float]) -> float | None:
+def mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def _share(part: float, whole: float) -> float | None:
+def share_of(part: float, whole: float) -> float | None:
     return part / whole if whole > 0 else None
 
 
@@ -65,7 +65,7 @@ def _figure(key: str, value: Any, labels: Mapping[str, tuple[str, str, str]]) ->
     _, fmt, unit = labels[key]
     if isinstance(value, bool):
         return "on" if value else "off"
-    return f"{format(value, fmt)}{unit}" if fmt and _num(value) else str(value)
+    return f"{format(value, fmt)}{unit}" if fmt and is_number(value) else str(value)
 
 
 def diagnosis_text(d: Diagnosis, labels: Mapping[str, tuple[str, str, str]]) -> str:

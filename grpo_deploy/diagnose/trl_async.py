@@ -14,7 +14,17 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from grpo_deploy.diagnose.base import Diagnosis, Knob, _mean, _num, _r, _recorded, _share, _vals, step_events
+from grpo_deploy.diagnose.base import (
+    Diagnosis,
+    Knob,
+    is_number,
+    mean,
+    recorded,
+    rounded,
+    share_of,
+    step_events,
+    values_of,
+)
 
 SIDES = ("trainer-bound", "generation-bound", "sync-bound", "balanced", "not enough data")
 
@@ -100,32 +110,33 @@ LABELS: dict[str, tuple[str, str, str]] = {
 def _timed(steps: list[dict]) -> tuple[list[tuple[dict, float]], bool]:
     """(step, step seconds) pairs: TRL's `perf/step_s`, else the gap between the sink's timestamps (same quantity
     with logging_steps 1). The flag says whether the fallback was used."""
-    timed = [(s, float(s[STEP_S])) for s in steps if _num(s.get(STEP_S))]
+    timed = [(s, float(s[STEP_S])) for s in steps if is_number(s.get(STEP_S))]
     if timed or not steps:
         return timed, False
     gaps = [(b, b["time"] - a["time"]) for a, b in zip(steps, steps[1:], strict=False)
-            if _num(a.get("time")) and _num(b.get("time"))]
+            if is_number(a.get("time")) and is_number(b.get("time"))]
     return [(s, g) for s, g in gaps if g > 0], True
 
 
 def _timed_share(timed: list[tuple[dict, float]], key: str, absent_is_zero: bool) -> float | None:
     """Sum of *key* / sum of step time over timed steps; a step without *key* counts 0 only where TRL omits it for 0."""
-    pairs = [(s.get(key), t) for s, t in timed if absent_is_zero or _num(s.get(key))]
-    part = sum(float(v) for v, _ in pairs if _num(v))
-    return _share(part, sum(t for _, t in pairs))
+    pairs = [(s.get(key), t) for s, t in timed if absent_is_zero or is_number(s.get(key))]
+    part = sum(float(v) for v, _ in pairs if is_number(v))
+    return share_of(part, sum(t for _, t in pairs))
 
 
 def _window(steps: list[dict], key: str) -> tuple[float | None, float | None]:
     """Mean of *key* over the first and the last WINDOW steps that carry it (halves of a shorter run)."""
-    rows = [s for s in steps if _num(s.get(key))]
+    rows = [s for s in steps if is_number(s.get(key))]
     w = min(WINDOW, len(rows) // 2)
-    return (_mean(_vals(rows[:w], key)), _mean(_vals(rows[-w:], key))) if w else (None, None)
+    return (mean(values_of(rows[:w], key)), mean(values_of(rows[-w:], key))) if w else (None, None)
 
 
 def _reward_gain_per_hour(steps: list[dict]) -> float | None:
     """Least-squares slope of reward against the wall clock, per hour: how fast reward rises in real time, which
     throughput alone does not say (seed 004 section 7: measure time to reward, not samples per hour)."""
-    rows = [(float(s["time"]), float(s[REWARD])) for s in steps if _num(s.get(REWARD)) and _num(s.get("time"))]
+    rows = [(float(s["time"]), float(s[REWARD])) for s in steps
+            if is_number(s.get(REWARD)) and is_number(s.get("time"))]
     if len({t for t, _ in rows}) < 2:
         return None
     return statistics.linear_regression([t for t, _ in rows], [r for _, r in rows]).slope * 3600
@@ -134,32 +145,32 @@ def _reward_gain_per_hour(steps: list[dict]) -> float | None:
 # --- the figures --------------------------------------------------------------------------------------------------
 def _time_figures(timed: list[tuple[dict, float]], steps: list[dict]) -> dict[str, Any]:
     times = [t for _, t in timed]
-    waits = [float(s[WAIT_S]) for s, _ in timed if _num(s.get(WAIT_S))]
-    syncs = _vals(steps, SYNC_S)
+    waits = [float(s[WAIT_S]) for s, _ in timed if is_number(s.get(WAIT_S))]
+    syncs = values_of(steps, SYNC_S)
     return {
-        "step_time_median_s": _r(statistics.median(times)) if times else None,
-        "fwd_bwd_share": _r(_timed_share(timed, FWD_BWD_S, False)) if _recorded(steps, FWD_BWD_S) else None,
-        "rollout_wait_s_mean": _r(_mean(waits)),
-        "rollout_wait_share": _r(_timed_share(timed, WAIT_S, False)) if waits else None,
-        "weight_syncs": len(syncs) if _recorded(steps, SYNC_S) else None,
-        "weight_sync_median_s": _r(statistics.median(syncs)) if syncs else None,
-        "weight_sync_share": _r(_timed_share(timed, SYNC_S, True)) if syncs else None,
+        "step_time_median_s": rounded(statistics.median(times)) if times else None,
+        "fwd_bwd_share": rounded(_timed_share(timed, FWD_BWD_S, False)) if recorded(steps, FWD_BWD_S) else None,
+        "rollout_wait_s_mean": rounded(mean(waits)),
+        "rollout_wait_share": rounded(_timed_share(timed, WAIT_S, False)) if waits else None,
+        "weight_syncs": len(syncs) if recorded(steps, SYNC_S) else None,
+        "weight_sync_median_s": rounded(statistics.median(syncs)) if syncs else None,
+        "weight_sync_share": rounded(_timed_share(timed, SYNC_S, True)) if syncs else None,
     }
 
 
 def _queue_figures(steps: list[dict], hint: Mapping[str, Any]) -> dict[str, Any]:
-    fill = _mean(_vals(steps, QUEUE))
+    fill = mean(values_of(steps, QUEUE))
     cap = hint.get("queue_maxsize")
-    blocked = _vals(steps, BACKPRESSURE)
-    sampled = _recorded(steps, QUEUE)  # TRL's sample metrics are recorded; backpressure absent then means 0
-    inflight, inflight_cap = _mean(_vals(steps, INFLIGHT)), hint.get("max_inflight_tasks")
+    blocked = values_of(steps, BACKPRESSURE)
+    sampled = recorded(steps, QUEUE)  # TRL's sample metrics are recorded; backpressure absent then means 0
+    inflight, inflight_cap = mean(values_of(steps, INFLIGHT)), hint.get("max_inflight_tasks")
     return {
-        "queue_fill_mean": _r(fill, 1),
+        "queue_fill_mean": rounded(fill, 1),
         "queue_cap": cap,
-        "queue_fill_frac": _r(fill / cap, 3) if fill is not None and cap else None,
-        "backpressure_steps_frac": _r(len(blocked) / len(steps), 3) if steps and (blocked or sampled) else None,
-        "backpressure_s_mean": _r(_mean(blocked), 2),
-        "inflight_mean": _r(inflight, 1),
+        "queue_fill_frac": rounded(fill / cap, 3) if fill is not None and cap else None,
+        "backpressure_steps_frac": rounded(len(blocked) / len(steps), 3) if steps and (blocked or sampled) else None,
+        "backpressure_s_mean": rounded(mean(blocked), 2),
+        "inflight_mean": rounded(inflight, 1),
         "inflight_cap": inflight_cap,
     }
 
@@ -168,33 +179,33 @@ def _learning_figures(steps: list[dict]) -> dict[str, Any]:
     reward_first, reward_last = _window(steps, REWARD)
     length_first, length_last = _window(steps, LENGTH)
     _, clipped_last = _window(steps, CLIPPED)
-    sampled = _recorded(steps, QUEUE) or _recorded(steps, STALENESS)
+    sampled = recorded(steps, QUEUE) or recorded(steps, STALENESS)
     return {
-        "staleness_mean": _r(_mean(_vals(steps, STALENESS)), 2),
-        "dropped_stale_total": int(sum(_vals(steps, DROPPED))) if sampled else None,
-        "reward_first": _r(reward_first),
-        "reward_last": _r(reward_last),
-        "reward_gain_per_hour": _r(_reward_gain_per_hour(steps)),
-        "completion_length_mean": _r(_mean(_vals(steps, LENGTH)), 1),
-        "completion_length_first": _r(length_first, 1),
-        "completion_length_last": _r(length_last, 1),
-        "truncated_frac_last": _r(clipped_last, 3),
+        "staleness_mean": rounded(mean(values_of(steps, STALENESS)), 2),
+        "dropped_stale_total": int(sum(values_of(steps, DROPPED))) if sampled else None,
+        "reward_first": rounded(reward_first),
+        "reward_last": rounded(reward_last),
+        "reward_gain_per_hour": rounded(_reward_gain_per_hour(steps)),
+        "completion_length_mean": rounded(mean(values_of(steps, LENGTH)), 1),
+        "completion_length_first": rounded(length_first, 1),
+        "completion_length_last": rounded(length_last, 1),
+        "truncated_frac_last": rounded(clipped_last, 3),
     }
 
 
 def _throughput_figures(timed: list[tuple[dict, float]], steps: list[dict], hint: Mapping[str, Any]) -> dict:
-    trained = _vals(steps, TRAINED_TOK_S)
-    forwarded = _vals(steps, FORWARDED_TOK_S)
-    generated = _vals(steps, GENERATED_TOK_S)
-    mfu = _vals(steps, MFU)
-    counted = [(float(s[SAMPLES]), t) for s, t in timed if _num(s.get(SAMPLES))]
-    per_hour = _share(sum(n for n, _ in counted) * 3600, sum(t for _, t in counted))
+    trained = values_of(steps, TRAINED_TOK_S)
+    forwarded = values_of(steps, FORWARDED_TOK_S)
+    generated = values_of(steps, GENERATED_TOK_S)
+    mfu = values_of(steps, MFU)
+    counted = [(float(s[SAMPLES]), t) for s, t in timed if is_number(s.get(SAMPLES))]
+    per_hour = share_of(sum(n for n, _ in counted) * 3600, sum(t for _, t in counted))
     return {
-        "trained_tok_s": _r(statistics.median(trained), 1) if trained else None,
-        "forwarded_tok_s_fwd_bwd": _r(statistics.median(forwarded), 1) if forwarded else None,
-        "generated_tok_s": _r(statistics.median(generated), 1) if generated else None,
-        "samples_per_hour": _r(per_hour, 0),
-        "mfu_fwd_bwd": _r(statistics.median(mfu) / 100) if mfu else None,  # TRL logs a percentage (compute_mfu)
+        "trained_tok_s": rounded(statistics.median(trained), 1) if trained else None,
+        "forwarded_tok_s_fwd_bwd": rounded(statistics.median(forwarded), 1) if forwarded else None,
+        "generated_tok_s": rounded(statistics.median(generated), 1) if generated else None,
+        "samples_per_hour": rounded(per_hour, 0),
+        "mfu_fwd_bwd": rounded(statistics.median(mfu) / 100) if mfu else None,  # TRL logs a percentage (compute_mfu)
         "packing": _packing(steps, hint),
         "trainer_memory_gb": hint.get("trainer_memory_gb"),
     }
@@ -205,16 +216,16 @@ def _packing(steps: list[dict], hint: Mapping[str, Any]) -> bool | None:
     TRL logs `batch/row_fill_frac` only with a token budget."""
     if "token_budget" in hint:
         return hint["token_budget"] != 0
-    if _recorded(steps, ROW_FILL):
+    if recorded(steps, ROW_FILL):
         return True
-    return False if _recorded(steps, SAMPLES) else None
+    return False if recorded(steps, SAMPLES) else None
 
 
 def _not_recorded(steps: list[dict], hint: Mapping[str, Any], derived_step_time: bool) -> list[str]:
     missing = [f"{key} ({why})" for key, why in (
         (FWD_BWD_S, "forward/backward time"), (WAIT_S, "time the trainer waited for rollouts"),
         (QUEUE, "rollout queue fill"), (SYNC_S, "adapter sync time"), (REWARD, "reward"),
-        (LENGTH, "mean completion length")) if steps and not _recorded(steps, key)]
+        (LENGTH, "mean completion length")) if steps and not recorded(steps, key)]
     if derived_step_time:
         missing.insert(0, f"{STEP_S} (step time taken from the metrics file's timestamps instead)")
     if not hint.get("queue_maxsize"):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from grpo_deploy.runtime.serving.http import Answer, _error, _forwarded, _reason
+from grpo_deploy.runtime.serving.http import Answer, error_answer, forwarded_headers, reason_of
 from grpo_deploy.runtime.storage.faults import ADAPTER_NOT_FOUND
 
 log = logging.getLogger("grpo_deploy.replica_proxy")
@@ -98,7 +98,7 @@ class AdapterSync:
             if not LAGGING.search(answer.body.decode(errors="replace")):
                 replica.loads_failed += 1
                 log.warning(
-                    f"adapter load {name} refused by {replica.url}: HTTP {answer.status}: {_reason(answer.body)}"
+                    f"adapter load {name} refused by {replica.url}: HTTP {answer.status}: {reason_of(answer.body)}"
                 )
                 return _Outcome("refused", answer, tries)
             left = deadline - time.monotonic()
@@ -106,14 +106,14 @@ class AdapterSync:
                 replica.loads_failed += 1
                 log.warning(
                     f"adapter load {name} on {replica.url}: still not found after {tries} tries over "
-                    f"{time.monotonic() - started:.1f} s (a mount that lags?): {_reason(answer.body)}"
+                    f"{time.monotonic() - started:.1f} s (a mount that lags?): {reason_of(answer.body)}"
                 )
                 return _Outcome("lagging", answer, tries)
             replica.loads_retried += 1
             pause = min(wait, left)
             log.warning(
                 f"adapter load {name} on {replica.url}: not found (try {tries}), trying again in "
-                f"{pause:.2f} s: {_reason(answer.body)}"
+                f"{pause:.2f} s: {reason_of(answer.body)}"
             )
             await asyncio.sleep(pause)
             wait = min(wait * 2, MAX_BACKOFF_S)
@@ -121,7 +121,7 @@ class AdapterSync:
     async def load(self, request: web.Request) -> Answer:
         """All-or-nothing: every healthy replica loads the adapter, or those that did unload it again. A replica that
         cannot be reached is left out (marked down, it gets the adapter when it returns)."""
-        body, headers = await request.read(), _forwarded(request.headers)
+        body, headers = await request.read(), forwarded_headers(request.headers)
         name = _lora_name(body)
         async with self.proxy._lock:
             started = time.monotonic()
@@ -161,15 +161,15 @@ class AdapterSync:
         lagging = [(url, o) for url, o in outcomes.items() if o.kind == "lagging"]
         if lagging:
             url, o = lagging[0]
-            return _error(
+            return error_answer(
                 504,
                 f"replica {url}: adapter {name} still not found after {o.tries} tries over "
-                f"{self.proxy.settings.load_retry_s:g} s (a mount that lags?): {_reason(o.answer.body)}",
+                f"{self.proxy.settings.load_retry_s:g} s (a mount that lags?): {reason_of(o.answer.body)}",
                 "GatewayTimeout",
             )
         ok = [o.answer for o in outcomes.values() if o.kind == "ok"]
         if not ok:
-            return _error(502, f"adapter load {name}: no replica could be reached: {self.proxy._health_text()}",
+            return error_answer(502, f"adapter load {name}: no replica could be reached: {self.proxy._health_text()}",
                           "BadGateway")
         return ok[0]
 
@@ -182,7 +182,7 @@ class AdapterSync:
 
     async def unload(self, request: web.Request) -> Answer:
         """To every healthy replica; a replica that does not hold the name (404) is not an error."""
-        body, headers = await request.read(), _forwarded(request.headers)
+        body, headers = await request.read(), forwarded_headers(request.headers)
         name = _lora_name(body)
         async with self.proxy._lock:
             targets = [self.proxy.replicas[i] for i in self.proxy._healthy()]
@@ -192,7 +192,8 @@ class AdapterSync:
         if failed:
             return failed[0]
         if not any(answers):
-            return _error(502, f"unload {name}: no replica could be reached: {self.proxy._health_text()}", "BadGateway")
+            return error_answer(502, f"unload {name}: no replica could be reached: {self.proxy._health_text()}",
+                                "BadGateway")
         return Answer(200, f"Success: LoRA adapter '{name}' removed from every replica.".encode(), "text/plain")
 
 

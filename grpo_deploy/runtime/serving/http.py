@@ -34,11 +34,11 @@ class Answer:
     content_type: str = "application/json"
 
 
-def _error(status: int, message: str, kind: str) -> Answer:
+def error_answer(status: int, message: str, kind: str) -> Answer:
     return Answer(status, json.dumps({"error": {"message": message, "type": kind, "code": status}}).encode())
 
 
-def _reason(body: bytes) -> str:
+def reason_of(body: bytes) -> str:
     """The replica's own words from a vLLM error body, else the body's start."""
     text = body.decode(errors="replace")
     try:
@@ -47,9 +47,9 @@ def _reason(body: bytes) -> str:
         return text.strip()[:300]
 
 
-def _forwarded(headers) -> dict[str, str]:
+def forwarded_headers(headers) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP}
 
 
-def _response(answer: Answer) -> web.Response:
+def web_response(answer: Answer) -> web.Response:
     return web.Response(status=answer.status, body=answer.body, headers={"Content-Type": answer.content_type})

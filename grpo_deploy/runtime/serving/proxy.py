@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from grpo_deploy.runtime.serving.adapter_sync import LOAD, UNLOAD, AdapterSync
-from grpo_deploy.runtime.serving.http import Answer, _error, _forwarded, _response
+from grpo_deploy.runtime.serving.http import Answer, error_answer, forwarded_headers, web_response
 from grpo_deploy.runtime.serving.prefix_router import PrefixRouter, prompt_of
 from grpo_deploy.runtime.serving.proxy_args import Settings, parse_args, settings_of
 
@@ -97,20 +97,20 @@ class ReplicaProxy:
         if path in ROUTED and request.method == "POST":
             return await self._routed(request)
         if path == LOAD:
-            return _response(await self.sync.load(request))
+            return web_response(await self.sync.load(request))
         if path == UNLOAD:
-            return _response(await self.sync.unload(request))
+            return web_response(await self.sync.unload(request))
         if path in BROADCAST:
-            return _response(await self._broadcast(request))
+            return web_response(await self._broadcast(request))
         if path in FAN_IN:
-            return _response(self._health())
+            return web_response(self._health())
         if path == STATS:
             return web.json_response(self.stats())
         if path == MODELS and request.method == "GET":
-            return _response(await self._models(request))
+            return web_response(await self._models(request))
         if path in WEIGHT_TRANSFER:
-            return _response(
-                _error(
+            return web_response(
+                error_answer(
                     501,
                     f"{path} cannot go through the replica proxy: merged (NCCL) weight sync "
                     "reaches one replica; use adapter sync (a LoRA model, --enable-lora)",
@@ -199,7 +199,7 @@ class ReplicaProxy:
         if not down:
             return Answer(200, json.dumps({"healthy": n, "replicas": n}).encode())
         detail = "; ".join(f"{r.url}: {r.why}" for r in down)
-        return _error(503, f"{len(down)}/{n} replicas unhealthy: {detail}", "ServiceUnavailable")
+        return error_answer(503, f"{len(down)}/{n} replicas unhealthy: {detail}", "ServiceUnavailable")
 
     # ---- upstream calls
 
@@ -243,7 +243,8 @@ class ReplicaProxy:
         replica = self.replicas[i]
         try:
             upstream = await self.session.request(
-                request.method, replica.url + request.path_qs, data=body or None, headers=_forwarded(request.headers)
+                request.method, replica.url + request.path_qs, data=body or None,
+                headers=forwarded_headers(request.headers)
             )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:
             replica.errors += 1
@@ -251,9 +252,10 @@ class ReplicaProxy:
             return None
         except (aiohttp.ClientError, TimeoutError) as error:
             replica.errors += 1
-            return _response(_error(502, f"replica {replica.url}: {type(error).__name__}: {error}", "BadGateway"))
+            return web_response(error_answer(502, f"replica {replica.url}: {type(error).__name__}: {error}",
+                                             "BadGateway"))
         try:
-            headers = _forwarded(upstream.headers)
+            headers = forwarded_headers(upstream.headers)
             if upstream.content_type != "text/event-stream":
                 return web.Response(status=upstream.status, body=await upstream.read(), headers=headers)
             out = web.StreamResponse(status=upstream.status, headers=headers)
@@ -264,8 +266,8 @@ class ReplicaProxy:
             return out
         except (aiohttp.ClientError, TimeoutError) as error:
             replica.errors += 1
-            return _response(
-                _error(502, f"replica {replica.url} broke off: {type(error).__name__}: {error}", "BadGateway")
+            return web_response(
+                error_answer(502, f"replica {replica.url} broke off: {type(error).__name__}: {error}", "BadGateway")
             )
         finally:
             upstream.release()
@@ -273,8 +275,8 @@ class ReplicaProxy:
     def _nobody(self, tried: list[int]) -> web.Response:
         if tried:
             urls = ", ".join(self.replicas[i].url for i in tried)
-            return _response(_error(502, f"replica {urls} could not be reached", "BadGateway"))
-        return _response(_error(502, "no healthy replica: " + self._health_text(), "BadGateway"))
+            return web_response(error_answer(502, f"replica {urls} could not be reached", "BadGateway"))
+        return web_response(error_answer(502, "no healthy replica: " + self._health_text(), "BadGateway"))
 
     def _health_text(self) -> str:
         return "; ".join(f"{r.url}: {r.why}" for r in self.replicas)
@@ -322,7 +324,7 @@ class ReplicaProxy:
 
     async def _broadcast(self, request: web.Request) -> Answer:
         """/pause, /resume, /reset_prefix_cache to every healthy replica; the first refusal is the answer."""
-        body, headers = await request.read(), _forwarded(request.headers)
+        body, headers = await request.read(), forwarded_headers(request.headers)
         async with self._lock:
             targets = [self.replicas[i] for i in self._healthy()]
             answers = await asyncio.gather(
@@ -336,14 +338,15 @@ class ReplicaProxy:
                 self.router.clear()
         reached = [a for a in answers if a is not None]
         if not reached:
-            return _error(502, f"{request.path}: no replica could be reached: {self._health_text()}", "BadGateway")
+            return error_answer(502, f"{request.path}: no replica could be reached: {self._health_text()}",
+                                "BadGateway")
         refused = [a for a in reached if a.status >= 300]
         return refused[0] if refused else reached[0]
 
     async def _models(self, request: web.Request) -> Answer:
         """GET /v1/models of every healthy replica, merged by model id (first seen kept), each entry's replicas
         counted in `grpo_replicas`; the first error when none answers 200."""
-        headers = _forwarded(request.headers)
+        headers = forwarded_headers(request.headers)
         targets = [self.replicas[i] for i in self._healthy()]
         answers = await asyncio.gather(*(self._call(r, "GET", MODELS, b"", headers, HEALTH_TIMEOUT_S) for r in targets))
         merged: dict[str, dict] = {}
@@ -361,7 +364,8 @@ class ReplicaProxy:
                     merged.setdefault(entry["id"], {**entry, "grpo_replicas": 0})["grpo_replicas"] += 1
         if not good:
             failed = next((a for a in answers if a is not None), None)
-            return failed or _error(502, f"GET {MODELS}: no replica answered: {self._health_text()}", "BadGateway")
+            return failed or error_answer(502, f"GET {MODELS}: no replica answered: {self._health_text()}",
+                                          "BadGateway")
         return Answer(200, json.dumps({"object": "list", "data": list(merged.values())}).encode(), "application/json")
 
     # ---- stats

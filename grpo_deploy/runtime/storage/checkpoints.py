@@ -35,7 +35,7 @@ STATE_LIMIT = 64 * MiB  # trainer_state.json grows with the log history: a few M
 META_LIMIT = MiB  # adapter_config.json, lora_train_meta.json, fsdp_config.json, the tracker
 
 
-def _is_dir(path: str) -> bool:
+def is_real_dir(path: str) -> bool:
     """A real directory, not a link to one."""
     try:
         return stat.S_ISDIR(os.lstat(path).st_mode)
@@ -43,7 +43,7 @@ def _is_dir(path: str) -> bool:
         return False
 
 
-def _is_link(path: str) -> bool:
+def is_link(path: str) -> bool:
     try:
         return stat.S_ISLNK(os.lstat(path).st_mode)
     except OSError:
@@ -76,14 +76,14 @@ def checkpoints(output_dir: str) -> list[tuple[int, str]]:
     for name in names:
         match = CHECKPOINT_PATTERN.match(name)
         path = os.path.join(output_dir, name)
-        if match and (_is_dir(path) or _is_link(path)):
+        if match and (is_real_dir(path) or is_link(path)):
             found.append((int(match.group(1)), path))
     return sorted(found)
 
 
 def incomplete_reason(path: str) -> str | None:
     """Why a checkpoint cannot be resumed from, or None when it is complete."""
-    if _is_link(path):
+    if is_link(path):
         return LINK_REASON
     state = os.path.join(path, STATE_FILE)
     try:
@@ -111,10 +111,10 @@ def sharded_incomplete(path: str) -> str | None:
     if not os.path.lexists(model_dir):
         return None
     for folder in (FSDP_MODEL_DIR, FSDP_OPTIMIZER_DIR):
-        if not _is_dir(os.path.join(path, folder)):
+        if not is_real_dir(os.path.join(path, folder)):
             return f"no {folder}/ folder (half-written sharded checkpoint)"
         if not os.path.isfile(os.path.join(path, folder, DCP_METADATA)) or \
-                _is_link(os.path.join(path, folder, DCP_METADATA)):
+                is_link(os.path.join(path, folder, DCP_METADATA)):
             return f"no {folder}/{DCP_METADATA} (half-written sharded checkpoint)"
     ranks = {int(m.group(1)) for n in _listdir(model_dir) if (m := DCP_SHARD.match(n))}
     rng = sum(1 for n in _listdir(path) if RNG_STATE.match(n))
@@ -139,10 +139,10 @@ class CheckpointRefused(TrackerUnreadable):
     skip retention when nothing can be touched skip it here too."""
 
 
-def _quarantine_dir(output_dir: str) -> str:
+def quarantine_dir(output_dir: str) -> str:
     """<output_dir>/quarantine when it is a real folder or absent; refused when it is a link or a file."""
     target_dir = os.path.join(output_dir, QUARANTINE_DIR)
-    if os.path.lexists(target_dir) and not _is_dir(target_dir):
+    if os.path.lexists(target_dir) and not is_real_dir(target_dir):
         raise CheckpointRefused(f"{target_dir} is a symbolic link or a file, not a folder: a quarantine would move "
                                 "checkpoints out of the run folder, so nothing was moved or removed; remove it "
                                 "(a folder of that name is created)")
@@ -152,14 +152,14 @@ def _quarantine_dir(output_dir: str) -> str:
 def quarantine(path: str, output_dir: str) -> str:
     """Move a checkpoint to `<output_dir>/quarantine/` in one rename, never overwriting an earlier quarantined one and
     never through a link (the quarantine folder and the checkpoint must both be real folders)."""
-    target_dir = _quarantine_dir(output_dir)
-    if not _is_dir(path):
+    target_dir = quarantine_dir(output_dir)
+    if not is_real_dir(path):
         raise CheckpointRefused(f"{path}: {LINK_REASON}; nothing was moved")
     try:
         os.mkdir(target_dir)
     except FileExistsError:
         pass
-    if not _is_dir(target_dir):
+    if not is_real_dir(target_dir):
         raise CheckpointRefused(f"{target_dir} changed while quarantining (now not a folder); nothing was moved")
     target = os.path.join(target_dir, os.path.basename(path))
     if os.path.lexists(target):
@@ -168,7 +168,7 @@ def quarantine(path: str, output_dir: str) -> str:
     return target
 
 
-def _folder_lock(directory: str):
+def folder_lock(directory: str):
     """The checkpoint folder's lock, Busy turned into CheckpointRefused."""
     from contextlib import contextmanager
 
@@ -244,7 +244,8 @@ def shape_of(path: str, layout: str) -> Shape:
         adapter = _json(os.path.join(path, "adapter_config.json"))
         modules = adapter.get("target_modules")
         model_dir = os.path.join(path, FSDP_MODEL_DIR)
-        shards = {m.group(1) for n in (_listdir(model_dir) if _is_dir(model_dir) else []) if (m := DCP_SHARD.match(n))}
+        shards = {m.group(1) for n in (_listdir(model_dir) if is_real_dir(model_dir) else [])
+                  if (m := DCP_SHARD.match(n))}
         ranks = shards or [n for n in _listdir(path) if RNG_STATE.match(n)]  # a sharded one: its model shards say
         return Shape(adapter.get("r") if isinstance(adapter.get("r"), int) else None,
                      tuple(sorted(modules)) if isinstance(modules, list) else None, len(ranks) or None)
@@ -277,15 +278,15 @@ def verl_tracker(directory: str) -> int | None:
     return int(text) if text.isdigit() and text.isascii() and len(text) <= 18 else None
 
 
-def _verl_incomplete(path: str, step: int, tracker: int | None) -> tuple[str, str]:
+def verl_incomplete(path: str, step: int, tracker: int | None) -> tuple[str, str]:
     """(state, reason) of one global_step_N."""
-    if _is_link(path):
+    if is_link(path):
         return "link", LINK_REASON
     actor = os.path.join(path, "actor")
     if tracker is None or step > tracker:
         return "half-written", (f"newer than the tracker ({VERL_TRACKER} says {tracker})" if tracker is not None
                                 else f"no readable {VERL_TRACKER}: verl writes it after every complete save")
-    if not _is_dir(actor):
+    if not is_real_dir(actor):
         return "pruned", "actor/ removed by retention (data.pt only)"
     world = shape_of(path, "verl").world_size
     if world is None:
@@ -322,9 +323,9 @@ def list_checkpoints(directory: str, layout: str | None = None) -> list[Checkpoi
     for name in _listdir(directory):
         match = VERL_PATTERN.match(name)
         path = os.path.join(directory, name)
-        if match and (_is_dir(path) or _is_link(path)):
+        if match and (is_real_dir(path) or is_link(path)):
             step = int(match.group(1))
-            state, reason = _verl_incomplete(path, step, tracker)
+            state, reason = verl_incomplete(path, step, tracker)
             out.append(_entry(step, path, state, reason, layout))
     return sorted(out, key=lambda c: c.step)
 
@@ -337,7 +338,7 @@ def _entry(step: int, path: str, state: str, reason: str, layout: str) -> Checkp
                       list(shape.target_modules) if shape.target_modules else None, shape.world_size)
 
 
-def _require_tracker(directory: str, found: list[Checkpoint]) -> int | None:
+def require_tracker(directory: str, found: list[Checkpoint]) -> int | None:
     tracker = verl_tracker(directory)
     if tracker is None and found:
         raise TrackerUnreadable(
@@ -366,19 +367,19 @@ def prune(directory: str, keep: int, layout: str | None = None, dry_run: bool = 
     if keep < 1:
         raise ValueError("keep must be at least 1: the newest complete checkpoint is never removed")
     layout = layout or detect_layout(directory)
-    if not _is_dir(directory):
+    if not is_real_dir(directory):
         return PruneResult([], [], [])
-    with _folder_lock(directory):
+    with folder_lock(directory):
         found = list_checkpoints(directory, layout)
         complete = [c for c in found if c.complete]
-        tracker = _require_tracker(directory, found) if layout == "verl" else None
+        tracker = require_tracker(directory, found) if layout == "verl" else None
         doomed = [c for c in complete[:-keep] if c.step != tracker]
         half = [] if leave_partial else [c for c in found if c.state == "half-written"]
         kept = [c for c in complete if c not in doomed]
         if dry_run:
             return PruneResult(doomed, [Quarantined(c.path, "", c.reason) for c in half], kept)
         if half:
-            _quarantine_dir(directory)  # every refusal before the first move
+            quarantine_dir(directory)  # every refusal before the first move
         moved = [Quarantined(c.path, quarantine(c.path, directory), c.reason) for c in half]
         for c in doomed:
             _remove(c.path)
@@ -388,7 +389,7 @@ def prune(directory: str, keep: int, layout: str | None = None, dry_run: bool = 
 def _remove(path: str) -> None:
     """Remove a complete checkpoint all or nothing: renamed in one step to a hidden name beside it (no longer a
     checkpoint of any listing), then deleted; never through a link."""
-    if not _is_dir(path):
+    if not is_real_dir(path):
         raise CheckpointRefused(f"{path} changed while pruning (now not a folder); it was not removed")
     parent, name = os.path.split(path)
     doomed = os.path.join(parent, f".pruning-{name}.{os.getpid()}")

@@ -12,17 +12,17 @@ from grpo_deploy.runtime.storage.checkpoints import (
     VERL_TRACKER,
     Quarantined,
     Shape,
-    _folder_lock,
-    _is_dir,
-    _is_link,
-    _quarantine_dir,
-    _require_tracker,
-    _verl_incomplete,
     checkpoints,
+    folder_lock,
     incomplete_reason,
+    is_link,
+    is_real_dir,
     list_checkpoints,
     quarantine,
+    quarantine_dir,
+    require_tracker,
     shape_of,
+    verl_incomplete,
     verl_tracker,
 )
 
@@ -45,14 +45,14 @@ def resolve_resume(output_dir: str, resume: str, expect: Shape | None = None,
     if layout == "verl":
         return verl_resume(output_dir, resume, expect)
     if resume != "auto":
-        reason = incomplete_reason(resume) if (_is_dir(resume) or _is_link(resume)) else "no such directory"
+        reason = incomplete_reason(resume) if (is_real_dir(resume) or is_link(resume)) else "no such directory"
         if reason:
             raise ResumeError(f"resume: {resume} cannot be resumed from: {reason}")
         _refuse_other_shape(resume, expect)
         return resume, []
-    if not _is_dir(output_dir):
+    if not is_real_dir(output_dir):
         return None, []
-    with _folder_lock(output_dir):
+    with folder_lock(output_dir):
         half, complete = [], []
         for _step, path in checkpoints(output_dir):
             reason = incomplete_reason(path)
@@ -60,7 +60,7 @@ def resolve_resume(output_dir: str, resume: str, expect: Shape | None = None,
                 continue  # never resumed from, never moved
             (half if reason else complete).append((path, reason))
         if half:
-            _quarantine_dir(output_dir)  # refused before the first move
+            quarantine_dir(output_dir)  # refused before the first move
         if complete:
             _refuse_other_shape(complete[-1][0], expect)
         moved = [Quarantined(path, quarantine(path, output_dir), reason) for path, reason in half]
@@ -89,8 +89,8 @@ def verl_resume(directory: str, resume: str = "auto", expect: Shape | None = Non
     if resume != "auto":
         match = VERL_PATTERN.match(os.path.basename(os.path.normpath(resume)))
         parent = os.path.dirname(os.path.normpath(resume))
-        state, reason = (_verl_incomplete(resume, int(match.group(1)), verl_tracker(parent))
-                         if match and (_is_dir(resume) or _is_link(resume))
+        state, reason = (verl_incomplete(resume, int(match.group(1)), verl_tracker(parent))
+                         if match and (is_real_dir(resume) or is_link(resume))
                          else ("missing", "no such global_step_N directory"))
         if state != "complete":
             raise ResumeError(f"resume: {resume} cannot be resumed from: {reason or state}")
@@ -98,7 +98,7 @@ def verl_resume(directory: str, resume: str = "auto", expect: Shape | None = Non
         return resume, []
     if not found and verl_tracker(directory) is None:
         return None, []
-    tracker = _require_tracker(directory, found)
+    tracker = require_tracker(directory, found)
     named = next((c for c in found if c.step == tracker), None)
     if named is None or not named.complete:
         why = "does not exist" if named is None else f"is {named.state}: {named.reason}"
@@ -109,7 +109,7 @@ def verl_resume(directory: str, resume: str = "auto", expect: Shape | None = Non
     newer = [c for c in found if c.step > tracker and c.state != "link"]
     if not newer:
         return named.path, []
-    with _folder_lock(directory):
-        _quarantine_dir(directory)  # refused before the first move
+    with folder_lock(directory):
+        quarantine_dir(directory)  # refused before the first move
         moved = [Quarantined(c.path, quarantine(c.path, directory), c.reason) for c in newer]
     return named.path, moved

@@ -25,8 +25,8 @@ from grpo_deploy.common.values import (
     NonNegative,
     Resume,
     Text,
-    _no_bool,
     describe_error,
+    no_bool,
 )
 from grpo_deploy.runtime.storage.adapters import LORA_SUBDIR
 from grpo_deploy.runtime.storage.disk_space import DiskWatchdogConfig
@@ -62,8 +62,8 @@ def _reward(name: str) -> str:
 
 
 Reward = Annotated[str, AfterValidator(_reward)]
-Processes = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=MAX_PROCESSES)]
-Machines = Annotated[int, BeforeValidator(_no_bool), Field(ge=1, le=MAX_MACHINES)]
+Processes = Annotated[int, BeforeValidator(no_bool), Field(ge=1, le=MAX_PROCESSES)]
+Machines = Annotated[int, BeforeValidator(no_bool), Field(ge=1, le=MAX_MACHINES)]
 def _not_a_big_int(value: Any) -> Any:
     """An integer past int64 is not a float either (strict floats take integers): refused, not rounded."""
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:

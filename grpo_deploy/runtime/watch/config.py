@@ -9,10 +9,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field
 
 from grpo_deploy.common.strict import Strict
-from grpo_deploy.common.values import MAX_STEPS, Count, Finite, NonNegative, Text, _no_bool
+from grpo_deploy.common.values import MAX_STEPS, Count, Finite, NonNegative, Text, no_bool
 
-Steps = Annotated[int, BeforeValidator(_no_bool), Field(ge=0, le=MAX_STEPS)]
-Window = Annotated[int, BeforeValidator(_no_bool), Field(ge=5, le=10_000)]
+Steps = Annotated[int, BeforeValidator(no_bool), Field(ge=0, le=MAX_STEPS)]
+Window = Annotated[int, BeforeValidator(no_bool), Field(ge=5, le=10_000)]
 
 
 def _pair(value: Any) -> Any:
