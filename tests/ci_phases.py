@@ -1,5 +1,6 @@
 """Where a test session's time went, for .ci/run's phase table: wall seconds per test directory (setup, call and
-teardown of its tests), image builds as rows of their own (taken out of the directory whose test waited for them),
+teardown of its tests), under each directory its test modules of MODULE_MIN_S or more (the rest in one line), image
+builds as rows of their own (taken out of the directory and the module whose test waited for them),
 and images that a session builds at most once (`built_once`: a failure is reported in full by the first test that
 needed the image and in one line by every later one). Written to build/ci-phases.json at the end of the session."""
 
@@ -17,9 +18,11 @@ import pytest
 OUT = Path(__file__).resolve().parents[1] / "build" / "ci-phases.json"
 T = TypeVar("T")
 
+MODULE_MIN_S = 30.0  # a test module's own row from this many seconds; the budget goes to these
 _directory_s: dict[str, float] = defaultdict(float)
+_module_s: dict[str, float] = defaultdict(float)
 _builds: list[dict] = []
-_current: list[str] = []  # the directory of the test being run (the one a build's time is taken out of)
+_current: list[str] = []  # the directory and module of the test being run (a build's time is taken out of them)
 _started = time.monotonic()
 
 
@@ -29,27 +32,50 @@ def directory_of(nodeid: str) -> str:
     return "/".join(parts[:2]) if len(parts) > 2 else parts[0]
 
 
+def module_of(nodeid: str) -> str:
+    """tests/faults/test_x.py::test_y[a] -> tests/faults/test_x.py"""
+    return nodeid.split("::", 1)[0]
+
+
 def running(nodeid: str) -> None:
-    _current[:] = [directory_of(nodeid)]
+    _current[:] = [directory_of(nodeid), module_of(nodeid)]
 
 
 def add_report(report) -> None:
     _directory_s[directory_of(report.nodeid)] += report.duration
+    _module_s[module_of(report.nodeid)] += report.duration
 
 
 def record_build(name: str, seconds: float) -> None:
-    """An image build that took *seconds* of wall time, taken out of the directory whose test waited for it."""
-    _builds.append({"phase": f"image build: {name}", "seconds": round(seconds, 1), "within": (_current or [None])[0]})
+    """An image build that took *seconds* of wall time, taken out of the directory and module whose test waited."""
+    within, module = (_current + [None, None])[:2]
+    _builds.append({"phase": f"image build: {name}", "seconds": round(seconds, 1), "within": within, "module": module})
+
+
+def _module_rows(directory: str, modules: dict[str, float]) -> list[dict]:
+    """The directory's modules of MODULE_MIN_S or more, slowest first, indented; the others in one row."""
+    mine = sorted(((m, s) for m, s in modules.items() if directory_of(m + "::x") == directory), key=lambda ms: -ms[1])
+    rows = [{"phase": f"  {m}", "seconds": round(s, 1)} for m, s in mine if s >= MODULE_MIN_S]
+    rest = [s for _, s in mine if s < MODULE_MIN_S]
+    if rest and rows:
+        rows.append({"phase": f"  {len(rest)} other module(s) under {MODULE_MIN_S:g} s each",
+                     "seconds": round(sum(rest), 1)})
+    return rows
 
 
 def rows() -> list[dict]:
     """The table's rows: each directory less the builds it waited for, then the builds, then what is left of the
     session's wall time (collection, session fixtures' teardown)."""
     out = {d: s for d, s in _directory_s.items()}
+    modules = {m: s for m, s in _module_s.items()}
     for build in _builds:
         if build["within"] in out:
             out[build["within"]] -= build["seconds"]
-    table = [{"phase": d, "seconds": round(s, 1)} for d, s in sorted(out.items())]
+        if build.get("module") in modules:
+            modules[build["module"]] -= build["seconds"]
+    table = []
+    for d, s in sorted(out.items()):
+        table += [{"phase": d, "seconds": round(s, 1)}, *_module_rows(d, modules)]
     table += [{"phase": b["phase"], "seconds": b["seconds"]} for b in _builds]
     wall = time.monotonic() - _started
     counted = sum(_directory_s.values()) + sum(b["seconds"] for b in _builds if b["within"] is None)
