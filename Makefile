@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 BENCH_REPEAT ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-gpu test-verl test-verl-cluster test-trainer-hosts test-replicas-hosts test-faults-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-forecast bench-shipping bench-split bench-cluster bench-proxy bench-watcher render-defaults clean
+.PHONY: help setup demo test test-gpu test-verl test-verl-cluster test-trainer-hosts test-replicas-hosts test-split-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-forecast bench-shipping bench-split bench-cluster bench-proxy bench-watcher render-defaults clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-20s %s\n", $$1, $$2}'
@@ -15,8 +15,8 @@ setup: ## install what the kit needs on a fresh machine (Docker engine, Compose 
 demo: setup ## THE MAIN JOB: the CPU rehearsal (real vLLM server + real TRL async trainer) on this machine
 	grpo-deploy up --fresh
 
-test: setup ## run every test this machine can run (unit, static, integration and faults with real containers, the verl rehearsal; the CUDA image builds when their inputs changed)
-	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu and not verl_cluster and not arm64_switches and not faults_hosts" -rs --durations=30 $(PYTEST_ARGS)
+test: setup ## run every test this machine can run (unit, static, integration and faults with real containers and two-host SSH test hosts, the verl rehearsal and the verl cluster, which runs beside the rest: tests/lanes.py; the CUDA image builds when their inputs changed); left out: GPU runs and the arm64 switches under QEMU
+	GRPO_NO_SKIPS=1 $(PYTHON) -m tests.lanes --side verl_cluster --prebuild cpu,verl-cpu,testhost -- -m "not gpu and not arm64_switches" -rs --durations=30 $(PYTEST_ARGS)
 
 test-gpu: ## on ONE NVIDIA GPU, no Docker (vLLM, TRL and the kit importable; the gpu pack of ../shared/tools/gpu-pack carries them): the harness renders a one-GPU spec and runs both roles from the rendered files, the rehearsal task (40 steps) and seed 004's recipe shape (20 steps); GRPO_GPU_OUT keeps the report
 	$(PYTHON) -m pytest -m gpu tests/gpu -rs $(PYTEST_ARGS)
@@ -39,10 +39,10 @@ test-unit: ## unit tests only (no Docker)
 test-static: ## static validation: compose, Dockerfiles, Kubernetes overlays, Ansible, YAML
 	$(PYTHON) -m pytest tests/static -q
 
-test-verl: setup ## the real verl rehearsal through `up` (verl + Ray + vLLM CPU + LoRA) on seed 000's disk: plan and preflight refuse the seed's config; the watchdog stops a full disk, the resume, a head kill and its resume (~6 min; also in make test)
+test-verl: setup ## the real verl rehearsal through `up` (verl + Ray + vLLM CPU + LoRA) on seed 000's disk: plan and preflight refuse the seed's config; the watchdog stops a full disk and the resume (~4 min; also in make test)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m verl_rehearsal tests/faults/test_verl_replay.py -rs $(PYTEST_ARGS)
 
-test-verl-cluster: setup ## verl across two SSH test hosts: a Ray cluster trains 20 steps through a worker kill and a head kill, then the cluster refusals (~20 min; not in make test: CI time)
+test-verl-cluster: setup ## verl across two SSH test hosts: a Ray cluster trains 20 steps through a worker kill and a head kill, then the cluster refusals (~11-15 min; also in make test)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m verl_cluster tests/faults/test_verl_cluster.py -rs $(PYTEST_ARGS)
 
 test-replicas-hosts: setup ## trl-async with a vLLM replica on each of two SSH test hosts behind the replica proxy, 16 steps (about 4 min; also in make test)
@@ -51,8 +51,8 @@ test-replicas-hosts: setup ## trl-async with a vLLM replica on each of two SSH t
 test-trainer-hosts: setup ## trl-async with the trainer over two SSH test hosts (one FSDP2 group over gloo, machine 0 beside the server), machine 1 SIGKILLed and both resumed, then one host refused on its checkpoints
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m trainer_hosts tests/faults/test_trainer_hosts.py -rs $(PYTEST_ARGS)
 
-test-faults-hosts: setup ## the vLLM server SIGKILLed on its own SSH test host mid-run, restarted over SSH, the trainer resumed (~9 min; not in make test: CI time)
-	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m faults_hosts tests/faults/test_server_kill_split.py -rs $(PYTEST_ARGS)
+test-split-hosts: setup ## the split rehearsal over two SSH test hosts (server on spark2, trainer on spark1) through a server SIGKILL on its host, restarted over SSH, the trainer resumed; then the two-host refusals (~6 min; also in make test)
+	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest tests/faults/test_server_kill_split.py tests/integration/test_multihost.py -rs $(PYTEST_ARGS)
 
 test-integration: ## the real rehearsal in containers, the seed-004 preflight refusal
 	$(PYTHON) -m pytest tests/integration -q

@@ -17,7 +17,7 @@ import pytest
 if sys.version_info < (3, 12):
     os.environ.setdefault("SETUPTOOLS_USE_DISTUTILS", "stdlib")
 
-from tests import ci_phases
+from tests import ci_phases, kit_images
 
 
 @pytest.fixture(scope="session")
@@ -29,40 +29,26 @@ def docker_client():
     return docker_api.client()
 
 
-def _image_of(docker_client, name: str, spec_text: str, log_glob: str) -> str:
-    """The image of the spec's first role, built or refreshed the way `up` does it, at most once a session: a failed
+def _image_of(docker_client, name: str, log_glob: str) -> str:
+    """Image *name* built or refreshed the way `up` does it (tests/kit_images.py), at most once a session: a failed
     build is reported in full once, then in one line by each test that needed it; its time is a phase-table row."""
-    from grpo_deploy import spec
-    from grpo_deploy.deploy import images as run_images
-    from grpo_deploy.hosts import local_facts
     from grpo_deploy.image_build import places
-    from grpo_deploy.spec import resolve
 
-    def build() -> str:
-        res = resolve.resolve(spec.loads(spec_text, source=f"{name}-image.yaml"))
-        run_images.build_images(docker_client, res, print)
-        tag = next(iter(res.images.values()))
-        assert local_facts.image_labels(docker_client, tag) is not None, f"{tag} is not on the engine after its build"
-        return tag
-
-    return ci_phases.built_once(name, build, str(places.build_dir() / "logs" / log_glob))
+    return ci_phases.built_once(name, lambda: kit_images.build(docker_client, name),
+                                str(places.build_dir() / "logs" / log_glob))
 
 
 @pytest.fixture(scope="session")
 def cpu_image(docker_client):
     """The embedded default's cpu image (debootstrap base + host wheelhouse + --no-index install; only the code layer
     is rebuilt when the kit's code changed)."""
-    from grpo_deploy.spec import new_spec
-
-    return _image_of(docker_client, "cpu", new_spec.spec_text(), "image-cpu*.log")
+    return _image_of(docker_client, "cpu", "image-cpu*.log")
 
 
 @pytest.fixture(scope="session")
 def verl_image(docker_client, cpu_image):
     """The cpu profile's verl image (verl-cpu: verl, Ray and TransferQueue on the cpu image's dependency image)."""
-    from grpo_deploy.spec import new_spec
-
-    return _image_of(docker_client, "verl-cpu", new_spec.spec_text("cpu", "verl", []), "image-verl*.log")
+    return _image_of(docker_client, "verl-cpu", "image-verl*.log")
 
 # In CI (`make test` sets GRPO_NO_SKIPS=1) a skipped test is a failure: what this machine can run, CI runs.
 # Tests that need hardware this machine lacks carry @pytest.mark.gpu and are deselected with -m "not gpu".

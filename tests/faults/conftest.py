@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
@@ -15,6 +14,7 @@ import yaml
 from grpo_deploy import spec
 from grpo_deploy.common.table import table
 from grpo_deploy.spec import resolve
+from tests import lanes
 from tests.specs import spec_data
 
 ROWS: list[dict] = []
@@ -46,7 +46,7 @@ def _fault_run(tmp_path, overrides: dict):
     subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "down", "-f", str(path)], cwd=tmp_path,
                    capture_output=True, timeout=300)
 
-OUT = Path(__file__).resolve().parents[2] / "build" / "faults.json"
+OUT = lanes.faults_path(lanes.lane_of_environment())  # build/faults.json; a side lane's own (tests/lanes.py)
 COLUMNS = ("fault", "expected", "observed", "steps lost", "data lost", "verdict")
 
 

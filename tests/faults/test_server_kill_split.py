@@ -1,28 +1,36 @@
-"""Fault: the vLLM server is killed (SIGKILL) on its own host in the middle of a run split over two SSH test hosts
-(tests/testhosts.py: server on spark2, trainer on spark1, one host directory standing in for the NFS share). `status`
-must show it within seconds, read over SSH; `up` restarts the server on spark2 and the trainer on spark1, which
-resumes from its newest complete checkpoint and loads adapters on the new server; no more than one checkpoint
-interval is lost.
+"""The split rehearsal through a fault: the cpu rehearsal over two SSH test hosts (tests/testhosts.py: their own
+address, sshd and Docker engine; one host directory mounted at the same path in both stands in for NFS), the deployer
+outside talking real SSH with a generated key and known_hosts: the server on spark2, the trainer on spark1, images
+shipped over SSH. In the middle of the run the vLLM server is SIGKILLed on its own host: `status` must show it
+within seconds, read over SSH; `up` restarts the server on spark2 and the trainer on spark1, which resumes from its
+newest complete checkpoint and loads adapters on the new server; no more than one checkpoint interval is lost, and the
+run still trains to the end with the reward risen. Then status, logs (per role and followed across hosts) and down.
 
-About 9 minutes on 2 cores: NOT in `make test` (CI's 60-minute budget; the same restart path runs in CI on one host,
-tests/faults/test_server_kill.py, and the split run itself in tests/integration/test_multihost.py);
-`make test-faults-hosts` runs it (marker faults_hosts)."""
+One run carries both: the split rehearsal's checks and the split server kill's (they were two runs of about 4 and 8
+minutes; the kill costs this one a restart). The refusals on two hosts are in tests/integration/test_multihost.py."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.faults.conftest import MAX_STEPS, SAVE_EVERY
-from tests.faults.running import cli, resumed_after_kill, up_with_fault
+from grpo_deploy.common.metrics import parse_events
+from tests.clirun import run_cli
+from tests.faults.running import resumed_after_kill, up_with_fault
+from tests.interrupt import sigint_default
 from tests.specs import split_spec
 from tests.testhosts import test_hosts
 
-pytestmark = [pytest.mark.docker, pytest.mark.faults_hosts]
-RUN = "faults-split"
-KILL_AT_STEP = 6  # saves at 4, 8, 12, 16: the kill lands two steps past a checkpoint
+pytestmark = pytest.mark.docker
+RUN = "split"
+STEPS, SAVE_EVERY = 40, 4  # the rehearsal's 40 steps (its reward check needs them), saved often enough to resume
+KILL_AT_STEP = 6  # saves at 4, 8, ...: the kill lands two steps past a checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -31,41 +39,120 @@ def hosts(tmp_path_factory, cpu_image):
         yield th
 
 
-@pytest.fixture()
-def split_run(hosts, tmp_path):
-    path = split_spec(tmp_path / "split.yaml", RUN, **{"checkpoints.save_every": SAVE_EVERY,
-                                                        "overrides": {"trl": {"max_steps": MAX_STEPS}}})
-    run = {"cwd": tmp_path, "spec": path, "ssh": ("--ssh-config", str(hosts.ssh_config))}
-    yield run
-    cli(run, "down", *run["ssh"])
-    assert hosts["spark1"].run_containers(RUN) == [] and hosts["spark2"].run_containers(RUN) == []
-
-
-def test_server_killed_on_its_host_is_restarted_and_the_trainer_resumes(hosts, split_run, fault_row):
-    fault_row.update(fault=f"vLLM server SIGKILL at step {KILL_AT_STEP} of {MAX_STEPS} (split: server on spark2, "
-                           "trainer on spark1, over SSH)",
-                     expected=f"status over SSH shows it within 15 s; server + trainer restarted on their hosts; "
-                              f"resume from the newest complete checkpoint; <= {SAVE_EVERY} steps lost")
+@pytest.fixture(scope="module")
+def split_run(hosts, tmp_path_factory):
+    """One `grpo-deploy up` across the two hosts, to the end through a server kill, then status, logs and down."""
+    cwd = tmp_path_factory.mktemp("split")
+    spec = split_spec(cwd / "split.yaml", RUN, **{"checkpoints.save_every": SAVE_EVERY,
+                                                  "overrides": {"trl": {"max_steps": STEPS}}})
+    ssh = ["--ssh-config", str(hosts.ssh_config)]
+    run = {"cwd": cwd, "spec": spec}
     killed = {}
 
     def kill_server(step: int) -> None:
-        (server,) = [c for c in hosts["spark2"].run_containers(RUN)]
+        (server,) = hosts["spark2"].run_containers(RUN)
         hosts["spark2"].exec(["docker", "kill", server])  # SIGKILL, inside the server's host
         killed.update(step=step, time=time.time())
-        status = cli(split_run, "status", "--json", *split_run["ssh"], timeout=120)
+        status = run_cli("status", "-f", str(spec), "--json", *ssh, cwd=cwd, timeout=120)
         rows = json.loads(status.stdout).get("hosts", []) if status.returncode == 0 else []
         killed["status"] = " ".join(f"{h['host']}:{h['state']}/{h['health']}" for h in rows if h["role"] == "server")
         killed["status_s"] = time.time() - killed["time"]
 
-    code, output = up_with_fault(split_run, KILL_AT_STEP, kill_server, *split_run["ssh"])
+    code, output = up_with_fault(run, KILL_AT_STEP, kill_server, *ssh)
+    print(output[-6000:])  # shown with a failing test's report
+    status = run_cli("status", "-f", str(spec), "--json", *ssh, cwd=cwd, timeout=300)
+    server_logs = run_cli("logs", "-f", str(spec), "--role", "server", "--tail", "5", *ssh, cwd=cwd, timeout=300)
+    followed = follow_logs(cwd, "logs", "-f", str(spec), "--follow", "--tail", "3", *ssh)
+    down = run_cli("down", "-f", str(spec), *ssh, cwd=cwd, timeout=300)
+    yield {"code": code, "output": output, "killed": killed, "down": down, "server_logs": server_logs,
+           "followed": followed, "cwd": cwd, "spec": spec,
+           "status": json.loads(status.stdout) if status.returncode == 0 else {},
+           "metrics": (cwd / ".grpo-deploy" / RUN / "metrics.jsonl").read_text()}
+
+
+def follow_logs(cwd: Path, *args: str, seconds: float = 15) -> str:
+    """`grpo-deploy logs --follow` for a while, then Ctrl-C (SIGINT): what it printed."""
+    proc = subprocess.Popen([sys.executable, "-m", "grpo_deploy.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=sigint_default)
+    time.sleep(seconds)
+    still_following = proc.poll() is None
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    print(f"$ grpo-deploy {' '.join(args)} (following: {still_following})\n{out[-3000:]}")
+    return out
+
+
+def test_split_rehearsal_trains_to_the_end(split_run):
+    assert split_run["code"] == 0, split_run["output"][-4000:]
+    assert "Traceback" not in split_run["output"]
+    s = split_run["status"]
+    assert s["steps"] >= 30 and s["adapter_loads_ok"] >= s["steps"]
+    assert s["reward_last5"] > s["reward_first5"] + 0.1, (s["reward_first5"], s["reward_last5"])
+
+
+def test_every_adapter_load_answered_ok_but_those_of_the_dead_server(split_run):
+    """Every load succeeded, but those sent while the server was dead (between the kill and its restart)."""
+    events = parse_events(split_run["metrics"])
+    starts = [e["time"] for e in events if e["event"] == "run_start"]
+    failed = [e for e in events if e["event"] == "adapter_load" and not e.get("ok")]
+    outside = [e for e in failed if not split_run["killed"]["time"] - 1 <= e["time"] <= starts[-1]]
+    assert outside == [], [(e["time"], e.get("error")) for e in outside]
+    assert split_run["status"]["adapter_loads_failed"] == len(failed)
+
+
+def test_server_killed_on_its_host_is_restarted_and_the_trainer_resumes(split_run, fault_row):
+    killed, output = split_run["killed"], split_run["output"]
+    fault_row.update(fault=f"vLLM server SIGKILL at step {KILL_AT_STEP} of {STEPS} (split: server on spark2, "
+                           "trainer on spark1, over SSH)",
+                     expected=f"status over SSH shows it within 15 s; server + trainer restarted on their hosts; "
+                              f"resume from the newest complete checkpoint; <= {SAVE_EVERY} steps lost")
     assert "spark2:exited" in killed["status"] and "137" in killed["status"], killed
     assert killed["status_s"] < 15, killed
-    assert code == 0, output[-4000:]
+    assert split_run["code"] == 0, output[-4000:]
     assert "restarting the server and the trainer" in output and "server ready again" in output, output[-3000:]
-    assert "Traceback" not in output
-    got = resumed_after_kill((split_run["cwd"] / ".grpo-deploy" / RUN / "metrics.jsonl").read_text(), killed,
-                             MAX_STEPS, SAVE_EVERY)
+    got = resumed_after_kill(split_run["metrics"], killed, STEPS, SAVE_EVERY)
     fault_row.update(observed=f"status over SSH after {killed['status_s']:.1f} s: {killed['status']}; resumed from "
                               f"checkpoint-{got['resumed']}; {got['loads_after']} adapter loads on the new server, all "
-                              f"OK; {got['last_step']}/{MAX_STEPS} steps",
+                              f"OK; {got['last_step']}/{STEPS} steps",
                      **{"steps lost": got["lost"], "data lost": "none"})
+
+
+def test_status_shows_both_hosts(split_run):
+    rows = {(h["host"], h["role"]): h for h in split_run["status"]["hosts"]}
+    assert rows[("spark1", "trainer")]["state"] == "exited (code 0)"
+    assert rows[("spark2", "server")]["state"] == "running" and rows[("spark2", "server")]["health"] == "healthy"
+
+
+def test_status_measures_the_checkpoint_disk_on_the_trainer_host(split_run):
+    disk = split_run["status"]["checkpoint_disk"]
+    assert disk["filesystem"].startswith("spark1:") and disk["free_bytes"] > 0 and disk["checkpoint_bytes"] > 0
+    assert disk["ok"] is (disk["free_bytes"] >= disk["checkpoint_bytes"] + disk["margin_bytes"])
+
+
+def test_logs_per_role_and_followed_across_hosts(split_run):
+    server = split_run["server_logs"]
+    assert server.returncode == 0 and "===== host spark2" in server.stdout
+    assert "===== host spark1" not in server.stdout  # spark1 runs only the trainer
+    followed = split_run["followed"].splitlines()
+    assert any(line.startswith("spark1 | ") for line in followed), followed[-20:]
+    assert any(line.startswith("spark2 | ") for line in followed), followed[-20:]
+    assert "Traceback" not in split_run["followed"]
+
+
+def test_images_were_shipped_over_ssh(split_run, hosts):
+    out = split_run["output"]
+    assert "spark1: grpo-deploy/cpu:0.1.0" in out and "spark2: grpo-deploy/cpu:0.1.0" in out
+    local = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", "grpo-deploy/cpu:0.1.0"],
+                           capture_output=True, text=True).stdout.strip()
+    assert hosts["spark1"].has_image("grpo-deploy/cpu:0.1.0") == local == hosts["spark2"].has_image(
+        "grpo-deploy/cpu:0.1.0")
+
+
+def test_server_published_only_on_the_address_the_trainer_uses(split_run, hosts):
+    text = hosts["spark2"].exec(["sh", "-c", f"cat /home/deploy/.grpo-deploy/{RUN}/render/hosts/spark2.env"])
+    assert f"GRPO_SERVER_PUBLISH={hosts['spark2'].ip}" in text.splitlines()
+
+
+def test_down_leaves_no_container_of_the_run(split_run, hosts):
+    assert split_run["down"].returncode == 0
+    assert hosts["spark1"].run_containers(RUN) == [] and hosts["spark2"].run_containers(RUN) == []

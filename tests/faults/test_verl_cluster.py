@@ -56,7 +56,8 @@ def cli(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProc
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory, verl_image):
-    with test_hosts(2, tmp_path_factory.mktemp("hosts")) as th:
+    # volumes of its own: it runs beside the rest (tests/lanes.py), whose two-host modules keep grpo-testhost-*
+    with test_hosts(2, tmp_path_factory.mktemp("hosts"), volume_prefix="grpo-verlhost") as th:
         yield th
 
 
