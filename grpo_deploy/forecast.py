@@ -208,14 +208,14 @@ def what_if(res, refs: dict, steps: int | None, step_s: float | None, startup_s:
     the epochs where the engine counts its steps from them (an exact factor on the step count)."""
     rows = []
     for knob in res.engine_info.what_if:
-        current, proposed, key, invert, more_gpus = knob.change(res)
+        current, proposed, key, invert, more_gpus = knob.what_if(res)
         ref = refs.get(key)
         if ref is None:
             continue
         factor = 1 / ref.value if invert else ref.value
         source = f"profile {ref.profile} reference {key} = {ref.value:g}" + (" (inverted)" if invert else "") + \
             f": {ref.source}"
-        rows.append(_row(knob.name, current, proposed, factor, "step time", steps,
+        rows.append(_row(knob.label or knob.name, current, proposed, factor, "step time", steps,
                          None if step_s is None else step_s * factor, startup_s, gpus + more_gpus, source))
     epochs = _epochs_row(res, steps, step_s, startup_s, gpus)
     return rows + ([epochs] if epochs else [])

@@ -1,7 +1,8 @@
 """The engine interface: what every training engine is (its roles, the image each runs, the settings sections it reads,
-which role's profile supplies what) and does, under the same method names in every engine (derive, config files,
-per-host files, k8s params, GPU split, memory, checkpoint layout and size, total steps), with the table of what it does
-not support yet and why. The deployer calls these methods; it never asks which engine a run uses."""
+which role's profile supplies what, its knobs as data: TuneKnob) and does, under the same method names in every engine
+(derive, config files, per-host files, k8s params, GPU split, memory, checkpoint layout and size, total steps), with
+the table of what it does not support yet and why. The deployer calls these methods; it never asks which engine a run
+uses."""
 
 from __future__ import annotations
 
@@ -52,14 +53,40 @@ class ClusterPorts:
         return self.first if first else self.others
 
 
+SIDES = ("trainer", "generation", "weight-sync")
+"""The bottleneck sides a TuneKnob relieves (`diagnose` names the run's)."""
+
+
 @dataclass(frozen=True)
-class Knob:
-    """A what-if of plan's forecast: *change*(res) is (current, proposed, reference key, invert, extra GPUs) or None
-    where it does not apply; the factor is the profile's reference figure (inverted when the change goes the other
-    way)."""
+class TuneKnob:
+    """A knob of the engine, as data: what `grpo-deploy tune` tries one value at a time against the repeated baseline
+    (grpo_deploy.tune), and, where it has one, plan's what-if of it (grpo_deploy.forecast)."""
 
     name: str
-    change: Callable[[Any], tuple[str, str, str, bool, int] | None]
+    """Short id for `tune --knobs` (`packing`)."""
+    setting: str
+    """The spec key as written in grpo-deploy.yaml (`overrides.trl.token_budget`; `hosts[server].replicas`: every host
+    with role server); grpo_deploy.tune.knobs.apply_knob writes a value there."""
+    side: str
+    """The bottleneck side it relieves: one of SIDES."""
+    candidates: Callable[[Resolved], tuple]
+    """The values to try for this spec's hardware and profile, never its current value; () where the knob does not
+    apply (no GPU, a switch already on, no room for more)."""
+    objective: str
+    """"" when the knob leaves what the loss computes unchanged; else one line on how it changes it (a faster trial of
+    such a knob is kept only when the user allows it)."""
+    why: str
+    """One line: what it does, with the field figure."""
+    what_if: Callable[[Resolved], tuple[str, str, str, bool, int] | None] | None = None
+    """Plan's what-if: *what_if*(res) is (current, proposed, reference key, invert, extra GPUs); the factor is the
+    profile's reference figure under that key (inverted when the change goes the other way). None: not in plan's
+    table."""
+    label: str = ""
+    """The knob's name in plan's what-if table; "" = name."""
+
+    def __post_init__(self) -> None:
+        if self.side not in SIDES:
+            raise ValueError(f"knob {self.name}: side {self.side!r} is not one of {', '.join(SIDES)}")
 
 
 @dataclass(frozen=True)
@@ -120,12 +147,28 @@ class Engine:
     logger_keys: dict[str, tuple[str, ...]] = field(default_factory=lambda: {
         "project": ("wandb", "tensorboard", "mlflow"), "entity": ("wandb",)})
     """logger.<key> -> the logger kinds that read it on this engine (a key set for any other kind is refused)."""
-    what_if: tuple[Knob, ...] = ()
-    """The knobs of plan's what-if table (grpo_deploy.forecast), in the order it prints them."""
+    tune_knobs: tuple[TuneKnob, ...] = ()
+    """The engine's knobs (`tune` tries them; those with a what-if are plan's what-if table, in this order)."""
+    tune_sides: dict[str, str] = field(default_factory=dict)
+    """`diagnose`'s verdict (`trainer-bound`) -> the side of SIDES whose knobs relieve it; a verdict not named here
+    (balanced, not enough data) names no side."""
     restart_words: RestartWords = field(default_factory=RestartWords)
     """How `up` names a role of this engine's bring-up that died, and what its restart starts again."""
 
     # ------------------------------------------------------------------ what it is
+
+    @property
+    def what_if(self) -> tuple[TuneKnob, ...]:
+        """The knobs of plan's what-if table (grpo_deploy.forecast), in the order it prints them."""
+        return tuple(k for k in self.tune_knobs if k.what_if is not None)
+
+    def knob(self, name: str) -> TuneKnob:
+        """The knob called *name*; KeyError naming the engine's knobs when it has none of that name."""
+        for k in self.tune_knobs:
+            if k.name == name:
+                return k
+        raise KeyError(f"engine {self.name} has no knob {name!r} (its knobs: "
+                       f"{', '.join(k.name for k in self.tune_knobs) or 'none'})")
 
     @property
     def image_roles(self) -> tuple[str, ...]:

@@ -3,8 +3,8 @@ proxy), adapters handed over through the shared volume. It owns the rules that t
 slots, context length, the GPU split of a shared host, GPUs and ports per replica, the in-flight cap scaled with the
 replicas), the servers' arguments, the proxy's and the trainer's config, each host's compose environment, replica
 services and GPU reservation, the server's values for Kubernetes, the memory of both roles (a GPU both share: vLLM's
-fraction, the trainer the rest; grpo_deploy.engines.trl_memory) and TRL's checkpoint size
-(grpo_deploy.engines.trl_sizes)."""
+fraction, the trainer the rest; grpo_deploy.engines.trl_memory), TRL's checkpoint size
+(grpo_deploy.engines.trl_sizes) and its knobs (grpo_deploy.engines.trl_knobs)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 from grpo_deploy.architecture import Architecture
 from grpo_deploy.common.values import MAX_PORT
 from grpo_deploy.diagnose import trl_async as diagnose
-from grpo_deploy.engines import trl_files, trl_memory, trl_replicas, trl_sizes
-from grpo_deploy.engines.base import COMMON_SECTIONS, ClusterPorts, Engine, Knob, Resolved, RestartWords, human
+from grpo_deploy.engines import trl_files, trl_knobs, trl_memory, trl_replicas, trl_sizes
+from grpo_deploy.engines.base import COMMON_SECTIONS, ClusterPorts, Engine, Resolved, RestartWords, human
 from grpo_deploy.engines.trl_replicas import (
     check_replicas,
     host_services,
@@ -364,32 +364,6 @@ def _check_gpus(engine: Engine, res: Resolved, problem) -> None:
                 break
 
 
-# ------------------------------------------------------------------ plan's what-if knobs (seed 004)
-
-
-def _packing(res):
-    budget = res.settings.trl.token_budget
-    return ("on", "off", "packing_on", True, 0) if budget else ("off", "on", "packing_on", False, 0)
-
-
-def _checkpointing(res):
-    on = res.settings.trl.gradient_checkpointing
-    return ("on", "off", "checkpointing_off", False, 0) if on else ("off", "on", "checkpointing_off", True, 0)
-
-
-def _replicas(res):
-    n = replica_count(res)
-    replicas = server_replicas(res)
-    per = len(replicas[0].gpus) if replicas else 0
-    return (str(n), str(n + 1), "replica_added", False, per)
-
-
-def _trainer_processes(res):
-    n = res.engine_info.trainer_processes(res)
-    cuda = res.settings.runtime.device == "cuda"
-    return (str(n), str(2 * n), "trainer_processes_double", False, n if cuda else 0)
-
-
 TRL_ASYNC = TrlAsync(
     name="trl-async",
     description="TRL async GRPO trainer + a vLLM server, adapters handed over through the shared volume",
@@ -414,8 +388,8 @@ TRL_ASYNC = TrlAsync(
     single_host_roles=("server", "trainer"),
     multi_host_roles=(("trainer",), ("server",)),
     settings_roles={"vllm": "server"},
-    what_if=(Knob("packing (trl.token_budget)", _packing), Knob("gradient checkpointing", _checkpointing),
-             Knob("server replicas", _replicas), Knob("trainer processes", _trainer_processes)),
+    tune_knobs=trl_knobs.TUNE_KNOBS,
+    tune_sides=trl_knobs.TUNE_SIDES,
     restart_words=RestartWords(
         died={"server": "the vLLM server", "replica": "a vLLM server replica", "proxy": "the replica proxy"},
         again={"server": "the server and the trainer"},

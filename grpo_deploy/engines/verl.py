@@ -1,6 +1,7 @@
 """The verl engine: verl with colocated vLLM, on one node or a Ray cluster of a head and workers. It owns verl's batch
 and parallelism rules, its Hydra overrides (and how a value is quoted for Hydra), each host's compose environment,
-the Ray cluster's values for Kubernetes, the rollout's memory, the FSDP checkpoint's size and the run's steps."""
+the Ray cluster's values for Kubernetes, the rollout's memory, the FSDP checkpoint's size, the run's steps and its
+knobs (grpo_deploy.engines.verl_knobs)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 from grpo_deploy.architecture import Architecture
 from grpo_deploy.common.values import CONTROL, MAX_STEPS, host_part
 from grpo_deploy.diagnose import verl as diagnose_verl
-from grpo_deploy.engines.base import COMMON_SECTIONS, GB, ClusterPorts, Engine, Knob, Resolved, RestartWords
+from grpo_deploy.engines import verl_knobs
+from grpo_deploy.engines.base import COMMON_SECTIONS, GB, ClusterPorts, Engine, Resolved, RestartWords
 from grpo_deploy.names import COMPOSE_INFINIBAND, COMPOSE_VERL, COMPOSE_VERL_CLUSTER, project_name
 from grpo_deploy.runtime.verl import data as verl_data
 from grpo_deploy.runtime.verl.ray_node import GCS_PORT, NODE_PORTS, PEER_PORTS, WORKER_PORTS
@@ -328,19 +330,6 @@ def _hydra_quoted(text: str, quote: str) -> str:
     return quote + text + quote
 
 
-# ------------------------------------------------------------------ plan's what-if knobs (seed 000)
-
-
-def _checkpointing(res):
-    on = bool((res.settings.verl.model_extra or {}).get("actor_rollout_ref.model.enable_gradient_checkpointing"))
-    return ("on", "off", "checkpointing_off", False, 0) if on else ("off", "on", "checkpointing_off", True, 0)
-
-
-def _rollout_n(res):
-    n = res.settings.verl.rollout_n
-    return (str(n), str(2 * n), "rollout_n_double", False, 0)
-
-
 VERL = Verl(
     name="verl",
     description="verl with colocated vLLM (one node, or a Ray cluster of a head and workers)",
@@ -363,6 +352,7 @@ VERL = Verl(
     progress=(("kl", "actor/kl_loss", ".4f"), ("grad", "actor/grad_norm", ".3f"), ("gen s", "timing_s/gen", ".1f"),
               ("update s", "timing_s/update_actor", ".1f"), ("step s", "timing_s/step", ".1f")),
     unreadable_share="A worker could not load the checkpoint its head saved: a resume would fail or start over",
-    what_if=(Knob("gradient checkpointing", _checkpointing), Knob("rollout n", _rollout_n)),
+    tune_knobs=verl_knobs.TUNE_KNOBS,
+    tune_sides=verl_knobs.TUNE_SIDES,
     restart_words=RestartWords(died={"worker": "a Ray worker"}, again={"worker": "the Ray cluster"}),
 )

@@ -1,10 +1,10 @@
 """Tests of grpo_deploy.engines.base (the Engine every engine is): which image each engine's roles run, answered in
-one place."""
+one place; its knobs (TuneKnob) by name and side, and plan's what-if drawn from them."""
 
 import pytest
 
 from grpo_deploy.engines import ENGINES, TRL_ASYNC, VERL
-from grpo_deploy.engines.base import Unsupported
+from grpo_deploy.engines.base import SIDES, TuneKnob, Unsupported
 
 
 def test_each_role_runs_one_of_its_engines_images():
@@ -32,3 +32,16 @@ def test_a_supported_feature_has_no_reason_and_an_unsupported_one_is_refused_in_
             assert engine.why_not(feature) == why
             with pytest.raises(Unsupported, match=f"^{why}$"):
                 engine.refuse(feature)
+
+
+def test_a_knob_is_found_by_name_and_has_a_known_side():
+    for engine in ENGINES.values():
+        names = [k.name for k in engine.tune_knobs]
+        assert len(names) == len(set(names)), engine.name  # a name is one knob: `tune --knobs` takes it
+        assert all(engine.knob(n).name == n for n in names)
+        assert all(k.side in SIDES for k in engine.tune_knobs)
+        assert engine.what_if == tuple(k for k in engine.tune_knobs if k.what_if is not None)
+    with pytest.raises(KeyError, match="engine verl has no knob 'packing'.*micro-batch"):
+        VERL.knob("packing")
+    with pytest.raises(ValueError, match="side 'sync' is not one of trainer, generation, weight-sync"):
+        TuneKnob("x", "overrides.trl.weight_sync_steps", "sync", lambda res: (), "", "why")
