@@ -389,10 +389,31 @@ def cmd_k8s_check(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from grpo_deploy.common.readback import read_text
+    from grpo_deploy.tune import loop, session
+
+    res = _load(args)
+    spec_file = Path(args.file) if args.file else (Path(DEFAULT_SPEC) if Path(DEFAULT_SPEC).exists() else None)
+    target = args.target if args.target is not None else res.spec.watch.target_reward
+    if target is not None and not 0 < target <= 1:
+        raise CliError(f"watch.target_reward {target:g}: tune judges by it, and the kit's rewards are 0..1 per answer; "
+                       "set it above 0 and at most 1, or pass --target")
+    request = loop.TuneRequest(args.budget * 60, target, args.knobs, args.steps, args.allow_objective_change)
+    text = read_text(spec_file, 1 << 20, "the spec") if spec_file is not None else new_spec.spec_text()
+    ssh = (["--ssh-config", args.ssh_config] if args.ssh_config else []) + \
+        (["--accept-new-host-keys"] if args.accept_new_host_keys else [])
+    try:
+        return session.run(res, session.user_data(text), request, spec_file, args.apply, ssh,
+                           lambda line: print(line, flush=True))
+    except session.TuneRefused as exc:
+        raise CliError(str(exc)) from None
+
+
 VERBS = {"init": cmd_init, "render": cmd_render, "k8s-render": cmd_k8s_render, "k8s-check": cmd_k8s_check,
          "plan": cmd_plan, "preflight": cmd_preflight, "profiles": cmd_profiles, "up": cmd_up, "status": cmd_status,
          "down": cmd_down, "logs": cmd_logs, "check": cmd_check, "checkpoints": cmd_checkpoints,
-         "diagnose": cmd_diagnose}
+         "diagnose": cmd_diagnose, "tune": cmd_tune}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -96,6 +96,42 @@ def _line_count(text: str) -> int:
     return int(text)
 
 
+def _budget_minutes(text: str) -> float:
+    """--budget MINUTES: a number from 1 to 10080 (a week)."""
+    try:
+        value = float(text) if re.fullmatch(r"[0-9]{1,5}(\.[0-9]{1,3})?", text) else float("nan")
+    except ValueError:
+        value = float("nan")
+    if not 1 <= value <= 10_080:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of minutes from 1 to 10080")
+    return value
+
+
+def _reward_target(text: str) -> float:
+    """--target REWARD: a mean reward the kit's tasks can reach, above 0 and at most 1."""
+    value = float(text) if re.fullmatch(r"[0-9]?\.?[0-9]{1,6}", text) else float("nan")
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a mean reward above 0 and at most 1 (the kit's "
+                                         "rewards are 0..1 per answer)")
+    return value
+
+
+def _trial_steps(text: str) -> int:
+    """--steps N: a trial's optimizer steps, 6 to 10000 (the reward's line needs a few)."""
+    if not re.fullmatch(r"[0-9]{1,5}", text) or not 6 <= int(text) <= 10_000:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a step count from 6 to 10000")
+    return int(text)
+
+
+def _knob_names(text: str) -> tuple[str, ...]:
+    """--knobs a,b: names of the engine's knobs (checked against the spec's engine once it is loaded)."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names or any(not re.fullmatch(r"[a-z][a-z0-9_-]{0,40}", n) for n in names):
+        raise argparse.ArgumentTypeError(f"{text[:60]!r} is not a comma-separated list of knob names "
+                                         "(lower-case letters, digits, - and _)")
+    return names
+
+
 def host_list(text: str | None) -> list[str]:
     """--hosts a,b -> [a, b] (blanks dropped); none given -> []."""
     return [h.strip() for h in text.split(",") if h.strip()] if text else []
@@ -152,6 +188,7 @@ def build_parser(verbs: Verbs) -> argparse.ArgumentParser:
     add_images_parser(sub)
     _add_checkpoints(sub, verbs)
     _add_diagnose(sub, verbs)
+    _add_tune(sub, verbs)
     return parser
 
 
@@ -342,6 +379,38 @@ def _add_checkpoints(sub, verbs: Verbs) -> None:
     p.add_argument("--keep", type=_keep_count, metavar="N", help="prune: complete checkpoints to keep (1-10000)")
     p.add_argument("--dry-run", action="store_true", help="prune: say what would be removed, change nothing")
     p.set_defaults(fn=verbs["checkpoints"])
+
+
+def _add_tune(sub, verbs: Verbs) -> None:
+    """`tune`: the field write-ups' tuning procedure on the user's own hosts."""
+    p = sub.add_parser("tune", help="try one knob at a time in short real trials on these hosts; keep a knob only "
+                                    "when it beats the measured noise",
+                       description="Short real trials of the spec on its own hosts (each an `up` under a run name of "
+                                   "its own, in a scratch folder, saving nothing; the spec's checkpoints are never "
+                                   "touched): a baseline, `diagnose` names the bounding side, that side's knobs one "
+                                   "value at a time, the baseline repeated between them so the noise is measured; a "
+                                   "knob is kept only when its gain beats that noise (judged by samples trained per "
+                                   "hour, or with --target by the estimated time to reach that reward). A knob that "
+                                   "changes what the loss computes is reported and kept only with "
+                                   "--allow-objective-change. Prints a line per trial and a table; writes a JSON "
+                                   "report, a plot and the spec diff; --apply rewrites the spec (the old one kept as "
+                                   "<spec>.before-tune).")
+    _add_spec(p)
+    _add_ssh(p)
+    p.add_argument("--budget", type=_budget_minutes, default=30.0, metavar="MINUTES",
+                   help="wall-clock minutes for all trials (1-10080, default 30); refused when not even the "
+                        "baselines and one knob trial fit the forecast")
+    p.add_argument("--target", type=_reward_target, metavar="REWARD",
+                   help="judge by the estimated time to reach this mean reward (default: the spec's "
+                        "watch.target_reward, else samples trained per hour)")
+    p.add_argument("--knobs", type=_knob_names, metavar="K,...", help="only these knobs (default: every knob of the "
+                                                                         "diagnosed side)")
+    p.add_argument("--steps", type=_trial_steps, default=12, metavar="N",
+                   help="optimizer steps per trial (6-10000, default 12)")
+    p.add_argument("--allow-objective-change", action="store_true",
+                   help="keep a knob that is faster but changes what the loss computes (e.g. packing)")
+    p.add_argument("--apply", action="store_true", help="write the kept knobs into the spec file")
+    p.set_defaults(fn=verbs["tune"])
 
 
 def _add_diagnose(sub, verbs: Verbs) -> None:

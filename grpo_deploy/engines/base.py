@@ -147,6 +147,11 @@ class Engine:
     logger_keys: dict[str, tuple[str, ...]] = field(default_factory=lambda: {
         "project": ("wandb", "tensorboard", "mlflow"), "entity": ("wandb",)})
     """logger.<key> -> the logger kinds that read it on this engine (a key set for any other kind is refused)."""
+    steps_setting: str = ""
+    """The spec key of the run's optimizer steps (`overrides.trl.max_steps`): a tune trial's length is written there."""
+    tune_figures: dict[str, str] = field(default_factory=dict)
+    """What a tune trial shows beside its verdict (answer_tok_s, fwd_bwd_tok_s, peak_gib) -> the step metric holding
+    it (its median over the trial)."""
     tune_knobs: tuple[TuneKnob, ...] = ()
     """The engine's knobs (`tune` tries them; those with a what-if are plan's what-if table, in this order)."""
     tune_sides: dict[str, str] = field(default_factory=dict)
@@ -375,6 +380,12 @@ class Engine:
         """(GPUs every node of its cluster across hosts needs, the setting that says so, the override that lowers
         it): preflight counts them on each node. None: no count asked. This default: none."""
         return None
+
+    def samples_in_step(self, res: Resolved, step: dict[str, Any]) -> float | None:
+        """Samples trained in one logged step (*step*: a `step` event): the metric the watcher reads as `samples`;
+        None when the step does not say."""
+        value = step.get(self.watch_keys.get("samples") or "batch/samples_per_step")
+        return float(value) if isinstance(value, int | float) and value >= 0 else None
 
     def total_steps(self, res: Resolved) -> int:
         """The optimizer steps of the run."""

@@ -380,6 +380,8 @@ TRL_ASYNC = TrlAsync(
     watch_keys={"reward": "reward", "length": "completions/mean_length", "capped": "completions/clipped_ratio",
                 "kl": "kl", "ratio": "ratio", "staleness": "sample/dropped_stale_total",
                 "samples": "batch/samples_per_step", "validation": None},
+    steps_setting="overrides.trl.max_steps",
+    tune_figures={"answer_tok_s": "rollout/generated_tok_s", "fwd_bwd_tok_s": "perf/forwarded_tok_s_fwd_bwd"},
     logger_keys={"project": ("wandb",), "entity": ("wandb",)},  # WANDB_PROJECT/ENTITY: TRL's other loggers read none
     sections=COMMON_SECTIONS + ("trl", "vllm", "runtime"),
     checkpoint_layout="trl",

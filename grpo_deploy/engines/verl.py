@@ -154,6 +154,11 @@ class Verl(Engine):
         words = VERL_LOSS_WORDS.get(str(mode), "a mode this kit does not describe")
         return f"{words} ({LOSS_AGG_KEY}={mode})"
 
+    def samples_in_step(self, res: Resolved, step: dict[str, Any]) -> float | None:
+        """verl logs no sample count: its steps are train_batch_size prompts x rollout n answers each."""
+        verl = res.settings.verl
+        return float(verl.train_batch_size * verl.rollout_n) if verl.rollout_n else None
+
     def total_steps(self, res: Resolved) -> int:
         verl = res.settings.verl
         if verl.total_training_steps:
@@ -346,6 +351,8 @@ VERL = Verl(
     saves_last_step=True,
     # the kit's names for verl's score and length (runtime/verl_node.STEP_KEYS), verl's own for the rest; verl is
     # synchronous (no staleness) and logs no importance ratio
+    steps_setting="overrides.verl.trainer.total_training_steps",
+    tune_figures={"tokens_per_s_per_gpu": "perf/throughput"},
     watch_keys={"reward": "reward", "length": "completions/mean_length", "capped": "response_length/clip_ratio",
                 "kl": "actor/kl_loss", "ratio": None, "staleness": None, "samples": None},
     # seed 000's telemetry: KL to the reference, gradient norm, and where a step's time goes
