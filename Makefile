@@ -87,7 +87,7 @@ bench-cluster: ## verl's Ray cluster up (head to every worker joined) over 2 and
 bench-proxy: ## the replica proxy's overhead per completion request against a direct request to a fake replica (target: median under 2 ms; ~1 min)
 	$(PYTHON) benchmarks/proxy_overhead.py
 
-bench-watcher: ## the run watcher's plateau alarm on 1,000 seeded seed-shaped streams: false alarms on rising ones (target under 1%), detection delay, seed 000's curve, three window sizes (~15 s)
+bench-watcher: ## the run watcher's plateau alarm on 1,000 seeded seed-shaped streams: false alarms on rising ones (target under 1%), detection delay, seed 000's curve, three window sizes; then across per-step noise 0.02-0.12 and binary answers: false alarms on rising and slow-rising streams (target at most 1 in 20), plateau delay (target p95 at most 2.5 windows at 0.05) (~1.5 min)
 	$(PYTHON) benchmarks/watcher_alarms.py
 
 ci-fresh: ## rehearse CI as a fresh machine runs it: a fresh clone of HEAD against an empty second Docker engine (own namespaces; this engine's images untouched); run before every stop (root, ~60 min)

@@ -6,8 +6,9 @@ Pure: no I/O, no torch. The engine's callback feeds it one `observe()` per logge
 `replay()` warms it up from the run's metrics events on a resume. Findings are edge-triggered: one warning when a
 condition starts, one "clear" when it ends.
 
-The statistics (the plateau's line and its bounds) are series.py's; the settings types config.py's.
-docs/MEASUREMENTS.md ("The run watcher's alarms") has the false-alarm rate and the detection delay at the defaults.
+The statistics (the plateau's line, the stretch it spans at the reward's noise, its bounds) are series.py's; the
+settings types config.py's. docs/MEASUREMENTS.md ("The run watcher's alarms") has the false-alarm rate and the
+detection delay across per-step noise 0.02-0.12.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from grpo_deploy.runtime.watch.config import WatchConfig
-from grpo_deploy.runtime.watch.series import MIN_POINTS, RECENT, Fit, _Plateau, _Series, t_upper
+from grpo_deploy.runtime.watch.series import MIN_POINTS, RECENT, Fit, Plateau, Series, t_upper
 
 # A level warning clears once the recent mean is back inside this share of its bound (hysteresis against flapping).
 CLEAR_MARGIN = 0.8
@@ -54,11 +55,11 @@ class Watcher:
     def __init__(self, config: WatchConfig):
         self.config, self.settings, self.keys = config, config.settings, config.keys
         w = self.settings.window
-        self.reward = _Plateau("plateau", w, MIN_POINTS)
-        self.validation = _Plateau("validation_plateau", w, 4)
-        self.length, self.capped = _Series(w), _Series(w)
-        self.kl, self.ratio = _Series(RECENT), _Series(RECENT)
-        self.dropped, self.trained = _Series(w), _Series(w)
+        self.reward = Plateau("plateau", w, MIN_POINTS)
+        self.validation = Plateau("validation_plateau", w, 4)
+        self.length, self.capped = Series(w), Series(w)
+        self.kl, self.ratio = Series(RECENT), Series(RECENT)
+        self.dropped, self.trained = Series(w), Series(w)
         self.durations: deque[tuple[int, float]] = deque(maxlen=DURATIONS_KEPT)
         self.active: set[str] = set()
         self.cap_peak: float | None = None
@@ -152,7 +153,7 @@ class Watcher:
             return [Finding(kind, "clear", step, f"{kind.replace('_', ' ')} cleared at step {step}", values)]
         return []
 
-    def _plateau(self, tracker: _Plateau, step: int) -> list[Finding]:
+    def _plateau(self, tracker: Plateau, step: int) -> list[Finding]:
         change = tracker.judge(step, self.settings)
         fitted, s = tracker.fit, self.settings
         what = "validation score" if tracker is self.validation else "reward"
@@ -163,11 +164,14 @@ class Watcher:
             then = (f"stopping after {s.patience} more flat steps" if s.action == "stop" and tracker is self.reward
                     else "stop the run if the score is good enough (watch.action: stop saves and stops)")
             tail = f"; {left:.1f} GPU-hours left to the planned end" if left is not None else ""
+            noise = f" at noise {tracker.noise:.3f} a step" if tracker.noise is not None else ""
             return [Finding(tracker.kind, "warn", step,
                             f"{what} flat since step {tracker.since}: {fitted.mean:.4f} mean, {gain:+.4f} per "
-                            f"{s.window} steps (at most {upper:+.4f}, under min_gain {s.min_gain:g}){tail}: {then}",
+                            f"{s.window} steps over the last {tracker.steps} steps{noise} (at most {upper:+.4f}, "
+                            f"under min_gain {s.min_gain:g}){tail}: {then}",
                             {"since": tracker.since, "mean": _r(fitted.mean), "gain_per_window": _r(gain),
-                             "upper_gain_per_window": _r(upper), "gpu_hours_left": _r(left, 2)})]
+                             "upper_gain_per_window": _r(upper), "steps_fitted": tracker.steps,
+                             "noise_per_step": _r(tracker.noise), "gpu_hours_left": _r(left, 2)})]
         if change is False:
             self.active.discard(tracker.kind)
             return [Finding(tracker.kind, "clear", step,
@@ -175,7 +179,7 @@ class Watcher:
                             {"gain_per_window": _r(fitted.slope * s.window)})]
         return self._plateau_stop(tracker, step) if tracker is self.reward else []
 
-    def _plateau_stop(self, tracker: _Plateau, step: int) -> list[Finding]:
+    def _plateau_stop(self, tracker: Plateau, step: int) -> list[Finding]:
         s = self.settings
         if s.action != "stop" or self._stop is not None or tracker.warned_at is None:
             return []
@@ -299,7 +303,7 @@ class Watcher:
         """The watcher's figures as JSON-able values (None where unknown)."""
         s, fitted, last = self.settings, self.reward.fit, self.last[0] if self.last else None
         if fitted is None and len(self.reward.series.points) >= 3:
-            fitted = self.reward.series.line()
+            fitted = self.reward.series.line(self.reward.steps)
         steps, seconds = self._time_to_target(fitted)
         since = self.reward.since
         after = last - since if since is not None and last is not None else None
@@ -314,6 +318,8 @@ class Watcher:
             "slope_se": _r(fitted.se if fitted else None, 8),
             "gain_per_window": _r(fitted.slope * s.window if fitted else None),
             "window": s.window,
+            "trend_steps": self.reward.steps,
+            "reward_noise": _r(self.reward.noise, 5),
             "plateau_since": since,
             "steps_after_plateau": after,
             "gpu_hours_after_plateau": _r(self._gpu_hours(after) if after is not None else None, 3),
