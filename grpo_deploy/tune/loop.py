@@ -36,7 +36,7 @@ class TuneRequest:
 
 @dataclass
 class TuneResult:
-    """Every trial run, the verdicts of the last judgement, the knobs kept (setting -> (value, label)), the side each
+    """Every trial run, the verdicts of every round's judgement, the knobs kept (setting -> (value, label)), the side each
     round's diagnosis named, and why the tuner stopped."""
 
     trials: list[Trial] = field(default_factory=list)
@@ -73,7 +73,7 @@ def candidate_plans(res: Resolved, side: str | None, allowed: tuple[str, ...] | 
 def interleave(plans: list[TrialPlan], baseline: Callable[[int], TrialPlan], have: int) -> list[TrialPlan]:
     """The round's order after its first baseline: knob trials with the baseline repeated between them so that at
     least MIN_BASELINES baselines exist and each third of the knobs has one beside it."""
-    extra = max(MIN_BASELINES - have, 1 if plans else 0)
+    extra = max(MIN_BASELINES - have, -(-len(plans) // 3))  # at least one beside every three knob trials
     if not plans:
         return [baseline(have + i + 1) for i in range(extra)]
     out, every = [], max(1, -(-len(plans) // extra))  # a baseline after each `every` knob trials
@@ -147,9 +147,10 @@ def tune(user: dict, res: Resolved, request: TuneRequest, folder: Path, ssh_args
                     break
                 ran.append(got[0])
             baselines = [t for t in ran if t.knob is None]
-            result.verdicts = decide.judge(baselines, [t for t in ran if t.knob is not None], request.target,
-                                           request.allow_objective_change)
-            newly = {_setting(res, v.trial.knob): (v.trial.value, v.trial.label) for v in result.verdicts if v.kept}
+            verdicts = decide.judge(baselines, [t for t in ran if t.knob is not None], request.target,
+                                    request.allow_objective_change)
+            result.verdicts += verdicts
+            newly = {_setting(res, v.trial.knob): (v.trial.value, v.trial.label) for v in verdicts if v.kept}
             if not newly:
                 result.stopped = result.stopped or "no knob's gain was beyond the measured noise"
                 break

@@ -16,6 +16,7 @@ import yaml
 
 from grpo_deploy.common.table import table
 from grpo_deploy.runtime.watch.series import fit
+from grpo_deploy.spec.load import loads
 from grpo_deploy.tune.decide import Trial, Verdict
 from grpo_deploy.tune.knobs import apply_knob
 from grpo_deploy.tune.loop import TuneRequest, TuneResult
@@ -35,18 +36,17 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 def rows(result: TuneResult) -> list[list[str]]:
-    """One row per trial, in the order they ran; the verdict from the last judgement (baselines: `baseline`)."""
+    """One row per trial, in the order they ran, with its round's verdict (baselines: `baseline`)."""
     verdicts = {id(v.trial): v for v in result.verdicts}
-    by_label = {v.trial.label: v for v in result.verdicts}
     out = []
     for t in result.trials:
-        v = verdicts.get(id(t)) or by_label.get(t.label)
+        v = verdicts.get(id(t))
         if t.knob is None:
             verdict = "baseline" if t.ok else f"FAILED: {t.reason}"
         elif not t.ok:
             verdict = f"failed: {t.reason}"
         elif v is None:
-            verdict = "not judged (an earlier round)"
+            verdict = "not judged (the budget ended its round)"
         else:
             verdict = ("KEPT: " if v.kept else "not kept: ") + v.why
         out.append([t.label, _fmt(t.step_s if t.ok else None, ".2f"),
@@ -101,6 +101,7 @@ def apply(spec_path: Path, user: dict, result: TuneResult, verdicts: list[Verdic
     header += [f"#   {line}: {why.get(label, '')}".rstrip(": ")
                for line, (_s, (_v, label)) in zip(spec_diff(result), result.kept.items(), strict=True)]
     text = "\n".join(header) + "\n" + yaml.safe_dump(tuned_data(user, result), sort_keys=False)
+    loads(text, source=f"{spec_path} as tuned")  # a tuned spec the loader refuses is never written
     before = spec_path.with_name(spec_path.name + ".before-tune")
     written = []
     try:

@@ -57,31 +57,57 @@ def _trial(label, knob=None, value=None, samples=1000, ok=True, reason="") -> Tr
     return Trial(label, knob, value, ok, reason, steps=12, wall_s=36.0, samples=samples, rewards=rewards)
 
 
-def test_the_loop_keeps_a_knob_beyond_the_noise_and_stops_at_the_budget(cpu_res, monkeypatch, tmp_path):
-    """Recorded outcomes: baselines at 1000 and 1010 samples, a packing trial at 1600, everything else at 1000."""
+def test_the_loop_keeps_a_knob_beyond_the_noise_and_reports_a_faster_one_that_changes_the_objective(
+        cpu_res, monkeypatch, tmp_path):
+    """Recorded outcomes: baselines at 1,000 and 1,010 samples a trial, max_inflight_tasks 16 at 1,600, packing at
+    1,700 (faster, but it changes what the loss computes), every other knob at the baselines' rate."""
     played = []
 
     def player(plan, data, res, folder, ssh_args, progress=None, timeout_s=3600):
         played.append(plan.label)
-        samples = 1600 if plan.knob == "packing" else (1010 if len(played) % 2 else 1000)
-        events = [{"event": "step", "step": s, "time": 100.0 + 3 * s, "reward": 0.1 + 0.02 * s,
-                   "perf/step_s": 3.0, "perf/fwd_bwd_s": 2.5, "perf/rollout_wait_s": 0.1}
-                  for s in range(1, 13)]
-        return _trial(plan.label, plan.knob, plan.value, samples), events
+        samples = {"inflight": 1600, "packing": 1700}.get(plan.knob, 1010 if len(played) % 2 else 1000)
+        if any(setting == "overrides.trl.max_inflight_tasks" for setting, _v in plan.changes) and plan.knob is None:
+            samples = 1600  # round 2's baselines carry the kept knob
+        events = [{"event": "step", "step": s, "time": 100.0 + 3 * s, "reward": 0.1 + 0.02 * s} for s in range(1, 13)]
+        return _trial(plan.label, plan.knob, plan.value, samples, objective=plan.objective), events
 
     monkeypatch.setattr(loop, "run_trial", player)
     lines = []
     request = loop.TuneRequest(budget_s=3600, target=None, knobs=None, steps=12)
-    result = loop.tune({**_user(cpu_res)}, cpu_res, request, tmp_path, [], trial_s_forecast=10, say=lines.append)
-    assert played[0] == "baseline 1.1" and sum(p.startswith("baseline") for p in played) >= 2
+    result = loop.tune(_user(), cpu_res, request, tmp_path, [], trial_s_forecast=10, say=lines.append)
+    assert played[0] == "baseline 1.1" and "packing=512" in played and "inflight=16" in played
+    first_round = played[:played.index("baseline 2.1")]
+    assert sum(p.startswith("baseline 1.") for p in first_round) >= 1 + -(-(len(first_round) - 1) // 4)
     assert any(line.startswith("round 1: diagnose says") for line in lines)
-    kept = {s: v for s, (v, _label) in result.kept.items()}
-    if any(p.startswith("packing=") for p in played):
-        assert "overrides.trl.token_budget" in kept, (result.stopped, [v.why for v in result.verdicts])
-    assert result.stopped
+    assert result.kept == {"overrides.trl.max_inflight_tasks": (16, "inflight=16")}, result.stopped
+    packing = next(v for v in result.verdicts if v.trial.label == "packing=512")
+    assert not packing.kept and "objective" in packing.why, packing.why
+    assert "inflight=16" not in played[played.index("baseline 2.1"):]  # a kept knob is not tried again
+    assert result.stopped == "no knob's gain was beyond the measured noise"
 
 
-def _user(res) -> dict:
+def test_a_failed_baseline_stops_the_tune_with_its_reason(cpu_res, monkeypatch, tmp_path):
+    def player(plan, data, res, folder, ssh_args, progress=None, timeout_s=3600):
+        return _trial(plan.label, ok=False, reason="error: preflight failed: disk"), []
+
+    monkeypatch.setattr(loop, "run_trial", player)
+    result = loop.tune(_user(), cpu_res, loop.TuneRequest(3600, None, None, 12), tmp_path, [], 10, lambda _l: None)
+    assert result.stopped == "the baseline failed: error: preflight failed: disk" and len(result.trials) == 1
+
+
+def test_the_budget_stops_before_a_trial_that_would_not_fit(cpu_res, monkeypatch, tmp_path):
+    monkeypatch.setattr(loop, "run_trial", lambda *a, **k: pytest.fail("no trial fits"))
+    result = loop.tune(_user(), cpu_res, loop.TuneRequest(60, None, None, 12), tmp_path, [], 120, lambda _l: None)
+    assert result.trials == [] and result.stopped.startswith("the budget: 1 min left")
+
+
+def _trial(label, knob=None, value=None, samples=1000, ok=True, reason="", objective="") -> Trial:
+    rewards = tuple((s, s * 3.0, 0.1 + 0.02 * s) for s in range(1, 13))
+    return Trial(label, knob, value, ok, reason, steps=11, wall_s=33.0, samples=samples, rewards=rewards,
+                 objective=objective)
+
+
+def _user() -> dict:
     import yaml
 
     from grpo_deploy.spec import new_spec
