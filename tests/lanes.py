@@ -30,8 +30,15 @@ NO_TESTS = 5  # pytest's exit status when a session selected nothing
 TAIL_LINES = 40
 
 
+def side_expression(side: str) -> str:
+    """`a,b` -> `(a or b)`: the side lane's markers as one expression."""
+    names = side.split(",")
+    return names[0] if len(names) == 1 else "(" + " or ".join(names) + ")"
+
+
 def lane_args(args: list[str], side: str) -> tuple[list[str], list[str]]:
-    """(main, side) pytest arguments: *args* with its -m expression (if any) joined to `not SIDE` and to `SIDE`."""
+    """(main, side) pytest arguments: *args* with its -m expression (if any) joined to `not SIDE` and to `SIDE` (SIDE:
+    one marker, or several comma-separated, any of which puts a test in the side lane)."""
     rest, expr, i = [], None, 0
     while i < len(args):
         arg = args[i]
@@ -43,7 +50,7 @@ def lane_args(args: list[str], side: str) -> tuple[list[str], list[str]]:
             continue
         rest.append(arg)
         i += 1
-    base = f"({expr}) and " if expr else ""
+    base, side = (f"({expr}) and " if expr else ""), side_expression(side)
     return [*rest, "-m", f"{base}not {side}"], [*rest, "-m", f"{base}{side}"]
 
 
@@ -131,12 +138,13 @@ def run(side: str, pytest_args: list[str], images: list[str]) -> int:
         return 1
     prebuilt_s = time.monotonic() - prebuilt_s
     BUILD.mkdir(exist_ok=True)
-    log_path = BUILD / f"lane-{side}.log"
+    lane = side.replace(",", "_")[:40]
+    log_path = BUILD / f"lane-{lane}.log"
     began = time.monotonic()
     with log_path.open("w") as log:
         side_proc = subprocess.Popen([sys.executable, "-m", "pytest", *side_args], stdout=log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, "GRPO_LANE": side})
+                                     env={**os.environ, "GRPO_LANE": lane})
     print(f"[lanes] the tests of -m {side} run beside the rest (pid {side_proc.pid}); their output: {log_path}",
           flush=True)
     try:
@@ -152,7 +160,7 @@ def run(side: str, pytest_args: list[str], images: list[str]) -> int:
         side_proc.kill()
         side_rc = 1
         print(f"[lanes] the side lane ran {SIDE_WAIT_S} s past the main lane: killed", flush=True)
-    merge(side, time.monotonic() - began, prebuilt_s)
+    merge(lane, time.monotonic() - began, prebuilt_s)
     tail = log_path.read_text(errors="replace").splitlines()[-TAIL_LINES:]
     print(f"\n[lanes] side lane -m {side}: exit {side_rc}; its last {len(tail)} lines ({log_path}):")
     print("\n".join(tail), flush=True)
@@ -161,12 +169,14 @@ def run(side: str, pytest_args: list[str], images: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m tests.lanes", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--side", required=True, help="the marker whose tests run in the side lane")
+    parser.add_argument("--side", required=True, help="the marker (or markers, comma-separated) whose tests run in the "
+                                                       "side lane")
     parser.add_argument("--prebuild", default="", help=f"images built once first, comma-separated: {', '.join(IMAGES)}")
     parser.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then pytest's arguments (both lanes)")
     args = parser.parse_args(argv)
-    if not re.fullmatch(r"[a-z][a-z0-9_]{0,39}", args.side):
-        print(f"--side: {args.side!r} is not a marker name (lower-case letters, digits, _)", file=sys.stderr)
+    if not re.fullmatch(r"[a-z][a-z0-9_]{0,39}(,[a-z][a-z0-9_]{0,39}){0,7}", args.side):
+        print(f"--side: {args.side!r} is not a marker name or a comma-separated list of them (lower-case letters, "
+              "digits, _)", file=sys.stderr)
         return 2
     images = [name for name in args.prebuild.split(",") if name]
     unknown = [name for name in images if name not in IMAGES]

@@ -73,3 +73,8 @@ def test_no_side_test_selected_is_one_session(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(lanes, "BUILD", tmp_path / "build")
     assert lanes.run("side_demo", [str(tmp_path), "-p", "no:cacheprovider"], []) == 0
     assert "no test of -m side_demo is selected: one session" in capsys.readouterr().out
+
+
+def test_several_side_markers_are_one_expression():
+    main, side = lanes.lane_args(["-m", "not gpu"], "cluster,tune")
+    assert main[-1] == "(not gpu) and not (cluster or tune)" and side[-1] == "(not gpu) and (cluster or tune)"
