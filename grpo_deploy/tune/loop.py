@@ -36,8 +36,8 @@ class TuneRequest:
 
 @dataclass
 class TuneResult:
-    """Every trial run, the verdicts of every round's judgement, the knobs kept (setting -> (value, label)), the side each
-    round's diagnosis named, and why the tuner stopped."""
+    """Every trial run, the verdicts of every round's judgement, the knobs kept (setting -> (value, label)), the side
+    each round's diagnosis named, and why the tuner stopped."""
 
     trials: list[Trial] = field(default_factory=list)
     verdicts: list[Verdict] = field(default_factory=list)
