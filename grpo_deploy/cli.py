@@ -162,7 +162,10 @@ def _forecast(res: Resolved) -> forecast.Forecast:
         events, note = state.saved_events(), ""
     except ReadRefused as exc:
         events, note = [], f"run {res.spec.run.name}'s metrics not read ({exc})"
-    return forecast.make_forecast(res, events, where, note)
+    from grpo_deploy.tune.report import measured_factors
+    from grpo_deploy.tune.session import TUNE_DIR
+
+    return forecast.make_forecast(res, events, where, note, tuned=measured_factors(TUNE_DIR, res.spec.run.name))
 
 
 def cmd_plan(args) -> int:

@@ -157,9 +157,11 @@ def _gpu_hours(gpus: int, wall: float | None, train: float | None) -> tuple[floa
     return None, f"{UNKNOWN}: the step time is unknown"
 
 
-def make_forecast(res, events: list[dict] | None = None, events_where: str = "", events_note: str = "") -> Forecast:
+def make_forecast(res, events: list[dict] | None = None, events_where: str = "", events_note: str = "",
+                  tuned: tuple[dict[str, dict], str] = ({}, "")) -> Forecast:
     """The forecast of *res*: *events* are this run name's own (latest `up`), read by the caller from *events_where*;
-    *events_note* says why there are none (missing, unreadable)."""
+    *events_note* says why there are none (missing, unreadable). *tuned*: the step-time factors a `tune` of this run
+    measured on its hosts, and its date (tune.report.measured_factors): the first source of a what-if's factor."""
     profile, refs = _reference(res)
     run = res.spec.run.name
     mine = measured(run, events, events_where)
@@ -189,7 +191,7 @@ def make_forecast(res, events: list[dict] | None = None, events_where: str = "",
         figures["cost"] = Figure(round(hours * cost.gpu_hour, 2) if hours is not None else None, cost.currency,
                                  f"cost.gpu_hour {cost.gpu_hour:g} {cost.currency} x GPU-hours" if hours is not None
                                  else f"{UNKNOWN}: GPU-hours unknown")
-    rows = what_if(res, refs, steps, step_s, startup_s, gpus)
+    rows = what_if(res, refs, steps, step_s, startup_s, gpus, tuned)
     return Forecast(figures=figures, objective=res.engine_info.loss_objective(res), what_if=rows,
                     currency=cost.currency if cost else None, notes=[events_note] if events_note else [])
 
@@ -203,11 +205,28 @@ def _row(knob: str, current: str, proposed: str, factor: float, on: str, steps: 
 
 
 def what_if(res, refs: dict, steps: int | None, step_s: float | None, startup_s: float | None,
-            gpus: int) -> list[WhatIf]:
-    """One row per knob of the run's engine (Engine.what_if) that has a sourced factor (the profile's reference), plus
-    the epochs where the engine counts its steps from them (an exact factor on the step count)."""
+            gpus: int, tuned: tuple[dict[str, dict], str] = ({}, "")) -> list[WhatIf]:
+    """One row per knob that a `tune` of this run measured (its factor first: measured on these hosts), then per knob
+    of the run's engine (Engine.what_if) that has a sourced factor (the profile's reference), plus the epochs where
+    the engine counts its steps from them (an exact factor on the step count)."""
     rows = []
+    from grpo_deploy.tune.knobs import current as current_value
+
+    measured, date = tuned
+    for name, got in measured.items():
+        knob = next((k for k in res.engine_info.tune_knobs if k.name == name), None)
+        if knob is None:
+            continue
+        more_gpus = knob.what_if(res)[4] if knob.what_if and knob.what_if(res) else 0
+        source = (f"measured by tune on these hosts, {date}: trial {got.get('trial')!r}'s s/step over its "
+                  f"{got.get('baselines')} baseline(s)'")
+        rows.append(_row(knob.label or knob.name, str(current_value(res, knob.setting)), str(got.get("value")),
+                         float(got["factor"]),
+                         "step time", steps, None if step_s is None else step_s * float(got["factor"]), startup_s,
+                         gpus + more_gpus, source))
     for knob in res.engine_info.what_if:
+        if knob.name in measured:
+            continue
         current, proposed, key, invert, more_gpus = knob.what_if(res)
         ref = refs.get(key)
         if ref is None:

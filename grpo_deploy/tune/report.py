@@ -61,10 +61,12 @@ def table_text(result: TuneResult) -> str:
     return table(list(COLUMNS), rows(result))
 
 
-def report(result: TuneResult, request: TuneRequest, spec_source: str) -> dict[str, Any]:
-    """The JSON report: the request, every trial (its figures and reward points), the verdicts, what was kept."""
+def report(result: TuneResult, request: TuneRequest, spec_source: str, run: str = "") -> dict[str, Any]:
+    """The JSON report: the request, every trial (its figures and reward points), the verdicts, what was kept, and
+    the step-time factor each first-round knob trial measured (what `plan` reads: measured_factors)."""
     return {
-        "spec": spec_source, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "spec": spec_source, "run": run, "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "factors": step_factors(result),
         "request": {"budget_min": request.budget_s / 60, "target": request.target, "knobs": request.knobs,
                     "steps": request.steps, "allow_objective_change": request.allow_objective_change},
         "sides": result.sides, "stopped": result.stopped, "interrupted": result.interrupted,
@@ -77,6 +79,44 @@ def report(result: TuneResult, request: TuneRequest, spec_source: str) -> dict[s
                       "measure": v.measure} for v in result.verdicts],
         "kept": {setting: {"value": value, "trial": label} for setting, (value, label) in result.kept.items()},
     }
+
+
+def step_factors(result: TuneResult) -> dict[str, dict[str, Any]]:
+    """knob -> {value, factor, trial}: the first round's knob trial's seconds per step over its baselines' mean (the
+    fastest value of each knob); later rounds carry kept knobs, so their trials are not against the spec as written."""
+    first = [t for t in result.trials if t.ok and t.step_s and (t.knob is None and t.label.startswith("baseline 1.")
+                                                                 or t.knob is not None)]
+    ends = [i for i, t in enumerate(result.trials) if t.label == "baseline 2.1"]
+    first = [t for t in first if not ends or result.trials.index(t) < ends[0]]
+    base = [t.step_s for t in first if t.knob is None]
+    if not base:
+        return {}
+    mean = sum(base) / len(base)
+    out: dict[str, dict[str, Any]] = {}
+    for t in first:
+        if t.knob is not None and (t.knob not in out or t.step_s / mean < out[t.knob]["factor"]):
+            out[t.knob] = {"value": t.value, "factor": round(t.step_s / mean, 3), "trial": t.label,
+                           "baselines": len(base)}
+    return out
+
+
+def measured_factors(tune_dir: Path, run: str) -> tuple[dict[str, dict[str, Any]], str]:
+    """The newest tune report of run *run* under *tune_dir* (each folder's report.json, read bounded, never through a
+    link): its factors and its date; ({}, "") when there is none or it cannot be read."""
+    from grpo_deploy.common.readback import ReadRefused, read_text
+
+    if not tune_dir.is_dir() or tune_dir.is_symlink():
+        return {}, ""
+    for folder in sorted((p for p in tune_dir.iterdir() if p.is_dir() and not p.is_symlink()), reverse=True):
+        try:
+            data = json.loads(read_text(folder / "report.json", 8 << 20, "a tune report"))
+        except (ReadRefused, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("run") == run and isinstance(data.get("factors"), dict):
+            factors = {k: v for k, v in data["factors"].items() if isinstance(v, dict)
+                       and isinstance(v.get("factor"), int | float) and 0 < v["factor"] < 100}
+            return factors, str(data.get("date", ""))[:19]
+    return {}, ""
 
 
 def spec_diff(result: TuneResult) -> list[str]:

@@ -75,7 +75,8 @@ def run(res: Resolved, user: dict, request: loop.TuneRequest, spec_file: Path | 
         + (f"the time to reward {request.target:g}" if request.target is not None else "samples trained per hour")
         + f"; trials, logs and the report in {folder}/")
     result = loop.tune(user, res, request, folder, ssh_args, start.trial_s, say)
-    (folder / "report.json").write_text(json.dumps(report.report(result, request, str(spec_file or "<embedded>")),
+    (folder / "report.json").write_text(json.dumps(report.report(result, request, str(spec_file or "<embedded>"),
+                                                                 res.spec.run.name),
                                                    indent=2, default=str))
     text = report.table_text(result)
     (folder / "table.txt").write_text(text + "\n")

@@ -208,3 +208,31 @@ def test_shipped_profiles_give_reference_figures_with_sources():
         for engine, figures in p.reference.items():
             assert engine in p.engines
             assert all(f.source and f.value > 0 for f in figures.values())
+
+
+def test_a_tunes_measured_factor_comes_first_and_says_where_it_was_measured(tmp_path):
+    from grpo_deploy.tune import report
+    from grpo_deploy.tune.decide import Trial
+    from grpo_deploy.tune.loop import TuneRequest, TuneResult
+
+    def trial(label, knob=None, value=None, wall=33.0):
+        return Trial(label, knob, value, True, steps=11, wall_s=wall, samples=1000, rewards=((1, 0.0, 0.1),))
+
+    result = TuneResult(trials=[trial("baseline 1.1"), trial("inflight=16", "inflight", 16, 22.0),
+                                trial("baseline 1.2", wall=33.0), trial("baseline 2.1", wall=22.0),
+                                trial("staleness=4", "staleness", 4, 11.0)])
+    folder = tmp_path / "tune" / "20261206-100000"
+    folder.mkdir(parents=True)
+    (folder / "report.json").write_text(json.dumps(report.report(result, TuneRequest(600, None, None, 12), "s.yaml",
+                                                                 "rehearsal")))
+    tuned = report.measured_factors(tmp_path / "tune", "rehearsal")
+    assert tuned[0] == {"inflight": {"value": 16, "factor": 0.667, "trial": "inflight=16", "baselines": 2}}
+    assert report.measured_factors(tmp_path / "tune", "another-run") == ({}, "")  # another run's tune: not this one's
+    rows = {w.knob: w for w in forecast.make_forecast(_res("cpu", "trl-async"), tuned=tuned).what_if}
+    row = rows["inflight"]
+    assert row.factor == 0.667 and row.proposed == "16" and row.source.startswith("measured by tune on these hosts")
+    assert "packing (trl.token_budget)" in rows  # the profile's references still fill the others
+    (folder / "report.json").unlink()
+    (folder / "report.json").symlink_to(tmp_path / "elsewhere.json")
+    (tmp_path / "elsewhere.json").write_text(json.dumps({"run": "rehearsal", "factors": {"inflight": {"factor": 0.1}}}))
+    assert report.measured_factors(tmp_path / "tune", "rehearsal") == ({}, "")  # never read through a link
