@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 BENCH_REPEAT ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-gpu test-verl test-verl-cluster test-trainer-hosts test-replicas-hosts test-split-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-forecast bench-shipping bench-split bench-cluster bench-proxy bench-watcher render-defaults clean
+.PHONY: help setup demo test test-gpu test-verl test-verl-cluster test-trainer-hosts test-replicas-hosts test-split-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-forecast bench-shipping bench-split bench-cluster bench-proxy bench-tune-paired bench-watcher render-defaults clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-20s %s\n", $$1, $$2}'
@@ -86,6 +86,9 @@ bench-cluster: ## verl's Ray cluster up (head to every worker joined) over 2 and
 
 bench-proxy: ## the replica proxy's overhead per completion request against a direct request to a fake replica (target: median under 2 ms; ~1 min)
 	$(PYTHON) benchmarks/proxy_overhead.py
+
+bench-tune-paired: ## after `grpo-deploy tune --apply`: the tuned spec against the spec before it, 3 interleaved pairs of real runs, wall time to a 5-step mean reward of TARGET (default 0.5) and the line's estimate at half-way (SPEC=grpo-deploy.yaml)
+	$(PYTHON) benchmarks/tune_paired.py --before $(or $(SPEC),grpo-deploy.yaml).before-tune --after $(or $(SPEC),grpo-deploy.yaml) --target $(or $(TARGET),0.5)
 
 bench-watcher: ## the run watcher's plateau alarm on 1,000 seeded seed-shaped streams: false alarms on rising ones (target under 1%), detection delay, seed 000's curve, three window sizes; then across per-step noise 0.02-0.12 and binary answers: false alarms on rising and slow-rising streams (target at most 1 in 20), plateau delay (target p95 at most 2.5 windows at 0.05) (~1.5 min)
 	$(PYTHON) benchmarks/watcher_alarms.py
