@@ -278,13 +278,15 @@ def report(trial: Trial, rendered: Rendered, server: Role, trainer: Role, ready_
     steps = step_events(events)
     medians = {name: _median([float(s[key]) for s in steps if isinstance(s.get(key), int | float)])
                for name, key in MEDIANS.items()}
-    step_s = medians["step_s_median"]
+    # a short GPU trial trains from the rollouts queued while it started: the step generation sustains is the figure
+    step_s = evidence.get("sustained_step_s") or medians["step_s_median"]
     return {
         "trial": trial.name, "shape": trial.shape, "steps_asked": trial.steps, "answer_tokens": trial.answer_tokens,
         "speed_switches": trial.switches, "trainer_exit": trainer.process.returncode,
         **{name: summary.get(key) for name, key in SUMMARY.items()},
         **medians,
-        **{key: evidence.get(key) for key in ("generated_tok_s", "trained_tok_s", "mfu_fwd_bwd")},
+        **{key: evidence.get(key) for key in ("generated_tok_s", "trained_tok_s", "mfu_fwd_bwd", "generation_floor_s",
+                                              "fed_by_startup_backlog", "sustained_step_s")},
         "gpu_hours_per_500_steps": round(step_s * 500 / 3600, 3) if step_s and server.peak_mib else None,
         "server_peak_gib": round(server.peak_mib / 1024, 2), "trainer_peak_gib": round(trainer.peak_mib / 1024, 2),
         "server_ready_s": round(ready_s, 1) if ready_s is not None else None,
@@ -317,8 +319,9 @@ REPORT_LINE = ("{trial}: {steps}/{steps_asked} steps, reward {reward_first5} -> 
                "{ratio_min}-{ratio_max}, step {step_s_median} s (fwd/bwd {fwd_bwd_s_median}, "
                "wait {rollout_wait_s_median}, sync {weight_sync_s_median}), {samples_per_step} answers/step of "
                "{answer_length_median} tokens, generated {generated_tok_s} tok/s, trained {trained_tok_s} tok/s, "
-               "MFU {mfu_fwd_bwd}, {gpu_hours_per_500_steps} GPU-h/500 steps, peak GiB server {server_peak_gib} "
-               "trainer {trainer_peak_gib}")
+               "MFU {mfu_fwd_bwd}, sustained step {sustained_step_s} s (generation alone {generation_floor_s} s; "
+               "fed by the start-up queue: {fed_by_startup_backlog}), {gpu_hours_per_500_steps} GPU-h/500 steps at "
+               "the sustained step, peak GiB server {server_peak_gib} trainer {trainer_peak_gib}")
 
 
 def model_kind(shape: str) -> str:

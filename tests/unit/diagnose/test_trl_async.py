@@ -271,3 +271,22 @@ def test_one_h200_run_reads_mfu_as_trl_logs_it():
     assert ev["mfu_fwd_bwd"] == pytest.approx(0.396, abs=0.005)
     assert "MFU (fwd/bwd)" in diagnosis_text(d, diagnose.LABELS) and "39.6%" in diagnosis_text(d, diagnose.LABELS)
     assert ev["steps"] == 20 and ev["step_time_median_s"] == pytest.approx(6.98, abs=0.05)
+
+
+def test_a_run_fed_by_its_start_up_backlog_is_generation_bound():
+    """The same H200 run: its 20 steps trained from the 755 rollouts queued while the trainer started (queue 755 -> 8,
+    wait ~0, 6.98 s a step; step 20, the queue empty, took 22.9 s). vLLM needs ~12.7 s to generate a step's trained
+    tokens: the run is generation-bound, and its steady step is that, not 6.98 s (the H100 run showed 12.0)."""
+    d = diagnose.diagnose(_events("h200_one_gpu_seed004"))
+    ev = d.evidence
+    assert ev["fed_by_startup_backlog"] is True and d.side == "generation-bound", d.reason
+    assert ev["generation_floor_s"] == pytest.approx(12.7, abs=0.2)
+    assert ev["sustained_step_s"] == ev["generation_floor_s"]
+    assert "queued while it started" in d.reason and "755.7 -> 8.5" in d.reason
+    assert any(k.setting == "overrides.trl.max_inflight_tasks" for k in d.next_knobs)
+
+
+def test_a_steady_run_is_not_called_backlog_fed():
+    d = diagnose.diagnose(_events("cpu_rehearsal"))
+    assert d.evidence["fed_by_startup_backlog"] is False and d.side == "trainer-bound"
+    assert d.evidence["sustained_step_s"] == pytest.approx(d.evidence["step_time_median_s"], abs=0.01)
