@@ -74,9 +74,26 @@ def measure(plan: TrialPlan, res: Resolved, events: list[dict], ok: bool, reason
     samples = sum(res.engine_info.samples_in_step(res, s) or 0 for s in steps[1:])
     extra = {key: _median([float(s[name]) for s in steps if isinstance(s.get(name), int | float)])
              for key, name in res.engine_info.tune_figures.items()}
-    return Trial(plan.label, plan.knob, plan.value, ok, reason, steps=len(steps) - 1,
-                 wall_s=round(float(steps[-1]["time"]) - t0, 3), samples=int(samples), rewards=rewards,
-                 objective=plan.objective, extra={k: v for k, v in extra.items() if v is not None})
+    wall = float(steps[-1]["time"]) - t0
+    sustained = _sustained_step(events, res)
+    if sustained is not None and len(steps) > 1:  # a short trial fed by its start-up queue reads too fast
+        extra.update(fed_by_startup_backlog=True, wall_s_measured=round(wall, 3), sustained_step_s=sustained)
+        wall = max(wall, sustained * (len(steps) - 1))
+    return Trial(plan.label, plan.knob, plan.value, ok, reason, steps=len(steps) - 1, wall_s=round(wall, 3),
+                 samples=int(samples), rewards=rewards, objective=plan.objective,
+                 extra={k: v for k, v in extra.items() if v is not None})
+
+
+def _sustained_step(events: list[dict], res: Resolved) -> float | None:
+    """The step time generation sustains where the engine's diagnosis finds the steps fed by the rollouts queued while
+    the trainer started (trl-async: diagnose's `fed_by_startup_backlog`); None otherwise."""
+    try:
+        evidence = res.engine_info.diagnose(events, res)[0].evidence
+    except Exception:  # noqa: BLE001 - an engine without a diagnosis, or too few steps: the trial reads as measured
+        return None
+    if evidence.get("fed_by_startup_backlog") and isinstance(evidence.get("sustained_step_s"), int | float):
+        return float(evidence["sustained_step_s"])
+    return None
 
 
 def _median(values: list[float]) -> float | None:

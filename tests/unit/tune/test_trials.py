@@ -69,3 +69,16 @@ def test_a_run_that_logged_no_step_is_a_failed_trial_with_a_reason(cpu_res):
 ])
 def test_why_a_trial_failed_in_one_line(said, reason):
     assert trials._failure(said, 1) == reason
+
+
+def test_a_trial_fed_by_its_start_up_queue_is_measured_at_the_step_generation_sustains():
+    """One H200's seed-004 run (tests/unit/metrics/h200_one_gpu_seed004.jsonl): 20 steps trained from the rollouts
+    queued while the trainer started, 6.98 s a step; generation sustains ~12.7 s. A tune trial this short must not
+    credit a knob with the backlog's speed."""
+    res = resolve(loaded("h200", "trl-async", ("gpu1",)))
+    events = parse_events((METRICS.parent / "h200_one_gpu_seed004.jsonl").read_text())
+    trial = trials.measure(TrialPlan("baseline 1.1"), res, events, True, "")
+    assert trial.extra["fed_by_startup_backlog"] is True
+    assert trial.extra["sustained_step_s"] == pytest.approx(12.7, abs=0.3)
+    assert trial.step_s >= trial.extra["sustained_step_s"] - 0.01  # never faster than generation sustains
+    assert trial.extra["wall_s_measured"] <= trial.wall_s
