@@ -20,7 +20,7 @@ from grpo_deploy.kit_data import KitDataMissing
 from grpo_deploy.names import STATE_DIR
 from grpo_deploy.plan import plan_text
 from grpo_deploy.render import render_files
-from grpo_deploy.render.folder import WriteRefused, diff_tree, write_tree
+from grpo_deploy.render.folder import WriteFailed, WriteRefused, diff_tree, write_tree
 from grpo_deploy.render.k8s_overlay import OverlayError, overlay_dir, problems, regenerate
 from grpo_deploy.spec import new_spec, profiles
 from grpo_deploy.spec.load import load
@@ -97,10 +97,15 @@ def _render(args) -> int:
         return _render_check(out, render_files(res, config_dir=str(out / "config")))
     out = _render_dir(args)
     files = render_files(res, config_dir=str(out / "config"))
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM rolls back like Ctrl-C: the earlier render stays
     try:
         write_tree(files, out)
+    except WriteFailed as exc:  # a full disk: one line, exit 2 like every other -o the OS refuses
+        raise CliError(f"render -o {args.output}: {exc.reason}") from None
     except WriteRefused as exc:
         raise CliError(str(exc)) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(f"rendered {len(files)} files for run {res.spec.run.name} ({res.engine}) into {out}")
     for rel in sorted(files):
         print(f"  {rel}")

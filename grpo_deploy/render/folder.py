@@ -7,18 +7,24 @@ a folder "an earlier render" (a name of the kit's own, not a generic MANIFEST th
 write_tree writes into a new folder, an empty one or an earlier render, and on a re-render removes only files that
 record lists and that still hold what the kit wrote (then the folders that leaves empty). Everything else in the
 folder is someone else's and stays as it is.
+
+A write is all or nothing (grpo_deploy.render.scratch): the files are staged in a scratch folder, then moved into
+place with the record last, so a full disk, an interrupt or an error leaves the earlier render (or nothing) and a
+record that is true; the folder is not swapped whole, so folders stay the same folders and files that are not the
+kit's stay where they are.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
-import secrets
 import stat
 from pathlib import Path
 
 from grpo_deploy.common.dirlock import Busy, locked
 from grpo_deploy.common.readback import ReadRefused, read_bytes
+from grpo_deploy.render import scratch
 
 RECORD = ".grpo-deploy-render"
 RECORD_HEADER = "# grpo-deploy render record, format 1"
@@ -32,42 +38,63 @@ class WriteRefused(Exception):
     Nothing was written; the message is one line that says what and how to fix it."""
 
 
-def write_tree(files: dict[str, str], out_dir: Path, *, adopt: bool = False) -> list[Path]:
+class WriteFailed(WriteRefused):
+    """The system failed the write (a full disk, a quota, a read-only or failing device): the folder holds what it held
+    before. The message is one line; *reason* is the message without the folder."""
+
+    def __init__(self, out_dir: Path, failed: scratch.Failed):
+        what = "no space left on the device" if failed.errno == errno.ENOSPC else \
+            failed.strerror[:1].lower() + failed.strerror[1:]
+        if failed.kept:
+            outcome = (f"the earlier render is not back in place yet: the next render into {out_dir} puts it back "
+                       f"first ({failed.kept} holds it)")
+        else:
+            outcome = "nothing was changed" + (": free some space or render into another directory"
+                                               if failed.errno in (errno.ENOSPC, errno.EDQUOT) else "")
+        self.reason = f"{what} (wrote {failed.written} of {failed.total} bytes); {outcome}"
+        super().__init__(f"{out_dir}: {self.reason}")
+
+
+def write_tree(files: dict[str, str], out_dir: Path, *, adopt: bool = False,
+               on_write: scratch.Hook | None = None) -> list[Path]:
     """Write {relative path: text} under *out_dir* and record them; the paths written, in the order of *files*.
 
     *out_dir* must be new, empty or an earlier render (see the module docstring); a file of the render at a path that
     the earlier record does not list is refused, not overwritten. adopt: a folder without a record (files the kit
     wrote before it kept one) may hold such files when their content equals what is written now.
-    Each file is written to a temporary file beside it and renamed over it, so folders stay the same folders (a
-    container bind-mounting config/ keeps seeing it). Nothing is written through, or removed at, a symbolic link.
-    Every check runs before the first write; a refusal raises WriteRefused with the folder untouched.
+    All or nothing (grpo_deploy.render.scratch): a failure raises WriteFailed, an interrupt propagates, and either
+    leaves the folder as it was, with folders the same folders (a container bind-mounting config/ keeps seeing it).
+    Nothing is written through, or removed at, a symbolic link. Every check runs before the first write; a refusal
+    raises WriteRefused with the folder untouched. on_write (tests): called with ("stage" or "move", relative path)
+    before each file is written into the scratch folder and before each is moved into place.
     """
     out_dir = Path(out_dir)
     _check_paths(files)
+    made = [p for p in (out_dir.parent, *out_dir.parent.parents) if not os.path.lexists(p)]  # deepest first
     out_dir.parent.mkdir(parents=True, exist_ok=True)  # only when out_dir is new too: nothing there can be refused
     try:
         with locked(out_dir.parent, f"a render into {out_dir.name}"):  # the parent: out_dir itself may be new
-            return _write_locked(files, out_dir, adopt)
+            return _write_locked(files, out_dir, adopt, on_write)
     except Busy as exc:
         raise WriteRefused(str(exc)) from None
+    finally:
+        for folder in made:  # made for this render: a failed one leaves none of them behind
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
 
-def _write_locked(files: dict[str, str], out_dir: Path, adopt: bool) -> list[Path]:
-    previous, stale = _checked(files, out_dir, adopt)
-    digests = {rel: _digest(text) for rel, text in files.items()}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _write_record(out_dir, {**previous, **digests})  # owns old and new files until the end: a crash leaves no orphans
-    written = []
-    for rel, text in files.items():
-        target = out_dir / rel
-        _make_folders(out_dir, target.parent)
-        _replace(target, text.encode("utf-8"))
-        written.append(target)
-    for rel in stale:
-        (out_dir / rel).unlink()
-        _remove_emptied(out_dir, (out_dir / rel).parent)
-    _write_record(out_dir, digests)
-    return written
+def _write_locked(files: dict[str, str], out_dir: Path, adopt: bool, on_write: scratch.Hook | None) -> list[Path]:
+    scratch.recover(out_dir)  # an earlier write cut short (a crash) is rolled back first
+    _, stale = _checked(files, out_dir, adopt)
+    lines = [RECORD_HEADER] + [f"{_digest(text)}  {rel}" for rel, text in sorted(files.items())]
+    staged = [(rel, text.encode("utf-8")) for rel, text in files.items()]
+    try:
+        scratch.put(out_dir, staged + [(RECORD, ("\n".join(lines) + "\n").encode("utf-8"))], stale, on_write)
+    except scratch.Failed as exc:
+        raise WriteFailed(out_dir, exc) from None
+    return [out_dir / rel for rel in files]
 
 
 def check_tree(files: dict[str, str], out_dir: Path, *, adopt: bool = False) -> None:
@@ -227,56 +254,6 @@ def _content(path: Path) -> bytes | None:
         return read_bytes(path, FILE_LIMIT, "a rendered file")
     except ReadRefused:
         return None
-
-
-def _make_folders(out_dir: Path, folder: Path) -> None:
-    path = out_dir
-    for part in folder.relative_to(out_dir).parts:
-        path = path / part
-        try:
-            os.mkdir(path)
-        except FileExistsError:
-            st = os.lstat(path)
-            if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):  # changed since the checks
-                raise WriteRefused(f"{path} changed while writing (now not a folder); render again") from None
-
-
-def _replace(target: Path, data: bytes) -> None:
-    """Write *data* to a new file beside *target*, then rename it over *target* (which, if a file, keeps its mode;
-    a new one gets 0666 less the umask, like open())."""
-    st = _lstat(target)
-    while True:
-        tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
-            break
-        except FileExistsError:
-            continue
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            if st is not None:
-                os.fchmod(f.fileno(), stat.S_IMODE(st.st_mode))
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _write_record(out_dir: Path, digests: dict[str, str]) -> None:
-    lines = [RECORD_HEADER] + [f"{digest}  {rel}" for rel, digest in sorted(digests.items())]
-    _replace(out_dir / RECORD, ("\n".join(lines) + "\n").encode("utf-8"))
-
-
-def _remove_emptied(out_dir: Path, folder: Path) -> None:
-    """Remove *folder* and its parents below *out_dir* while they are empty (rmdir never removes a link or a
-    folder with something in it)."""
-    while folder != out_dir and out_dir in folder.parents:
-        try:
-            folder.rmdir()
-        except OSError:
-            return
-        folder = folder.parent
 
 
 def diff_tree(files: dict[str, str], out_dir: Path) -> list[str]:

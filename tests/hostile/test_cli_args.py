@@ -1,5 +1,5 @@
 """Hostile command-line arguments: init --hosts (an accepted list is written exactly, a refused one writes nothing),
-preflight --only, and the output paths the OS would refuse (NUL, names too long, too deep, under a file);
+preflight --only, and the output paths the OS would refuse (NUL, names too long, too deep, under a file, a full disk);
 a traceback checked in a subprocess too, where the interpreter would print it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from grpo_deploy import preflight
 from grpo_deploy import spec as spec_module
-from tests.hostile.helpers import assert_refused, base_data, changed, cli, write_spec
+from tests.hostile.helpers import assert_refused, base_data, changed, cli, dump, write_spec
 
 INIT = ["init", "--profile", "gb10", "--engine", "trl-async"]
 
@@ -130,6 +130,44 @@ def test_init_output_with_nul(tmp_path):
 
 def test_init_output_name_too_long(tmp_path):
     assert_refused(cli(INIT + ["-o", "y" * 300], tmp_path), words=("-o",))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 64 KB tmpfs: 16 pages of 4 KB. The gb10 pair's render takes 17 with its record, the cpu one's 11."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root (CI runs as root)")
+    disk = tmp_path / "small"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs", str(disk)], check=True, timeout=30)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True, timeout=30)
+
+
+def test_render_output_on_a_full_disk_is_one_line_and_changes_nothing(tmp_path, small_disk):
+    """Issue 44: a full disk leaves no half-written folder: into a new or an empty folder nothing is left behind;
+    over an earlier render, that render stays byte for byte and `render --check` still passes."""
+    (tmp_path / "pair.yaml").write_text(dump(base_data("gb10-pair")))
+    (tmp_path / "cpu.yaml").write_text(dump(base_data("cpu")))
+    empty = os.statvfs(small_disk)
+    for target in (small_disk / "render", small_disk):  # a new folder, an empty one (the mount point itself)
+        run = cli(["render", "-f", "pair.yaml", "-o", str(target)], tmp_path)
+        assert_refused(run, words=(f"error: render -o {target}: no space left on the device (wrote ",
+                                   " bytes); nothing was changed: free some space or render into another directory"))
+        assert len(run.err.splitlines()) == 1, run.err
+        assert os.listdir(small_disk) == [] and os.statvfs(small_disk).f_bfree == empty.f_bfree
+    out = small_disk / "render"
+    assert cli(["render", "-f", "cpu.yaml", "-o", str(out)], tmp_path).code == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    used = os.statvfs(small_disk).f_bfree
+    run = cli(["render", "-f", "pair.yaml", "-o", str(out)], tmp_path)
+    assert_refused(run, words=(f"error: render -o {out}: no space left on the device", "; nothing was changed"))
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before  # the scratch folder gone too
+    assert os.listdir(small_disk) == ["render"] and os.statvfs(small_disk).f_bfree == used
+    check = cli(["render", "-f", "cpu.yaml", "-o", str(out), "--check"], tmp_path)
+    assert check.code == 0 and "matches the renderer" in check.out, check.out
 
 
 # ------------------------------------------------------------------ as a subprocess

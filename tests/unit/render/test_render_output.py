@@ -1,12 +1,19 @@
 """`grpo-deploy render -o DIR` writes only into a new or empty directory or an earlier render of this kit, and never
-deletes or overwrites what the kit did not write: each refusal is one line, exit 2, nothing written."""
+deletes or overwrites what the kit did not write: each refusal is one line, exit 2, nothing written. A full disk is
+one such line; it, Ctrl-C or SIGTERM mid-write leaves the earlier render whole."""
 
 from __future__ import annotations
 
+import errno
+import functools
+import os
+import re
+import signal
 from pathlib import Path
 
 import pytest
 
+from grpo_deploy import cli
 from grpo_deploy.cli import main
 from grpo_deploy.render.folder import RECORD, RECORD_HEADER
 
@@ -160,3 +167,57 @@ def test_a_file_the_record_does_not_list_is_not_overwritten(cwd, capsys):
     assert line == (f"error: {out / 'resolved.json'} exists and is not a file this kit wrote (the earlier render's "
                     "record does not list it); move it away or choose another directory")
     assert tree(out) == before
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_an_interrupted_rerender_leaves_the_earlier_render_whole(cwd, capsys, monkeypatch, how):
+    """Ctrl-C (KeyboardInterrupt) or a SIGTERM sent while the 3rd file moves in: exit 130, the earlier render byte for
+    byte with the user's file, `render --check` of the earlier spec clean, no scratch folder."""
+    two, one = init("two.yaml", "spark1", "spark2"), init("one.yaml", "spark1")
+    assert render(capsys, "-f", str(two), "-o", "out")[0] == 0
+    out = cwd / "out"
+    (out / "NOTES.md").write_text("my notes")
+    before = tree(out)
+    moves = []
+
+    def interrupt(step, rel):
+        if step == "move":
+            moves.append(rel)
+            if len(moves) == 3:
+                if how == "ctrl-c":
+                    raise KeyboardInterrupt
+                os.kill(os.getpid(), signal.SIGTERM)  # render turns it into the same roll back
+    monkeypatch.setattr(cli, "write_tree", functools.partial(cli.write_tree, on_write=interrupt))
+    ignored = []
+
+    def ignore(signum, frame):  # the test's own handler: a render that set none would go on and finish
+        ignored.append(signum)
+    outside = signal.signal(signal.SIGTERM, ignore)
+    try:
+        code, _, err = render(capsys, "-f", str(one), "-o", "out")
+        restored = signal.getsignal(signal.SIGTERM) is ignore
+    finally:
+        signal.signal(signal.SIGTERM, outside)
+    assert restored and ignored == []  # render's handler took the signal, then this one was put back
+    assert (code, err.strip().splitlines()[-1]) == (130, "interrupted") and len(moves) == 3
+    assert tree(out) == before
+    assert sorted(p.name for p in cwd.iterdir()) == ["one.yaml", "out", "two.yaml"]
+    code, stdout, _ = render(capsys, "-f", str(two), "-o", "out", "--check")
+    assert code == 1 and stdout.splitlines()[1:-1] == ["  extra    NOTES.md"]  # the user's file, nothing else
+
+
+def test_a_full_disk_is_one_line_exit_2_and_changes_nothing(cwd, capsys, monkeypatch):
+    """The disk fills while the 2nd file is staged (the real full disk, a 64 KB tmpfs, is tests/hostile's, as root)."""
+    assert render(capsys, "-o", "out")[0] == 0
+    before = tree(cwd / "out")
+    staged = []
+
+    def full(step, rel):
+        staged.append(rel)
+        if len(staged) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(cli, "write_tree", functools.partial(cli.write_tree, on_write=full))
+    line = refused(capsys, "-f", str(init("one.yaml", "spark1")), "-o", "out")
+    assert re.fullmatch(r"error: render -o out: no space left on the device \(wrote [1-9]\d* of [1-9]\d* bytes\); "
+                        r"nothing was changed: free some space or render into another directory", line), line
+    assert tree(cwd / "out") == before and sorted(p.name for p in cwd.iterdir()) == ["one.yaml", "out"]
