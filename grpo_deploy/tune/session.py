@@ -15,10 +15,11 @@ import yaml
 
 from grpo_deploy import forecast
 from grpo_deploy.common.shown import did_you_mean
+from grpo_deploy.names import STATE_DIR
 from grpo_deploy.spec.resolve import Resolved
 from grpo_deploy.tune import decide, loop, report
 
-TUNE_DIR = Path(".grpo-deploy") / "tune"
+TUNE_DIR = Path(STATE_DIR) / "tune"
 
 
 class TuneRefused(ValueError):

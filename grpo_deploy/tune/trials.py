@@ -21,6 +21,7 @@ import yaml
 from grpo_deploy.common.metrics import parse_events
 from grpo_deploy.common.readback import ReadRefused, read_text
 from grpo_deploy.diagnose.base import step_events
+from grpo_deploy.names import STATE_DIR
 from grpo_deploy.spec.load import loads
 from grpo_deploy.spec.resolve import Resolved, resolve
 from grpo_deploy.spec.schema import SpecError
@@ -133,7 +134,7 @@ def run_trial(plan: TrialPlan, data: dict, res: Resolved, folder: Path, ssh_args
             proc.wait(timeout=300)  # `up` got the same Ctrl-C: let it stop what it started
             raise
     said = log_path.read_text(errors="replace")
-    metrics = folder / ".grpo-deploy" / res.spec.run.name / "metrics.jsonl"
+    metrics = folder / STATE_DIR / res.spec.run.name / "metrics.jsonl"
     reason = "" if code == 0 else _failure(said, code)
     try:
         events = parse_events(read_text(metrics, METRICS_MAX_BYTES, "the trial's metrics"))
