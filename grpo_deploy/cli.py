@@ -13,6 +13,7 @@ from pathlib import Path
 from grpo_deploy import forecast, preflight
 from grpo_deploy.cli_parser import DEFAULT_SPEC, EXIT_USAGE, CliError, build_parser, host_list, parse_size
 from grpo_deploy.common.readback import ReadRefused
+from grpo_deploy.common.shown import printable
 from grpo_deploy.common.table import table
 from grpo_deploy.common.values import SYSTEM_TREES
 from grpo_deploy.hosts.connect import HostError, SshOptions
@@ -311,7 +312,7 @@ def cmd_logs(args) -> int:
     res = _load(args)
     try:
         return deployer.logs(res, _ssh(args), [args.role] if args.role else [], follow=args.follow, tail=args.tail,
-                             host=args.host)
+                             host=args.host, raw=args.raw)
     except deployer.LaunchError as exc:
         raise CliError(str(exc)) from None
 
@@ -373,9 +374,10 @@ def cmd_diagnose(args) -> int:
     watched = status.summarize(res.spec.run.name, events, max_steps=res.engine_info.total_steps(res),
                                watch=res.engine_info.watch(res))  # the run watcher's view beside the bottleneck
     if args.json:
-        print(json.dumps({**d.to_dict(), "watch": watched.watch, "watch_findings": watched.watch_findings}, indent=2))
+        print(json.dumps({**d.to_dict(), "watch": watched.watch, "watch_findings": watched.watch_findings,
+                          "skipped_lines": watched.skipped_lines}, indent=2))
     else:
-        print("\n".join([diagnosis_text(d, labels), *status.watch_lines(watched)]))
+        print("\n".join([diagnosis_text(d, labels), *status.watch_lines(watched), *status.note_lines(watched)]))
     return 1 if d.side == "not enough data" else 0
 
 
@@ -413,7 +415,7 @@ def cmd_tune(args) -> int:
         (["--accept-new-host-keys"] if args.accept_new_host_keys else [])
     try:
         return session.run(res, session.user_data(text), request, spec_file, args.apply, ssh,
-                           lambda line: print(line, flush=True))
+                           lambda line: print(printable(line), flush=True))
     except session.TuneRefused as exc:
         raise CliError(str(exc)) from None
 
@@ -437,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except (CliError, InitError, ProfileError, HostError, RenderError, KitDataMissing, OverlayError,
             ReadRefused) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(exc)}", file=sys.stderr)  # it may quote what a host or container said
         return EXIT_USAGE
     except BrokenPipeError:  # output piped into `head` and closed: not an error of the run
         sys.stderr.close()

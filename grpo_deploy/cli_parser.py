@@ -320,7 +320,9 @@ def _add_logs(sub, verbs: Verbs) -> None:
     p = sub.add_parser("logs", help="the run's container logs, per host and role",
                        description="The run's container logs (docker compose logs) from every host, each line "
                                    "prefixed with its host on a multi-host run. --follow streams new lines from all "
-                                   "hosts at once until Ctrl-C or the containers stop.")
+                                   "hosts at once until Ctrl-C or the containers stop. What a container wrote is "
+                                   "printed without control characters or terminal escapes (colours, titles, links, "
+                                   "screen clears) unless --raw.")
     _add_spec(p)
     _add_ssh(p)
     p.add_argument("--role", metavar="ROLE", help="only this role's container (server, trainer, ...)")
@@ -328,6 +330,9 @@ def _add_logs(sub, verbs: Verbs) -> None:
     p.add_argument("--follow", action="store_true", help="keep following new lines")
     p.add_argument("--tail", type=_line_count, default=200, metavar="N",
                    help="lines of history per container first (default 200)")
+    p.add_argument("--raw", action="store_true",
+                   help="print the containers' output unfiltered, control characters and terminal escapes included "
+                        "(by default they are stripped)")
     p.set_defaults(fn=verbs["logs"])
 
 

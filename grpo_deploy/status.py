@@ -2,33 +2,62 @@
 
 Event shapes are the runtime's contract (grpo_deploy.common.metrics): run_start, trainer_ready, step,
 adapter_load, adapter_prune, storage_fault, run_end; the deployer adds up_start, images_ready (seconds spent building
-images), server_ready, trainer_started, server_view (what the server sees of an adapter it could not read), up_end.
+images), server_ready, trainer_started, server_view (what the server sees of an adapter it could not read), up_end;
+the reader adds lines_skipped (grpo_deploy.common.metrics.SKIPPED: lines it refused, and why).
+
+What a container wrote is input: a figure that is not a finite number is shown as '-', and the text is printed
+through grpo_deploy.common.shown.printable (no control character or terminal escape reaches the terminal).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from grpo_deploy.common.metrics import SKIPPED
+from grpo_deploy.common.shown import printable
 from grpo_deploy.runtime.watch.run_watch import STOPPED_EARLY
 
 
 def one_line(text: object, limit: int = 300) -> str:
     """A message read back from the run's metrics file as one printable line of at most *limit* characters."""
-    flat = " ".join("".join(ch if ch.isprintable() else " " for ch in str(text)).split())
+    flat = " ".join("".join(ch if ch.isprintable() else " " for ch in printable(text)).split())
     return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
-def _mean(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return round(statistics.fmean(values), 4) if values else None
+def finite(value: Any) -> int | float | None:
+    """*value* when it is a finite number (not a bool), else None: a figure read from the run's events."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        return value if math.isfinite(value) else None
+    except OverflowError:  # an int past the float's range (a caller's, never a parsed file's: those are bounded)
+        return None
 
 
-def _median(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return round(statistics.median(values), 4) if values else None
+def _figure(compute, values: list) -> float | None:
+    values = [v for v in values if finite(v) is not None]
+    try:
+        return finite(round(compute(values), 4)) if values else None
+    except (OverflowError, ValueError):  # e.g. 1e308 twice: the mean of what a container wrote is not a figure
+        return None
+
+
+def _mean(values: list) -> float | None:
+    return _figure(statistics.fmean, values)
+
+
+def _median(values: list) -> float | None:
+    return _figure(statistics.median, values)
+
+
+def step_of(event: dict[str, Any], default: int = 0) -> int:
+    """The step number of a step event (*default* when it holds none that is a whole number)."""
+    step = finite(event.get("step"))
+    return int(step) if step is not None and step == int(step) else default
 
 
 PHASE_PREFIX = "timing_s/"
@@ -80,14 +109,16 @@ class Summary:
     """What the watcher found that still stands: the latest `watch` event of each kind, unless it cleared."""
     stopped_early: str | None = None
     """Why the run watcher stopped the run (state stopped-early), with the step."""
+    skipped_lines: list[dict[str, Any]] = field(default_factory=list)
+    """Lines of the events files the reader refused ({source, lines, why}: grpo_deploy.common.metrics.SKIPPED)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def _reward(step: dict[str, Any]) -> float | None:
-    value = step.get("reward")
-    return float(value) if isinstance(value, (int, float)) else None
+    value = finite(step.get("reward"))
+    return None if value is None else float(value)
 
 
 ENDED = ("finished", STOPPED_EARLY, "failed")
@@ -102,7 +133,7 @@ def watch_state(events: list[dict[str, Any]], watch=None) -> dict[str, Any] | No
     starts = [e["time"] for e in events if e.get("event") == "run_start"]
     summaries = [e for e in events if e.get("event") == "watch_summary" and (not starts or e["time"] >= starts[-1])]
     if summaries:
-        return {k: v for k, v in summaries[-1].items() if k not in ("event", "time")}
+        return _watch_read({k: v for k, v in summaries[-1].items() if k not in ("event", "time")})
     if watch is None:
         return None
     from grpo_deploy.runtime.watch.config import WatchConfig
@@ -110,8 +141,20 @@ def watch_state(events: list[dict[str, Any]], watch=None) -> dict[str, Any] | No
     from grpo_deploy.runtime.watch.watcher import Watcher
 
     watcher = Watcher(WatchConfig.model_validate(watch) if isinstance(watch, dict) else watch)
-    watcher.replay(history(events))
-    return watcher.state()
+    try:
+        watcher.replay(history(events))
+    except ArithmeticError:  # figures near the float's limit (a reward of 1e308 squared): no replay to show
+        return None
+    return _watch_read(watcher.state())
+
+
+def _watch_read(state: dict[str, Any]) -> dict[str, Any]:
+    """The watcher's state as status reads it: its words one printable line each, every other value a finite
+    number or None (a `watch_summary` event is what a container wrote)."""
+    words = {k: (one_line(state[k]) if state[k] is not None else None) for k in ("objective",) if k in state}
+    lists = {k: [one_line(x) for x in state[k]] if isinstance(state[k], list) else [] for k in ("objectives", "active")
+             if k in state}
+    return {k: (v if k == "enabled" and isinstance(v, bool) else finite(v)) for k, v in state.items()} | words | lists
 
 
 def watch_findings(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -132,26 +175,28 @@ def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None 
     if not events:
         return s
     by = lambda name: [e for e in events if e.get("event") == name]  # noqa: E731
-    steps = sorted(by("step"), key=lambda e: e.get("step", 0))
+    steps = sorted(by("step"), key=step_of)
     loads = by("adapter_load")
     start = by("run_start")
     up_start = by("up_start")
     ready = by("server_ready")
     built = [e for e in by("images_ready") if not up_start or e["time"] >= up_start[0]["time"]]
-    s.images_build_s = round(sum(float(e.get("build_s") or 0) for e in built), 2) if built else None
+    s.images_build_s = finite(round(sum(finite(e.get("build_s")) or 0 for e in built), 2)) if built else None
     end = by("run_end")
     s.state = "starting"
     if start:
-        s.run_uid, s.run_gid, s.umask = start[-1].get("uid"), start[-1].get("gid"), start[-1].get("umask")
+        s.run_uid, s.run_gid = (v if isinstance(v := start[-1].get(k), int) and finite(v) is not None else None
+                                for k in ("uid", "gid"))
+        s.umask = one_line(start[-1]["umask"], 8) if start[-1].get("umask") is not None else None
     if steps:
         s.state = "running"
-        s.steps = int(steps[-1].get("step", len(steps)))
+        s.steps = step_of(steps[-1], len(steps))
         rewards = [_reward(e) for e in steps]
         s.reward_first5, s.reward_last5 = _mean(rewards[:5]), _mean(rewards[-5:])
         lengths = [e.get("completions/mean_length") for e in steps]
         s.completion_length_first5, s.completion_length_last5 = _mean(lengths[:5]), _mean(lengths[-5:])
         s.staleness_mean = _mean([e.get("sample/staleness_mean") for e in steps])
-        ratios = [e.get("ratio") for e in steps if isinstance(e.get("ratio"), (int, float))]
+        ratios = [e["ratio"] for e in steps if finite(e.get("ratio")) is not None]
         if ratios:
             s.importance_ratio_min, s.importance_ratio_max = round(min(ratios), 4), round(max(ratios), 4)
         times = [e["time"] for e in steps]
@@ -159,30 +204,32 @@ def summarize(run: str, events: Iterable[dict[str, Any]], max_steps: int | None 
         s.step_time_median_s = _median(gaps)
         origin = up_start[0]["time"] if up_start else (start[0]["time"] if start else None)
         if origin is not None:
-            s.up_to_first_step_s = round(steps[0]["time"] - origin - (s.images_build_s or 0), 2)
-            s.wall_s = round(steps[-1]["time"] - origin, 2)
+            s.up_to_first_step_s = finite(round(steps[0]["time"] - origin - (s.images_build_s or 0), 2))
+            s.wall_s = finite(round(steps[-1]["time"] - origin, 2))
             hours = (steps[-1]["time"] - origin) / 3600
             if hours > 0 and s.reward_last5 is not None:
-                s.reward_per_hour = round(sum(r for r in rewards if r is not None) / hours, 2)
+                s.reward_per_hour = finite(round(sum(r for r in rewards if r is not None) / hours, 2))
         phases = sorted({k for e in steps[1:] for k in e if k.startswith(PHASE_PREFIX) and k not in NOT_PHASES})
-        s.phase_medians_s = {k[len(PHASE_PREFIX):]: m for k in phases
+        s.phase_medians_s = {one_line(k[len(PHASE_PREFIX):], 40): m for k in phases
                              if (m := _median([e.get(k) for e in steps[1:]])) is not None}
         s.kl_loss_last5 = _mean([e.get("actor/kl_loss") for e in steps][-5:])
         s.grad_norm_last5 = _mean([e.get("actor/grad_norm") for e in steps][-5:])
         if max_steps and s.step_time_median_s and s.steps < max_steps:
-            s.eta_s = round((max_steps - s.steps) * s.step_time_median_s, 1)
+            s.eta_s = finite(round((max_steps - s.steps) * s.step_time_median_s, 1))
     s.adapter_loads_ok = sum(1 for e in loads if e.get("ok"))
     s.adapter_loads_failed = sum(1 for e in loads if not e.get("ok"))
     s.median_handoff_s = _median([e.get("handoff_s") for e in loads if e.get("ok")])
     s.adapter_file_modes = sorted({str(m) for e in loads for m in _modes(e)})
     if ready:  # the deployer records how long the server took from its start; else count from `up`
-        s.server_ready_s = ready[-1].get("seconds")
+        s.server_ready_s = finite(ready[-1].get("seconds"))
         if s.server_ready_s is None and up_start:
             s.server_ready_s = round(ready[-1]["time"] - up_start[-1]["time"], 2)
     faults = by("storage_fault")
     if faults and (not start or faults[-1]["time"] >= start[-1]["time"]):
         s.fault = fault_text(events)
     s.watch, s.watch_findings = watch_state(events, watch), watch_findings(events)
+    s.skipped_lines = [{"source": one_line(e.get("source"), 80), "lines": e["lines"], "why": e["why"]}
+                       for e in by(SKIPPED) if isinstance(e.get("lines"), int) and isinstance(e.get("why"), dict)]
     # The trainer's own end, else the deployer's (`up` stopped before the trainer wrote one: preflight, a crash).
     last_end = end[-1] if end else (by("up_end")[-1] if by("up_end") else None)
     if last_end is not None:
@@ -255,13 +302,13 @@ def progress_line(step: dict[str, Any], max_steps: int | None,
     """One line per step: the step, reward and completion length, then the engine's own *fields* (label, step event
     key, format: Engine.progress)."""
     def f(key: str, fmt: str) -> str:
-        value = step.get(key)
-        return format(value, fmt) if isinstance(value, (int, float)) else "-"
+        value = finite(step.get(key))
+        return "-" if value is None else format(value, fmt)
 
     total = f"/{max_steps}" if max_steps else ""
-    return "  ".join([f"step {step.get('step')}{total}", f"reward {f('reward', '.3f')}",
-                      f"len {f('completions/mean_length', '.1f')}", *(f"{label} {f(key, fmt)}"
-                                                                      for label, key, fmt in fields)])
+    return printable("  ".join([f"step {f('step', 'd') if isinstance(step.get('step'), int) else '-'}{total}",
+                                f"reward {f('reward', '.3f')}", f"len {f('completions/mean_length', '.1f')}",
+                                *(f"{label} {f(key, fmt)}" for label, key, fmt in fields)]))
 
 
 def summary_text(s: Summary) -> str:
@@ -297,7 +344,14 @@ def summary_text(s: Summary) -> str:
     lines += watch_lines(s)
     if s.eta_s is not None:
         lines.append(f"  ETA                 {s.eta_s / 60:.1f} min")
-    return "\n".join(lines)
+    return printable("\n".join(lines + note_lines(s)))
+
+
+def note_lines(s: Summary) -> list[str]:
+    """`note: 2 lines of metrics.jsonl skipped (a line over 1 MiB, a number too long)`: one line per events file
+    whose reader refused lines (status and diagnose print it)."""
+    return [f"note: {n['lines']} line{'s' if n['lines'] != 1 else ''} of {n['source']} skipped "
+            f"({', '.join(sorted(one_line(why, 60) for why in n['why']))})" for n in s.skipped_lines]
 
 
 def _hours(value: float | None) -> str:
@@ -310,8 +364,8 @@ def watch_lines(s: Summary) -> list[str]:
     w = s.watch
     if not w or not w.get("enabled", True):
         return []
-    parts = []
-    if w.get("slope_per_step") is not None:
+    parts, has = [], lambda *keys: all(w.get(k) is not None for k in keys)
+    if has("slope_per_step", "reward_trend", "gain_per_window", "window"):
         parts.append(f"reward trend {w['reward_trend']:.3f}, {w['gain_per_window']:+.3f} per {w['window']} steps")
     if w.get("plateau_since") is not None:
         after = w.get("steps_after_plateau")
@@ -319,12 +373,13 @@ def watch_lines(s: Summary) -> list[str]:
         spent += [_hours(w.get("gpu_hours_after_plateau"))] if w.get("gpus") else []
         parts.append(f"flat since step {w['plateau_since']} ({after} steps{', ' if spent else ''}{', '.join(spent)} "
                      "after it)")
-    if w.get("cap_share_peak") is not None:
+    if has("cap_share_peak", "cap_share_latest"):
         parts.append(f"answers at the cap {w['cap_share_latest']:.0%} (peak {w['cap_share_peak']:.0%})")
     if w.get("target_reward") is not None:
         eta = w.get("time_to_target_s")
         parts.append(f"target {w['target_reward']:g} " + (f"in ~{w.get('time_to_target_steps'):.0f} steps "
-                                                          f"(~{eta / 60:.1f} min)" if eta is not None
+                                                          f"(~{eta / 60:.1f} min)" if has("time_to_target_s",
+                                                                                          "time_to_target_steps")
                                                           else "not in sight at this trend"))
     lines = [f"  run watcher         {'; '.join(parts) or 'too few steps for a trend'}"]
     if w.get("objective"):
@@ -336,7 +391,7 @@ def watch_lines(s: Summary) -> list[str]:
                   f"{', ' + _hours(w.get('gpu_hours_saved')) if w.get('gpus') else ''})"
                   if left and s.step_time_median_s else "")
         lines.append(f"  stopped early       {s.stopped_early}{spared}")
-    return lines
+    return [printable(line) for line in lines]
 
 
 def plot_title(run: str = "") -> str:
@@ -350,9 +405,9 @@ def _watch_marks(ax, events: list[dict[str, Any]]) -> tuple[str, ...]:
     drawn = []
     flat = [e for e in events if e.get("event") == "watch" and e.get("kind") == "plateau" and e.get("level") == "warn"]
     stop = [e for e in events if e.get("event") == "watch" and e.get("kind") == "plateau_stop"]
-    armed = [e for e in events if e.get("event") == "watch_armed" and isinstance(e.get("target_reward"), int | float)]
+    armed = [e for e in events if e.get("event") == "watch_armed" and finite(e.get("target_reward")) is not None]
     for found, style, label in ((flat, ":", "watcher: flat"), (stop, "--", "watcher: stop")):
-        if found and isinstance(found[-1].get("step"), int | float):
+        if found and finite(found[-1].get("step")) is not None:
             ax.axvline(found[-1]["step"], color="tab:red", linestyle=style, label=label)
             drawn.append(label)
     if armed:
@@ -376,8 +431,8 @@ def plot(events: list[dict[str, Any]], path: str, title: str = "") -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = sorted((e for e in events if e.get("event") == "step"), key=lambda e: e.get("step", 0))
-    x = [e.get("step") for e in steps]
+    steps = sorted((e for e in events if e.get("event") == "step"), key=step_of)
+    x = [finite(e.get("step")) for e in steps]
     phases = sorted({k for e in steps for k in e if k.startswith(PHASE_PREFIX) and k not in NOT_PHASES})
     panels = [(("reward",), "reward"), (("completions/mean_length",), "completion length (tokens)")]
     if phases:  # verl: where a step's time goes, and the update's size (seed 000's telemetry)
@@ -388,7 +443,8 @@ def plot(events: list[dict[str, Any]], path: str, title: str = "") -> str:
     fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.3 * len(panels) + 0.1), sharex=True)
     for ax, (keys, label) in zip(axes, panels, strict=True):
         for key in keys:
-            ax.plot(x, [e.get(key) for e in steps], marker=".", label=key.removeprefix(PHASE_PREFIX))
+            name = one_line(key.removeprefix(PHASE_PREFIX), 40).replace("$", r"\$")  # a container's key: no mathtext
+            ax.plot(x, [finite(e.get(key)) for e in steps], marker=".", label=name)
         if keys == ("reward",):
             keys += _watch_marks(ax, events)
         if len(keys) > 1:

@@ -97,16 +97,70 @@ class NullSink:
         pass
 
 
-def parse_events(text: str) -> list[dict]:
-    """Events from JSONL text, skipping a torn last line (the writer may have died mid-line) and non-events."""
-    events = []
-    for line in text.splitlines():
+LINE_LIMIT = MiB  # one event is a few hundred bytes (a step of verl's, a few KB); a longer line is not one
+NUMBER_LIMIT = 32  # characters of one number: a float's repr is at most 24, a byte count 20
+SKIPPED = "lines_skipped"
+"""The event parse_events adds for the lines it refused: {source, lines, why: {reason: count}}."""
+
+
+class _Refused(ValueError):
+    """A line that parses as JSON but is not read as an event: *why* says which bound it broke."""
+
+
+def _bounded(convert):
+    def number(text: str):
+        if len(text) > NUMBER_LIMIT:
+            raise _Refused("a number too long")
+        value = convert(text)
+        if not math.isfinite(value):
+            raise _Refused("a number that is not finite")
+        return value
+    return number
+
+
+def _not_finite(name: str):
+    raise _Refused("a number that is not finite")
+
+
+# JSON as an events file holds it: numbers of at most NUMBER_LIMIT characters, finite (never NaN or Infinity).
+_DECODER = json.JSONDecoder(parse_int=_bounded(int), parse_float=_bounded(float), parse_constant=_not_finite)
+
+
+def _event(line: str) -> dict | None:
+    """The event on *line*; None for what is not one (a torn line, another record); _Refused past a bound."""
+    if len(line) > LINE_LIMIT:
+        raise _Refused("a line over 1 MiB")
+    try:
+        record = _DECODER.decode(line)
+    except json.JSONDecodeError:
+        return None
+    except RecursionError:
+        raise _Refused("a value nested too deep") from None
+    if not isinstance(record, dict) or not isinstance(record.get("event"), str) or record["event"] == SKIPPED:
+        return None  # not an event (a SKIPPED event is the reader's word, never a file's)
+    when = record.get("time")
+    if not isinstance(when, int | float) or isinstance(when, bool):
+        raise _Refused("an event without a time")
+    return record
+
+
+def parse_events(text: str, source: str = "metrics.jsonl") -> list[dict]:
+    """Events from JSONL text, skipping a torn last line (the writer may have died mid-line) and non-events. A line
+    the kit will not read as an event — longer than LINE_LIMIT, a number longer than NUMBER_LIMIT or not finite,
+    nested too deep, no time — is counted, never raised: one SKIPPED event at the end says how many and why."""
+    events: list[dict] = []
+    why: dict[str, int] = {}
+    for line in text.split("\n"):
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            record = _event(line)
+        except _Refused as refused:
+            why[str(refused)] = why.get(str(refused), 0) + 1
             continue
-        if isinstance(record, dict) and "event" in record:
+        if record is not None:
             events.append(record)
+    if why:
+        latest = max((e["time"] for e in events), default=0.0)
+        events.append({"event": SKIPPED, "time": latest, "source": source, "lines": sum(why.values()), "why": why})
     return events
 
 
@@ -116,4 +170,4 @@ METRICS_READ_LIMIT = 256 * MiB  # ~500,000 steps of events; a larger "metrics fi
 def read_events(path: str) -> list[dict]:
     """Every event in a metrics file, read through the bounded reader (a link, FIFO, device, huge or non-UTF-8 file
     is a one-line ReadRefused, never a hang or a traceback)."""
-    return parse_events(read_text(path, METRICS_READ_LIMIT, "a metrics file"))
+    return parse_events(read_text(path, METRICS_READ_LIMIT, "a metrics file"), os.path.basename(path))

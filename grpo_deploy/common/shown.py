@@ -1,5 +1,7 @@
 """How an error message shows a value or key the user gave: a short, scrubbed prefix, never a whole scalar (it may be
-a credential planted in the spec, or a line of a file the kit did not expect to read), always one printable line.
+a credential planted in the spec, or a line of a file the kit did not expect to read), always one printable line; and
+how text the kit did not write (what a container or a host's command wrote: metrics, events, logs, checkpoint
+metadata) is printed: `printable`, with no control character or terminal escape left.
 
 Pure standard library; every message of the door that quotes a value goes through `shown`, every key through
 `shown_key`; an unknown key's message offers the closest known one (`did_you_mean`)."""
@@ -19,6 +21,23 @@ _TOKEN_RUN = re.compile(r"[A-Za-z0-9_+/=-]{20,}")
 # Hash shapes: crypt(3) ($id$salt$hash), bcrypt, htpasswd's apr1, a bare hex digest of 32+ characters.
 _HASH = re.compile(r"\$(?:1|2[abxy]?|5|6|y|apr1|argon2(?:id|i|d)?|scrypt|pbkdf2[^$]*)\$"
                    r"|^(?=.*[a-fA-F])(?=.*[0-9])[0-9a-fA-F]{32,}$")
+
+
+# Terminal escapes (ECMA-48), by ESC or by their 8-bit (C1) introducer: a control string (OSC: titles, hyperlinks; DCS,
+# SOS, PM, APC) up to its terminator (BEL or ST) or the end of the line; a control sequence (CSI); any other escape.
+_ESCAPES = re.compile(r"(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c\n]*(?:\x07|\x1b\\|\x9c)?"
+                      r"|(?:\x1b\[|\x9b)[\x30-\x3f]*[\x20-\x2f]*[\x40-\x7e]?"
+                      r"|\x1b[\x20-\x2f]*[\x30-\x7e]?")
+# What is left to drop: C0 controls but newline and tab, DEL, C1, and the bidi overrides and isolates that can make
+# a line read otherwise than it is (U+202A-202E, U+2066-2069).
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: object) -> str:
+    """*text* as the kit prints what it did not write itself (a container's metrics, events, logs, checkpoint
+    metadata, a host's command output): terminal escape sequences removed whole, then every control character but
+    newline and tab, DEL, C1 and the bidi overrides. Lines stay lines; nothing else changes."""
+    return _CONTROLS.sub("", _ESCAPES.sub("", text if isinstance(text, str) else str(text)))
 
 
 def looks_secret(text: str) -> bool:

@@ -1,15 +1,18 @@
-"""Plain-text table formatting for every CLI verb (one place, so all output looks alike)."""
+"""Plain-text table formatting for every CLI verb (one place, so all output looks alike); every cell printed through
+shown.printable (a cell may hold what a container or a host's command wrote)."""
 
 from __future__ import annotations
 
 import shutil
 from collections.abc import Sequence
 
+from grpo_deploy.common.shown import printable
+
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], max_width: int | None = None) -> str:
     """Left-aligned columns; the last column wraps to the terminal width."""
     max_width = max_width or max(shutil.get_terminal_size((120, 20)).columns, 80)
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    cells = [[printable(h) for h in headers]] + [["" if c is None else printable(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     fixed = sum(widths[:-1]) + 2 * (len(headers) - 1)
     last = max(20, max_width - fixed)

@@ -29,13 +29,14 @@ def down(res: Resolved, ssh: SshOptions, volumes: bool = False) -> None:
 
 
 def logs(res: Resolved, ssh: SshOptions, roles: list[str], follow: bool = False, tail: int = 200,
-         host: str | None = None) -> int:
-    """The run's container logs from its hosts (only *host*'s, or those running one of *roles*, when given)."""
+         host: str | None = None, raw: bool = False) -> int:
+    """The run's container logs from its hosts (only *host*'s, or those running one of *roles*, when given); without
+    control characters or terminal escapes unless *raw*."""
     if roles and not set(roles) <= set(res.engine_info.roles):
         raise LaunchError(f"--role {roles[0]!r}: engine {res.engine} has the roles {', '.join(res.engine_info.roles)}")
     dep = Deployment(res, ssh)
     try:
-        return run_view.logs(dep, roles, follow=follow, tail=tail, host=host)
+        return run_view.logs(dep, roles, follow=follow, tail=tail, host=host, raw=raw)
     except HostError as exc:
         raise LaunchError(str(exc)) from None
     finally:

@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from grpo_deploy import preflight
+from grpo_deploy.common.shown import printable
 from grpo_deploy.common.table import human_bytes, table
 from grpo_deploy.hosts import oneoff
 from grpo_deploy.spec.resolve import Resolved
@@ -55,6 +56,7 @@ def run_manager(res: Resolved, ctx: preflight.Context, action: str, keep: int | 
 
 
 def listing_text(answer: dict[str, Any]) -> str:
+    """The listing `checkpoints` prints; the checkpoint folder's names and metadata printed through printable."""
     rows = [[str(c["step"]), c["state"], human_bytes(c["size_bytes"]), str(c["lora_r"] or "-"),
              str(c["world_size"] or "-"), c["reason"] or ""] for c in answer["checkpoints"]]
     total = sum(c["size_bytes"] for c in answer["checkpoints"])
@@ -62,9 +64,9 @@ def listing_text(answer: dict[str, Any]) -> str:
     if answer.get("tracker") is not None:
         head += f" (verl tracker: step {answer['tracker']})"
     if not rows:
-        return head + ": none yet"
-    return "\n".join([head, table(["step", "state", "size", "lora r", "world", "why"], rows),
-                      f"{len(rows)} checkpoint(s), {human_bytes(total)}"])
+        return printable(head + ": none yet")
+    return printable("\n".join([head, table(["step", "state", "size", "lora r", "world", "why"], rows),
+                                f"{len(rows)} checkpoint(s), {human_bytes(total)}"]))
 
 
 def prune_text(answer: dict[str, Any]) -> str:
@@ -76,4 +78,4 @@ def prune_text(answer: dict[str, Any]) -> str:
         where = f" -> {q['moved_to']}" if q["moved_to"] else ""
         lines.append(f"{'would quarantine' if answer['dry_run'] else 'quarantined'} half-written {q['path']}{where}: "
                      f"{q['reason']}")
-    return "\n".join(lines)
+    return printable("\n".join(lines))

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 
 from grpo_deploy import preflight
+from grpo_deploy.common.readback import ReadRefused
+from grpo_deploy.common.shown import printable
 from grpo_deploy.deploy import run_view
 from grpo_deploy.deploy.bringup import BRINGUP
 from grpo_deploy.deploy.deployment import Deployment
@@ -116,7 +118,7 @@ def down_all(dep: Deployment, volumes: bool = False, warn: bool = True) -> list[
     for result in on_all(list(dep.hosts.values()), down).values():
         if isinstance(result, HostError):
             if warn:
-                print(f"warning: {result}", file=sys.stderr)
+                print(f"warning: {printable(result)}", file=sys.stderr)
             failed.append(str(result))
     return failed
 
@@ -142,9 +144,16 @@ def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, 
         return _up(res, ssh, keep, fresh, out, restarts)
 
 
-def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: int = UP_RESTARTS) -> int:
+def up_log(out) -> Callable[[str], None]:
+    """`up`'s progress lines to *out*: a timestamp, then the line through printable (a line may quote what a container
+    or a host's command wrote: a step's figures, a fault's message, a refusal)."""
     def log(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=out, flush=True)
+        print(f"[{time.strftime('%H:%M:%S')}] {printable(msg)}", file=out, flush=True)
+    return log
+
+
+def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: int = UP_RESTARTS) -> int:
+    log = up_log(out)
 
     dep = Deployment(res, ssh)
     state = dep.state
@@ -186,7 +195,7 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         bringup.start(dep, log, ips, start)
         code = supervise(state, log, start - 1, restarts, lambda since: bringup.follow(dep, log, since),
                          lambda role: bringup.restart(dep, log, role))
-    except (LaunchError, HostError, KeyboardInterrupt) as exc:
+    except (LaunchError, HostError, ReadRefused, KeyboardInterrupt) as exc:  # ReadRefused: a container's file
         if started:
             log(f"rolling back: stopping what this up started on {', '.join(dict.fromkeys(started))}")
             save_logs(dep)

@@ -1,5 +1,6 @@
 """Read-only views of a run on its hosts, through the deployment's connectors: the trainer's metrics and the run's
-events, container states per host and role, checkpoint headroom, container logs. Nothing here changes a host."""
+events, container states per host and role, checkpoint headroom, container logs (printed without control characters
+or terminal escapes unless asked for raw). Nothing here changes a host."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import replace
 
 from grpo_deploy import preflight
 from grpo_deploy.common.metrics import parse_events, read_events
+from grpo_deploy.common.shown import printable
 from grpo_deploy.deploy.deployment import Deployment
 from grpo_deploy.deploy.run_state import LaunchError
 from grpo_deploy.deploy.supervise import state_words
@@ -85,9 +87,17 @@ def events(res: Resolved, ssh: SshOptions) -> list[dict]:
         dep.close()
 
 
-def logs(dep: Deployment, roles: list[str], follow: bool = False, tail: int = 200, host: str | None = None) -> int:
+def log_text(text: str, raw: bool = False) -> str:
+    """Container output as `logs` prints it: through printable (no control character but newline and tab, no terminal
+    escape: a container runs a model and third-party code), or as it came with *raw* (`logs --raw`)."""
+    return text if raw else printable(text)
+
+
+def logs(dep: Deployment, roles: list[str], follow: bool = False, tail: int = 200, host: str | None = None,
+         raw: bool = False) -> int:
     """The run's container logs from its hosts (those running one of *roles*, or all); with *follow*, new lines from
-    every host at once, each prefixed with its host, until the containers stop or Ctrl-C."""
+    every host at once, each prefixed with its host, until the containers stop or Ctrl-C. Each line through log_text
+    (*raw*: as the containers wrote it)."""
     if host is not None and host not in dep.hosts:
         raise LaunchError(f"--host {host!r}: the spec's hosts are {', '.join(dep.hosts)}")
     roles_of = {h.name: set(h.roles) for h in dep.res.spec.hosts}
@@ -99,7 +109,7 @@ def logs(dep: Deployment, roles: list[str], follow: bool = False, tail: int = 20
     if not follow:
         for name in names:
             print(f"===== host {name}")
-            print(dep.project(name).logs(tail=tail, roles=roles), flush=True)
+            print(log_text(dep.project(name).logs(tail=tail, roles=roles), raw), flush=True)
         return 0
     printing = threading.Lock()
 
@@ -108,7 +118,7 @@ def logs(dep: Deployment, roles: list[str], follow: bool = False, tail: int = 20
         argv = project.compose_argv(*project.logs_args(project.services_of(roles), tail, follow=True))
         for line in dep.hosts[name].lines(argv):
             with printing:
-                print(f"{name} | {line}", flush=True)
+                print(f"{name} | {log_text(line, raw)}", flush=True)
 
     threads = [threading.Thread(target=follow_one, args=(n,), daemon=True) for n in names]
     for t in threads:

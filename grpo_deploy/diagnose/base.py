@@ -1,5 +1,7 @@
 """What both engines' bottleneck diagnoses share (pure, no I/O): the Diagnosis and Knob types, reading the step events,
-and diagnosis_text, the text `grpo-deploy diagnose` prints with the labels each engine gives for its evidence."""
+and diagnosis_text, the text `grpo-deploy diagnose` prints with the labels each engine gives for its evidence. The
+events are what a container wrote: a figure is read only when it is a finite number, and the text is printed through
+grpo_deploy.common.shown.printable."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from grpo_deploy.common.shown import printable
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,13 @@ class Diagnosis:
 
 # --- reading events ---------------------------------------------------------------------------------------------
 def is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite number, not a bool (and not an int past the float's range)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def values_of(steps: list[dict], key: str) -> list[float]:
@@ -44,11 +54,16 @@ def recorded(steps: list[dict], key: str) -> bool:
 
 
 def rounded(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(value, digits)
+    """*value* rounded; None when it is none or not finite (figures near the float's limit overflow)."""
+    return None if value is None or not math.isfinite(value) else round(value, digits)
 
 
 def mean(values: list[float]) -> float | None:
-    return statistics.fmean(values) if values else None
+    try:
+        value = statistics.fmean(values) if values else None
+    except OverflowError:  # figures near the float's limit (1e308 twice): what a container wrote, not a mean
+        return None
+    return value if value is None or math.isfinite(value) else None
 
 
 def share_of(part: float, whole: float) -> float | None:
@@ -81,4 +96,4 @@ def diagnosis_text(d: Diagnosis, labels: Mapping[str, tuple[str, str, str]]) -> 
         lines += ["", "notes:"] + [f"  - {n}" for n in d.notes]
     if d.not_recorded:
         lines += ["", "not recorded:"] + [f"  - {m}" for m in d.not_recorded]
-    return "\n".join(lines)
+    return printable("\n".join(lines))

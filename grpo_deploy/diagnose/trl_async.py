@@ -10,6 +10,7 @@ large share of the wall clock. A metric a rule needs that the events lack is nam
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -146,7 +147,10 @@ def _reward_gain_per_hour(steps: list[dict]) -> float | None:
             if is_number(s.get(REWARD)) and is_number(s.get("time"))]
     if len({t for t, _ in rows}) < 2:
         return None
-    return statistics.linear_regression([t for t, _ in rows], [r for _, r in rows]).slope * 3600
+    try:
+        return statistics.linear_regression([t for t, _ in rows], [r for _, r in rows]).slope * 3600
+    except (OverflowError, ValueError):  # figures near the float's limit: no slope to report
+        return None
 
 
 # --- the figures --------------------------------------------------------------------------------------------------
@@ -189,7 +193,8 @@ def _learning_figures(steps: list[dict]) -> dict[str, Any]:
     sampled = recorded(steps, QUEUE) or recorded(steps, STALENESS)
     return {
         "staleness_mean": rounded(mean(values_of(steps, STALENESS)), 2),
-        "dropped_stale_total": int(sum(values_of(steps, DROPPED))) if sampled else None,
+        "dropped_stale_total": (int(total) if math.isfinite(total := sum(values_of(steps, DROPPED))) else None)
+        if sampled else None,
         "reward_first": rounded(reward_first),
         "reward_last": rounded(reward_last),
         "reward_gain_per_hour": rounded(_reward_gain_per_hour(steps)),
@@ -228,7 +233,7 @@ def _backlog_figures(steps: list[dict], step_s: float | None) -> dict[str, Any]:
         statistics.median(generated) > 0 else None
     queue = values_of(steps[1:], QUEUE)
     draining = len(queue) >= 2 and queue[-1] < queue[0] / 2
-    fed = bool(floor and step_s and floor > step_s * BACKLOG_GAP and draining)
+    fed = bool(floor and step_s and math.isfinite(floor) and floor > step_s * BACKLOG_GAP and draining)
     return {"generation_floor_s": rounded(floor, 2), "queue_first": rounded(queue[0], 1) if queue else None,
             "queue_last": rounded(queue[-1], 1) if queue else None, "fed_by_startup_backlog": fed,
             "sustained_step_s": rounded(max(floor, step_s), 2) if floor and step_s else None}

@@ -15,7 +15,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from grpo_deploy.diagnose.base import Diagnosis, Knob
+from grpo_deploy.diagnose.base import Diagnosis, Knob, is_number, mean, rounded
 
 PHASES = {"generation": "timing_s/gen", "old log-prob": "timing_s/old_log_prob", "reference": "timing_s/ref",
           "actor update": "timing_s/update_actor"}
@@ -50,12 +50,12 @@ LABELS: dict[str, tuple[str, str, str]] = {
 
 
 def _median(values: list[float]) -> float | None:
-    return round(statistics.median(values), 4) if values else None
+    values = [v for v in values if is_number(v)]  # a phase's share of a step: inf or NaN when a container wrote so
+    return rounded(statistics.median(values)) if values else None
 
 
 def _last(steps: list[dict], key: str, window: int = 5) -> float | None:
-    values = [float(s[key]) for s in steps[-window:] if isinstance(s.get(key), int | float)]
-    return round(statistics.fmean(values), 4) if values else None
+    return rounded(mean([float(s[key]) for s in steps[-window:] if is_number(s.get(key))]))
 
 
 def _first(steps: list[dict], key: str, window: int = 5) -> float | None:
@@ -121,12 +121,13 @@ def diagnose(events: Iterable[Mapping[str, Any]], hint: Mapping[str, Any] | None
     """The phase that bounds a verl step, from the run's events (runtime.metrics.parse_events) and *hint*
     (settings_hint(res))."""
     hint = dict(hint or {})
-    steps = sorted((dict(e) for e in events if e.get("event") == "step"), key=lambda e: e.get("step", 0))
-    timed = [s for s in steps[1:] if isinstance(s.get(STEP), int | float) and s[STEP] > 0]
+    steps = sorted((dict(e) for e in events if e.get("event") == "step"),
+                   key=lambda e: e["step"] if is_number(e.get("step")) else 0)
+    timed = [s for s in steps[1:] if is_number(s.get(STEP)) and s[STEP] > 0]
     ev: dict[str, Any] = {"steps": len(steps), "step_time_median_s": _median([s[STEP] for s in timed])}
     shares: dict[str, float | None] = {}
     for phase, key in PHASES.items():
-        parts = [s[key] / s[STEP] for s in timed if isinstance(s.get(key), int | float)]
+        parts = [s[key] / s[STEP] for s in timed if is_number(s.get(key))]
         shares[phase] = _median(parts)
         ev[phase.replace(" ", "_").replace("-", "_") + "_share"] = shares[phase]
     ev.update(reward_first=_first(steps, "reward"), reward_last=_last(steps, "reward"),
@@ -146,7 +147,8 @@ def diagnose(events: Iterable[Mapping[str, Any]], hint: Mapping[str, Any] | None
         return Diagnosis("balanced", f"no phase holds half of a step (the largest: {phase}, {share:.0%})", ev, [],
                          missing, [])
     side = f"{phase}-bound"
-    reason = f"{phase} takes {share:.0%} of a median step ({ev['step_time_median_s']:.2f} s)"
+    median = ev["step_time_median_s"]
+    reason = f"{phase} takes {share:.0%} of a median step ({'-' if median is None else format(median, '.2f')} s)"
     notes = []
     if phase == "generation" and not _generation_knobs(hint):
         notes.append("the seed's generation knobs are already at its values: a larger batch per step "

@@ -8,6 +8,8 @@ import json
 import tarfile
 from dataclasses import dataclass
 
+from grpo_deploy.common.metrics import METRICS_READ_LIMIT
+from grpo_deploy.common.readback import ReadRefused
 from grpo_deploy.hosts.connect import Host, HostError, Result
 from grpo_deploy.kit_data import kit_dir
 from grpo_deploy.names import COMPOSE_FILES, ROLE_LABEL, RUN_LABEL, project_name
@@ -120,8 +122,9 @@ class RemoteProject:
         """The container of compose service *name* (a server replica: `server`, `server-2`, ...), or None."""
         return next((c for c in self.containers(strict) if c["service"] == name), None)
 
-    def read(self, container_id: str, path: str) -> str | None:
-        """A file's text from a running or stopped container (docker cp to stdout), or None."""
+    def read(self, container_id: str, path: str, limit: int = METRICS_READ_LIMIT) -> str | None:
+        """A file's text from a running or stopped container (docker cp to stdout), or None; a file of more than
+        *limit* bytes is refused (ReadRefused too-big, one line), as the bounded reader refuses one on this machine."""
         r = self.host.run(["docker", "cp", f"{container_id}:{path}", "-"], timeout=120)
         if not r.ok:
             return None
@@ -129,7 +132,17 @@ class RemoteProject:
         try:
             with tarfile.open(fileobj=io.BytesIO(data)) as tar:
                 member = tar.next()
-                return tar.extractfile(member).read().decode("utf-8", errors="replace") if member else None
+                if member is None:
+                    return None
+                where = f"{path} in container {container_id[:12]} on {self.host.name}"
+                if not member.isfile():
+                    raise ReadRefused("link" if member.issym() or member.islnk() else "not-regular",
+                                      f"{where}: is not a regular file; the kit reads it only as one, never through a "
+                                      "link: see what the container wrote there")
+                if member.size > limit:
+                    raise ReadRefused("too-big", f"{where}: is {member.size} bytes, more than {limit} bytes: this is "
+                                                 "not the file the kit writes there (or it was damaged)", member.size)
+                return tar.extractfile(member).read(limit).decode("utf-8", errors="replace")
         except tarfile.TarError:
             return None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from grpo_deploy.common.shown import printable
 from grpo_deploy.hosts import oneoff
 from grpo_deploy.plan import make_plan
 from grpo_deploy.preflight.images import image_on
@@ -33,7 +34,7 @@ def headroom_text(h: dict[str, Any] | None) -> str:
     line = (f"  checkpoint disk     {h['free_bytes'] / 1e9:.1f} GB free; next checkpoint "
             f"{h['checkpoint_bytes'] / 1e9:.2f} GB + {h['margin_bytes'] / 1e9:.1f} GB margin ({h['filesystem']})")
     warning = "\n  WARNING: the next checkpoint may not fit: free space, or lower checkpoints.keep"
-    return line if h["ok"] else line + warning
+    return printable(line if h["ok"] else line + warning)  # the filesystem's name: what the host's df said
 
 
 @check("identity", "Trainer and server run as the same non-root UID/GID with a umask that keeps files readable")

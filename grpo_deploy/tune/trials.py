@@ -71,7 +71,7 @@ def measure(plan: TrialPlan, res: Resolved, events: list[dict], ok: bool, reason
                      objective=plan.objective)
     t0 = float(steps[0]["time"])
     rewards = tuple((int(s["step"]), round(float(s["time"]) - t0, 3), float(s[reward_key]))
-                    for s in steps if isinstance(s.get(reward_key), int | float))
+                    for s in steps if isinstance(s.get(reward_key), int | float) and isinstance(s.get("step"), int))
     samples = sum(res.engine_info.samples_in_step(res, s) or 0 for s in steps[1:])
     extra = {key: _median([float(s[name]) for s in steps if isinstance(s.get(name), int | float)])
              for key, name in res.engine_info.tune_figures.items()}

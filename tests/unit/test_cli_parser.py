@@ -45,3 +45,8 @@ def test_a_hostile_flag_value_is_refused_by_the_grammar_with_exit_2(argv, capsys
     err = capsys.readouterr().err
     assert exc.value.code == cli_parser.EXIT_USAGE and "Traceback" not in err
     assert f"argument {argv[-2]}" in err and " is not a" in err and "required" not in err, err
+
+
+def test_logs_strips_escapes_unless_raw():
+    parser = build_parser(VERBS)
+    assert parser.parse_args(["logs"]).raw is False and parser.parse_args(["logs", "--raw"]).raw is True

@@ -216,3 +216,22 @@ def test_the_plot_marks_the_watchers_plateau_stop_and_target(tmp_path, monkeypat
     status.plot(ev, str(tmp_path / "p.png"))
     assert drawn["labels"][1:] == ["watcher: flat", "watcher: stop", "target reward"], drawn
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_what_a_container_wrote_is_read_as_figures_or_a_dash_and_printed_without_escapes():
+    """A step's figures that are text, a bool, infinite or too large for a float read as missing ('-'); an events file
+    with skipped lines adds one note line; text read back loses its control characters and escapes."""
+    ev = _events()[:-1] + [
+        {"event": "step", "time": 190.5, "step": "11\x1b[2J", "reward": float("inf"), "ratio": True},
+        {"event": "lines_skipped", "time": 191.0, "source": "metrics.jsonl", "lines": 2,
+         "why": {"a number too long": 1, "a line over 1 MiB": 1}},
+        {"event": "lines_skipped", "time": 191.0, "source": "x", "lines": "two", "why": 5},  # not the reader's own
+        {"event": "run_end", "time": 200.0, "status": "failed", "error": "boom\x1b]0;title\x07\u202e!"}]
+    s = status.summarize("r", ev, max_steps=40)
+    assert s.steps == 10 and s.reward_last5 == 0.8 and s.importance_ratio_max == 1.01
+    text = status.summary_text(s)
+    assert "(error: boom!)" in text and "\x1b" not in text and "\u202e" not in text
+    assert text.splitlines()[-1] == "note: 2 lines of metrics.jsonl skipped (a line over 1 MiB, a number too long)"
+    assert status.progress_line(ev[-4], 40) == "step -/40  reward -  len -"
+    assert status.finite(10**400) is None and status.finite(float("nan")) is None and status.finite(3) == 3
+    assert status.step_of({"step": 4.0}) == 4 and status.step_of({"step": "4"}, 7) == 7

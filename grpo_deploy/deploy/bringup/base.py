@@ -55,7 +55,7 @@ def follow_steps(dep: Deployment, log: Callable[[str], None], since: float, what
                 log(f"run watcher: {status.one_line(e.get('message'))}")
                 continue
             log(status.progress_line(e, total, dep.res.engine_info.progress))
-            last_step = int(e.get("step", last_step))
+            last_step = status.step_of(e, last_step)
         seen = len(shown)
         try:
             code = judge(c, rest, last_step)

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from grpo_deploy.common.dirlock import Busy, locked
 from grpo_deploy.common.readback import MiB, ReadRefused, read_bytes
 
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$", re.ASCII)
-VERL_PATTERN = re.compile(r"^global_step_(\d+)$", re.ASCII)
+# Step and rank numbers are bounded (18 and 9 digits): a folder named with a longer number is not a checkpoint.
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d{1,18})$", re.ASCII)
+VERL_PATTERN = re.compile(r"^global_step_(\d{1,18})$", re.ASCII)
 VERL_TRACKER = "latest_checkpointed_iteration.txt"
-VERL_SHARD = re.compile(r"^(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt$", re.ASCII)
+VERL_SHARD = re.compile(r"^(model|optim|extra_state)_world_size_(\d{1,9})_rank_(\d{1,9})\.pt$", re.ASCII)
 STATE_FILE = "trainer_state.json"  # transformers writes it last, so its presence marks a finished checkpoint
 QUARANTINE_DIR = "quarantine"
 STATE_LIMIT = 64 * MiB  # trainer_state.json grows with the log history: a few MB for a long run
@@ -99,7 +100,7 @@ def incomplete_reason(path: str) -> str | None:
 
 FSDP_MODEL_DIR, FSDP_OPTIMIZER_DIR = "pytorch_model_fsdp_0", "optimizer_0"  # a trainer of several processes (FSDP2)
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint writes it once every rank's shard is written
-DCP_SHARD = re.compile(r"^__(\d+)_\d+\.distcp$", re.ASCII)
+DCP_SHARD = re.compile(r"^__(\d{1,9})_\d+\.distcp$", re.ASCII)
 RNG_STATE = re.compile(r"^rng_state(_\d+)?\.pth$", re.ASCII)
 
 
@@ -238,6 +239,14 @@ def _json(path: str) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+COUNT_LIMIT = 1 << 20  # a LoRA rank or a world size above it is not one (a world is counted rank by rank)
+
+
+def _count(value: object) -> int | None:
+    """*value* when it is a whole number from 1 to COUNT_LIMIT (a file's word for a rank or a world size), else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= COUNT_LIMIT else None
+
+
 def shape_of(path: str, layout: str) -> Shape:
     """The LoRA shape and world size a checkpoint was written with (None where the files do not say)."""
     if layout == "trl":
@@ -247,13 +256,12 @@ def shape_of(path: str, layout: str) -> Shape:
         shards = {m.group(1) for n in (_listdir(model_dir) if is_real_dir(model_dir) else [])
                   if (m := DCP_SHARD.match(n))}
         ranks = shards or [n for n in _listdir(path) if RNG_STATE.match(n)]  # a sharded one: its model shards say
-        return Shape(adapter.get("r") if isinstance(adapter.get("r"), int) else None,
+        return Shape(_count(adapter.get("r")),
                      tuple(sorted(modules)) if isinstance(modules, list) else None, len(ranks) or None)
     actor = os.path.join(path, "actor")
     meta = _json(os.path.join(actor, "lora_train_meta.json"))
     world = _json(os.path.join(actor, "fsdp_config.json")).get("world_size")
-    return Shape(meta.get("r") if isinstance(meta.get("r"), int) else None, None,
-                 world if isinstance(world, int) else None)
+    return Shape(_count(meta.get("r")), None, _count(world))
 
 
 def _listdir(path: str) -> list[str]:

@@ -8,7 +8,15 @@ import os
 
 import pytest
 
-from grpo_deploy.common.metrics import MetricsSink, read_events, to_json_value
+from grpo_deploy.common.metrics import (
+    LINE_LIMIT,
+    NUMBER_LIMIT,
+    SKIPPED,
+    MetricsSink,
+    parse_events,
+    read_events,
+    to_json_value,
+)
 from tests.unit.runtime.as_root import small_tmpfs
 
 
@@ -74,3 +82,36 @@ def test_a_full_disk_does_not_raise_from_emit(tmp_path, capfd):
         err = capfd.readouterr().err
         assert '"event":"run_end"' in err and "No space left on device" in err
         assert read_events(str(mnt / "metrics.jsonl"))[0]["step"] == 1
+
+
+def test_lines_past_a_bound_are_skipped_and_counted_in_one_event():
+    """A number longer than NUMBER_LIMIT (10,000 digits: int() would raise past Python's 4,300), one not finite, a line
+    over LINE_LIMIT (never parsed), nesting past the recursion limit, an event without a time: each skipped, counted by
+    why in one SKIPPED event at the end, stamped with the newest good event's time. A torn line is skipped silently."""
+    good = [json.dumps({"event": "step", "time": 5.0 + i, "step": i, "reward": 0.5}) for i in range(2)]
+    text = "\n".join([good[0], '{"event":"step","time":1,"r":' + "9" * 10000 + "}", '{"event":"a","time":1e999}',
+                      '{"event":"a","time":2,"r":NaN}', '{"event":"a","time":2,"r":-Infinity}',
+                      '{"event":"a","time":2,"pad":"' + "x" * (LINE_LIMIT + 1) + '"}',
+                      '{"event":"a","time":2,"x":' + "[" * 100000 + "]" * 100000 + "}", '{"event":"a"}',
+                      '{"event":"a","time":"soon"}', '{"event":"lines_skipped","time":9,"lines":1,"why":{}}',
+                      good[1], '{"event": "b", "ti'])
+    events = parse_events(text, "m.jsonl")
+    assert [e["event"] for e in events] == ["step", "step", SKIPPED]
+    assert events[-1] == {"event": SKIPPED, "time": 6.0, "source": "m.jsonl", "lines": 8,
+                          "why": {"a number too long": 1, "a number that is not finite": 3, "a line over 1 MiB": 1,
+                                  "a value nested too deep": 1, "an event without a time": 2}}
+    assert parse_events("\n".join(good)) == [json.loads(line) for line in good]  # nothing skipped: no SKIPPED event
+
+
+def test_numbers_up_to_the_bound_and_a_raw_line_separator_in_a_string_are_read():
+    line = json.dumps({"event": "a", "time": 1.7e9, "n": -1234567890123456789012345678901,
+                       "f": -2.2250738585072014e-308, "s": "one\u2028line"}, ensure_ascii=False)
+    (event,) = parse_events(line)
+    assert event["n"] == -1234567890123456789012345678901 and event["s"] == "one\u2028line"
+    assert len(repr(-2.2250738585072014e-308)) <= NUMBER_LIMIT
+
+
+def test_read_events_names_the_file_in_its_count(tmp_path):
+    path = tmp_path / "deploy.jsonl"
+    path.write_text('{"event": "a", "time": 1, "x": NaN}\n')
+    assert read_events(str(path))[-1]["source"] == "deploy.jsonl"

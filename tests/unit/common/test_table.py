@@ -11,3 +11,10 @@ def test_table_aligns_and_wraps():
 
 def test_human_bytes():
     assert human_bytes(13_788_585_984) == "13.8 GB" and human_bytes(None) == "?" and human_bytes(12) == "12 B"
+
+
+def test_cells_are_printed_without_control_characters():
+    from grpo_deploy.common.table import table
+
+    text = table(["host", "health"], [["spark1", "unreachable\x1b[2J: \x1b]0;title\x07docker said\r"]], max_width=120)
+    assert text.splitlines()[-1] == "spark1  unreachable: docker said"

@@ -31,3 +31,11 @@ def test_down_refuses_a_run_folder_render_that_is_a_link_in_one_line(tmp_path, m
     assert "\n" not in line and "not stopped on 1 host(s): host local" in line and "symbolic link" in line
     assert sorted(p.name for p in elsewhere.iterdir()) == ["mine"]
 
+
+
+def test_ups_progress_lines_are_printed_without_control_characters():
+    import io
+
+    out = io.StringIO()
+    lifecycle.up_log(out)("step 3/40\x1b[2J  reward 0.5\x1b]0;title\x07\u202e")
+    assert out.getvalue().endswith("] step 3/40  reward 0.5\n") and "\x1b" not in out.getvalue()

@@ -33,3 +33,9 @@ def test_run_events_add_the_trainer_s_saved_metrics_after_the_latest_up(tmp_path
                                       + json.dumps({"event": "step", "time": start + 1, "step": 2}) + "\n")
     assert [(e["event"], e.get("step")) for e in run_view.run_events(dep)] == [("up_start", None), ("step", 2)]
     dep.close()
+
+
+def test_log_text_strips_control_characters_and_escapes_unless_raw():
+    line = "trainer-1  | \x1b[32mstep 3\x1b[0m\x1b]0;title\x07 done\r"
+    assert run_view.log_text(line) == "trainer-1  | step 3 done"
+    assert run_view.log_text(line, raw=True) == line

@@ -32,3 +32,16 @@ def test_text_shows_the_labelled_evidence_the_knobs_in_order_and_what_was_not_re
 def test_a_diagnosis_without_knobs_or_notes_prints_only_its_evidence():
     text = diagnosis_text(Diagnosis("balanced", "nothing waits", evidence={"step_s": 1.0}), LABELS)
     assert text == "diagnosis: balanced\n  nothing waits\n\nevidence:\n  step time         1.00 s"
+
+
+def test_figures_near_the_floats_limit_are_no_figures_and_text_is_printed_without_escapes():
+    from grpo_deploy.diagnose.base import is_number, mean, rounded
+
+    assert mean([1e308, 1e308]) is None and mean([1.0, 3.0]) == 2.0  # fsum overflows: not a traceback
+    assert rounded(float("inf")) is None and rounded(float("nan")) is None and rounded(1.23456) == 1.2346
+    assert not is_number(10**400) and not is_number(True) and is_number(10**30)
+    d = Diagnosis("balanced\x1b[2J", "no side\u202e waits\x1b]0;t\x07", evidence={"packing": "on\x9b31m"},
+                  notes=["a\x07b"])
+    text = diagnosis_text(d, LABELS)
+    assert text.splitlines()[:2] == ["diagnosis: balanced", "  no side waits"] and "  - ab" in text
+    assert "  packing           on" in text

@@ -155,3 +155,17 @@ def test_a_sharded_checkpoint_missing_a_rank_is_quarantined_and_its_world_size_r
     assert checkpoints.shape_of(resumed, "trl") == checkpoints.Shape(None, None, 2)
     with pytest.raises(ResumeError, match="world_size 2 in the checkpoint, 1 in this run"):
         resolve_resume(str(tmp_path), "auto", expect=checkpoints.Shape(world_size=1))
+
+
+def test_numbers_in_names_and_metadata_are_bounded(tmp_path):
+    """A step of more than 18 digits is no checkpoint's; a LoRA rank or world size outside 1..COUNT_LIMIT (a world of
+    4,000 digits once had its ranks counted one by one) is not read; a rank JSON cannot parse is not either."""
+    trl_checkpoint(tmp_path, 5, r=8)
+    trl_checkpoint(tmp_path, 10**19, r=8)
+    assert [step for step, _ in checkpoints.checkpoints(str(tmp_path))] == [5]
+    for r, read in ((8, 8), (0, None), (True, None), (checkpoints.COUNT_LIMIT + 1, None), ("8", None)):
+        (tmp_path / "checkpoint-5" / "adapter_config.json").write_text(json.dumps({"r": r}))
+        assert checkpoints.shape_of(str(tmp_path / "checkpoint-5"), "trl").lora_r == read, r
+    (tmp_path / "checkpoint-5" / "adapter_config.json").write_text('{"r": ' + "8" * 10000 + "}")
+    assert checkpoints.shape_of(str(tmp_path / "checkpoint-5"), "trl").lora_r is None
+    assert checkpoints.VERL_SHARD.match(f"model_world_size_{'2' * 10}_rank_0.pt") is None
