@@ -130,6 +130,8 @@ def measure(requests: int, warmup: int) -> None:
                     "grpo_deploy.runtime.serving.proxy",
                     "--listen",
                     f"127.0.0.1:{proxy_port}",
+                    "--adapter-dir",
+                    "/adapters",  # no adapter is loaded here
                     *[arg for port in replica_ports for arg in ("--replica", f"http://127.0.0.1:{port}")],
                 ],
                 env=env,

@@ -4,12 +4,14 @@ replica services and where the server's port is published."""
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 
 from grpo_deploy.common.values import host_part, ip_literal
 from grpo_deploy.engines.base import Engine, Resolved
 from grpo_deploy.engines.trl_trainers import trainer_machines
 from grpo_deploy.names import COMPOSE_BASE, PROXY_SERVICE, REPLICA_LABEL
+from grpo_deploy.runtime.storage.adapters import LORA_SUBDIR
 from grpo_deploy.templating import dump_yaml
 
 
@@ -98,10 +100,18 @@ def replica_urls(res: Resolved, resolved: dict[str, str] | None = None) -> list[
     return out
 
 
+def adapter_dir(res: Resolved) -> str:
+    """Where the trainer publishes its adapter versions (runtime/trainer/config.py's lora_dir: the rendered
+    adapters.dir, the checkpoint folder, and TRL's `.vllm_lora`), as the proxy sees it: it mounts the share at the
+    same path."""
+    return posixpath.normpath(posixpath.join(res.checkpoint_dir, LORA_SUBDIR))
+
+
 def proxy_args(res: Resolved, resolved: dict[str, str] | None = None) -> list[str]:
     """The replica proxy's command line, one argument per line of config/proxy.args (argparse's @file): it
-    listens on vLLM's port in its own container, where the trainer's base URL points."""
-    return ["--listen", f"0.0.0.0:{res.settings.vllm.port}",
+    listens on vLLM's port in its own container, where the trainer's base URL points, and passes on an adapter load
+    only from the run's adapter folder."""
+    return ["--listen", f"0.0.0.0:{res.settings.vllm.port}", "--adapter-dir", adapter_dir(res),
             *(arg for url in replica_urls(res, resolved) for arg in ("--replica", url))]
 
 

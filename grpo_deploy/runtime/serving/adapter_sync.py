@@ -13,14 +13,12 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from aiohttp import web
-
-from grpo_deploy.runtime.serving.http import Answer, error_answer, forwarded_headers, reason_of
+from grpo_deploy.runtime.serving.door import LOAD, UNLOAD, Adapter
+from grpo_deploy.runtime.serving.http import Answer, error_answer, reason_of
 from grpo_deploy.runtime.storage.faults import ADAPTER_NOT_FOUND
 
 log = logging.getLogger("grpo_deploy.replica_proxy")
 
-LOAD, UNLOAD = "/v1/load_lora_adapter", "/v1/unload_lora_adapter"
 # vLLM's answer when the adapter folder is not (yet) visible to the server: a mount that lags. FastAPI's own 404
 # {"detail": "Not Found"} (runtime LoRA updating off) does not match and is passed through: TRL words that one.
 LAGGING = re.compile(ADAPTER_NOT_FOUND, re.I)
@@ -118,11 +116,10 @@ class AdapterSync:
             await asyncio.sleep(pause)
             wait = min(wait * 2, MAX_BACKOFF_S)
 
-    async def load(self, request: web.Request) -> Answer:
-        """All-or-nothing: every healthy replica loads the adapter, or those that did unload it again. A replica that
-        cannot be reached is left out (marked down, it gets the adapter when it returns)."""
-        body, headers = await request.read(), forwarded_headers(request.headers)
-        name = _lora_name(body)
+    async def load(self, adapter: Adapter) -> Answer:
+        """All-or-nothing: every healthy replica loads the adapter (a load the door checked), or those that did unload
+        it again. A replica that cannot be reached is left out (marked down, it gets the adapter when it returns)."""
+        body, headers, name = adapter.body, adapter.headers, adapter.name
         async with self.proxy._lock:
             started = time.monotonic()
             targets = [self.proxy.replicas[i] for i in self.proxy._healthy()]
@@ -147,7 +144,7 @@ class AdapterSync:
                 self.loads.failed += 1
             elif "ok" in kinds:
                 self.adapters.pop(name, None)  # a name loaded again is the newest
-                self.adapters[name] = _Adapter(body, {k: v for k, v in headers.items() if k.lower() == "authorization"})
+                self.adapters[name] = _Adapter(body, headers)
                 seconds = time.monotonic() - started
                 self.loads.add(seconds)
                 took = [r for r in targets if outcomes[r.url].kind == "ok"]
@@ -180,10 +177,10 @@ class AdapterSync:
             status = "unreachable" if answer is None else f"HTTP {answer.status}"
             log.warning(f"adapter load {name} rolled back on {replica.url} ({status})")
 
-    async def unload(self, request: web.Request) -> Answer:
-        """To every healthy replica; a replica that does not hold the name (404) is not an error."""
-        body, headers = await request.read(), forwarded_headers(request.headers)
-        name = _lora_name(body)
+    async def unload(self, adapter: Adapter) -> Answer:
+        """To every healthy replica (an unload the door checked); a replica that does not hold the name (404) is not
+        an error."""
+        body, headers, name = adapter.body, adapter.headers, adapter.name
         async with self.proxy._lock:
             targets = [self.proxy.replicas[i] for i in self.proxy._healthy()]
             answers = await asyncio.gather(*(self.proxy._call(r, "POST", UNLOAD, body, headers) for r in targets))

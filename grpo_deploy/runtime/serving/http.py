@@ -5,7 +5,7 @@ ones dropped)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
@@ -26,12 +26,12 @@ HOP_BY_HOP = frozenset(
 )
 
 
-
 @dataclass
 class Answer:
     status: int
     body: bytes
     content_type: str = "application/json"
+    headers: dict[str, str] = field(default_factory=dict)  # more headers (a 405's Allow)
 
 
 def error_answer(status: int, message: str, kind: str) -> Answer:
@@ -52,4 +52,5 @@ def forwarded_headers(headers) -> dict[str, str]:
 
 
 def web_response(answer: Answer) -> web.Response:
-    return web.Response(status=answer.status, body=answer.body, headers={"Content-Type": answer.content_type})
+    return web.Response(status=answer.status, body=answer.body,
+                        headers={**answer.headers, "Content-Type": answer.content_type})

@@ -1,8 +1,9 @@
 """The replica proxy: one vLLM base URL in front of N vLLM servers for TRL's async GRPO with adapter sync. It owns the
-routing of completions by prompt-prefix affinity, the broadcasts of pause, resume and prefix-cache resets, the fan-in
-of health and of the model list, each replica's health and return, `/proxy/stats`, and `main`
-(`python3 -m grpo_deploy.runtime.serving.proxy`). Its command line is proxy_args.py's, its HTTP answers http.py's,
-the adapter loads and unloads adapter_sync.py's."""
+routing of completions by prompt-prefix affinity, the broadcasts of pause and resume, the fan-in of health and of the
+model list, each replica's health and return, `/proxy/stats`, and `main`
+(`python3 -m grpo_deploy.runtime.serving.proxy`). What it passes on at all, and the checks of an adapter body, are
+door.py's; its command line is proxy_args.py's, its HTTP answers http.py's, the adapter loads and unloads
+adapter_sync.py's."""
 
 from __future__ import annotations
 
@@ -16,23 +17,14 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from grpo_deploy.runtime.serving.adapter_sync import LOAD, UNLOAD, AdapterSync
+from grpo_deploy.runtime.serving.adapter_sync import AdapterSync
+from grpo_deploy.runtime.serving.door import MODELS, Endpoint, admit, checked_adapter, target
 from grpo_deploy.runtime.serving.http import Answer, error_answer, forwarded_headers, web_response
 from grpo_deploy.runtime.serving.prefix_router import PrefixRouter, prompt_of
 from grpo_deploy.runtime.serving.proxy_args import Settings, parse_args, settings_of
 
 log = logging.getLogger("grpo_deploy.replica_proxy")
 
-# What TRL 1.16's async GRPO (vllm_client.py, async_rollout_worker.py) and the kit (adapters.py, trl_hooks.py) call.
-ROUTED = ("/v1/completions", "/v1/chat/completions")
-# The union over the replicas: a stale-adapter sweep through the proxy sees what any replica holds (its unloads are
-# broadcast), and a name one replica lacks still shows.
-MODELS = "/v1/models"
-BROADCAST = ("/pause", "/resume", "/reset_prefix_cache")
-FAN_IN = ("/health", "/ping")
-# TRL's merged (NCCL) sync sizes its group from one server and would reach one replica: refused, not forwarded.
-WEIGHT_TRANSFER = ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights", "/finish_weight_update")
-STATS = "/proxy/stats"
 HEALTH_TIMEOUT_S = 5.0
 BROADCAST_TIMEOUT_S = 900.0
 # Below uvicorn's keep-alive (vLLM: 5 s), so the proxy never reuses a connection the replica is closing.
@@ -67,6 +59,7 @@ class ReplicaProxy:
         self.router = PrefixRouter(len(urls), s.block_size, s.imbalance, s.max_blocks)
         self.routes: Counter = Counter()  # hit, miss, spill
         self.paused: str | None = None  # the query of the last /pause not yet resumed
+        self.refused = 0  # requests the door (or merged sync's 501) answered without a replica
         self.sync = AdapterSync(self)  # the adapters loaded everywhere, their loads and unloads
         self.session: aiohttp.ClientSession | None = None
         self._lock: asyncio.Lock | None = None
@@ -93,31 +86,43 @@ class ReplicaProxy:
         await self.session.close()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        path = request.path
-        if path in ROUTED and request.method == "POST":
-            return await self._routed(request)
-        if path == LOAD:
-            return web_response(await self.sync.load(request))
-        if path == UNLOAD:
-            return web_response(await self.sync.unload(request))
-        if path in BROADCAST:
-            return web_response(await self._broadcast(request))
-        if path in FAN_IN:
-            return web_response(self._health())
-        if path == STATS:
-            return web.json_response(self.stats())
-        if path == MODELS and request.method == "GET":
+        """What the door lets in (door.ENDPOINTS), each as its `how` says; anything else refused in one line, no
+        replica asked."""
+        endpoint = admit(request.method, request.path)
+        if isinstance(endpoint, Answer):
+            return self._refuse(endpoint)
+        how = endpoint.how
+        if how == "routed":
+            return await self._routed(request, endpoint)
+        if how == "one":
+            return await self._forward(request, endpoint)
+        if how in ("load", "unload"):
+            adapter = await checked_adapter(request, endpoint, self.settings.adapter_dir)
+            if isinstance(adapter, Answer):
+                return self._refuse(adapter)
+            sync = self.sync.load if how == "load" else self.sync.unload
+            return web_response(await sync(adapter))
+        if how == "broadcast":
+            return web_response(await self._broadcast(request, endpoint))
+        if how == "models":
             return web_response(await self._models(request))
-        if path in WEIGHT_TRANSFER:
-            return web_response(
-                error_answer(
-                    501,
-                    f"{path} cannot go through the replica proxy: merged (NCCL) weight sync "
-                    "reaches one replica; use adapter sync (a LoRA model, --enable-lora)",
-                    "NotImplemented",
-                )
-            )
-        return await self._forward(request)
+        if how == "stats":
+            return web.json_response(self.stats())
+        if how == "health":
+            return web_response(self._health())
+        return self._refuse(error_answer(
+            501, f"{endpoint.path} cannot go through the replica proxy: merged (NCCL) weight sync reaches one "
+                 "replica; use adapter sync (a LoRA model, --enable-lora)", "NotImplemented"))
+
+    def _refuse(self, answer: Answer) -> web.Response:
+        """A refusal of the door (or of merged sync): counted, logged in one line, answered; no replica asked."""
+        self.refused += 1
+        try:
+            reason = json.loads(answer.body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            reason = "?"
+        log.warning(f"refused with {answer.status}: {reason}")
+        return web_response(answer)
 
     # ---- health
 
@@ -184,7 +189,7 @@ class ReplicaProxy:
     async def _listed(self, replica: Replica) -> set[str] | None:
         """The model names a replica serves (GET /v1/models, with the last load's Authorization: vLLM guards /v1)."""
         headers = next(reversed(self.sync.adapters.values())).headers
-        listed = await self._call(replica, "GET", "/v1/models", b"", headers, timeout=HEALTH_TIMEOUT_S)
+        listed = await self._call(replica, "GET", MODELS, b"", headers, timeout=HEALTH_TIMEOUT_S)
         if listed is None or listed.status != 200:
             replica.why = "GET /v1/models failed: " + ("unreachable" if listed is None else f"HTTP {listed.status}")
             return None
@@ -237,13 +242,13 @@ class ReplicaProxy:
     def _healthy(self) -> list[int]:
         return [i for i, r in enumerate(self.replicas) if r.healthy]
 
-    async def _relay(self, request: web.Request, i: int, body: bytes) -> web.StreamResponse | None:
-        """Pass *request* to replica *i* and its answer back (streamed when it streams). None when the replica could
-        not be connected to (nothing was sent): the caller may try another one."""
+    async def _relay(self, request: web.Request, endpoint: Endpoint, i: int, body: bytes) -> web.StreamResponse | None:
+        """Pass *request* (for *endpoint*) to replica *i* and its answer back (streamed when it streams). None when the
+        replica could not be connected to (nothing was sent): the caller may try another one."""
         replica = self.replicas[i]
         try:
             upstream = await self.session.request(
-                request.method, replica.url + request.path_qs, data=body or None,
+                endpoint.method, replica.url + target(endpoint, request), data=body or None,
                 headers=forwarded_headers(request.headers)
             )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:
@@ -283,7 +288,7 @@ class ReplicaProxy:
 
     # ---- completions and everything else
 
-    async def _routed(self, request: web.Request) -> web.StreamResponse:
+    async def _routed(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
         body = await request.read()
         try:
             payload = json.loads(body)
@@ -299,7 +304,7 @@ class ReplicaProxy:
             replica = self.replicas[i]
             replica.in_flight += 1
             try:
-                answer = await self._relay(request, i, body)
+                answer = await self._relay(request, endpoint, i, body)
             finally:
                 replica.in_flight -= 1
             if answer is not None:
@@ -309,12 +314,12 @@ class ReplicaProxy:
             tried.append(i)
         return self._nobody(tried)
 
-    async def _forward(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
+    async def _forward(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        """A GET to one healthy replica (the least loaded), without a body."""
         tried: list[int] = []
         while eligible := [i for i in self._healthy() if i not in tried]:
             i = self.router.least_loaded({i: self.replicas[i].in_flight for i in eligible})
-            answer = await self._relay(request, i, body)
+            answer = await self._relay(request, endpoint, i, b"")
             if answer is not None:
                 return answer
             tried.append(i)
@@ -322,23 +327,17 @@ class ReplicaProxy:
 
     # ---- broadcasts
 
-    async def _broadcast(self, request: web.Request) -> Answer:
-        """/pause, /resume, /reset_prefix_cache to every healthy replica; the first refusal is the answer."""
-        body, headers = await request.read(), forwarded_headers(request.headers)
+    async def _broadcast(self, request: web.Request, endpoint: Endpoint) -> Answer:
+        """/pause and /resume (their query as it came, no body: vLLM takes none) to every healthy replica; the first
+        refusal is the answer."""
+        headers, path = forwarded_headers(request.headers), target(endpoint, request)
         async with self._lock:
             targets = [self.replicas[i] for i in self._healthy()]
-            answers = await asyncio.gather(
-                *(self._call(r, request.method, request.path_qs, body, headers) for r in targets)
-            )
-            if request.path == "/pause":
-                self.paused = "?" + request.query_string if request.query_string else ""
-            elif request.path == "/resume":
-                self.paused = None
-            else:
-                self.router.clear()
+            answers = await asyncio.gather(*(self._call(r, endpoint.method, path, b"", headers) for r in targets))
+            self.paused = path.removeprefix("/pause") if endpoint.path == "/pause" else None
         reached = [a for a in answers if a is not None]
         if not reached:
-            return error_answer(502, f"{request.path}: no replica could be reached: {self._health_text()}",
+            return error_answer(502, f"{endpoint.path}: no replica could be reached: {self._health_text()}",
                                 "BadGateway")
         refused = [a for a in reached if a.status >= 300]
         return refused[0] if refused else reached[0]
@@ -404,7 +403,9 @@ class ReplicaProxy:
                 "max_s": loads.max_s if loads.count else None,
             },
             "adapters": list(self.sync.adapters),
+            "adapter_dir": self.settings.adapter_dir,
             "paused": self.paused is not None,
+            "refused": self.refused,
         }
 
 

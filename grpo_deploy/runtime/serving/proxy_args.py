@@ -1,10 +1,11 @@
 """The replica proxy's command line: its settings (`Settings`, whose defaults the command line shows), the parser with
-one-line errors and exit 2, the checks of each value (HOST:PORT, a replica's base URL, bounded numbers), arguments
-from an @FILE read bounded, and the settings the parsed arguments give."""
+one-line errors and exit 2, the checks of each value (HOST:PORT, a replica's base URL, the run's adapter folder,
+bounded numbers), arguments from an @FILE read bounded, and the settings the parsed arguments give."""
 
 from __future__ import annotations
 
 import argparse
+import posixpath
 import re
 import sys
 from dataclasses import dataclass
@@ -16,8 +17,9 @@ ARGS_FILE_LIMIT = 64 * 1024  # an @FILE of arguments: a few hundred lines at mos
 DESCRIPTION = (
     "The replica proxy: one vLLM base URL in front of N vLLM servers for TRL's async GRPO with adapter sync. "
     "It owns the routing of completions by prompt-prefix affinity, the broadcast of adapter loads (all-or-nothing), "
-    "unloads, pause, resume and prefix-cache resets, the fan-in of health and of the model list, each replica's "
-    "health and adapter resync, `/proxy/stats`, and its command line (arguments also from an @FILE, read bounded)."
+    "unloads, pause and resume, the fan-in of health and of the model list, each replica's health and adapter "
+    "resync, `/proxy/stats`, and its command line (arguments also from an @FILE, read bounded). It passes on only "
+    "what TRL 1.16's async GRPO and the kit call; an adapter load must name an adapter folder in --adapter-dir."
 )
 """`--help`'s description: what the proxy is (its module, runtime.serving.proxy, runs this command line)."""
 
@@ -38,6 +40,9 @@ class Settings:
     """Seconds between GET /health probes of each replica."""
     max_blocks: int = 500_000
     """Prefix blocks remembered (least recently used dropped)."""
+    adapter_dir: str = ""
+    """The run's adapter folder (`<checkpoints.dir>/.vllm_lora`): an adapter load must name a folder in it. Required
+    on the command line; empty refuses every load."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -82,6 +87,14 @@ def replica_url(text: str) -> str:
     return text.rstrip("/")
 
 
+def adapter_folder(text: str) -> str:
+    if not _PRINTABLE_ASCII.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a path: printable ASCII only, no spaces")
+    if not text.startswith("/") or text.startswith("//") or posixpath.normpath(text) != text or text == "/":
+        raise argparse.ArgumentTypeError(f"{text!r} is not an absolute, normalised folder below / (no .., //, ./)")
+    return text
+
+
 def _number(kind, low, high):
     def parse(text: str):
         try:
@@ -118,6 +131,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         required=True,
         metavar="URL",
         help="a vLLM server's base URL, e.g. http://10.0.0.2:8000 (repeat for each replica)",
+    )
+    parser.add_argument(
+        "--adapter-dir",
+        type=adapter_folder,
+        required=True,
+        metavar="DIR",
+        help="the run's adapter folder as the proxy sees it on the share (the trainer's <checkpoints.dir>/.vllm_lora): "
+        "an adapter load is passed on only for <DIR>/<its name>, with no link out of DIR",
     )
     parser.add_argument(
         "--block-size",
@@ -191,4 +212,5 @@ def settings_of(args: argparse.Namespace) -> Settings:
         connect_timeout_s=args.connect_timeout_s,
         health_interval_s=args.health_interval_s,
         max_blocks=args.max_blocks,
+        adapter_dir=args.adapter_dir,
     )

@@ -15,6 +15,8 @@ from grpo_deploy.engines.trl_replicas import (
     server_replicas,
     server_url,
 )
+from grpo_deploy.runtime.serving.proxy_args import parse_args
+from grpo_deploy.runtime.trainer.config import parse_config
 from grpo_deploy.spec import resolve
 from tests.specs import spec_yaml
 
@@ -39,8 +41,11 @@ def test_two_replicas_on_one_host_put_the_proxy_between_them_and_the_trainer():
     assert replica_urls(res) == ["http://server:8000", "http://server-2:8000"]
     files = render.render_files(res)
     args = [line for line in files["config/proxy.args"].splitlines() if line and not line.startswith("#")]
-    assert args == proxy_args(res) == ["--listen", "0.0.0.0:8000", "--replica", "http://server:8000",
-                                       "--replica", "http://server-2:8000"]
+    lora_dir = parse_config(yaml.safe_load(files["config/trainer.yaml"])).lora_dir  # where the trainer publishes
+    assert args == proxy_args(res) == ["--listen", "0.0.0.0:8000", "--adapter-dir", lora_dir,
+                                       "--replica", "http://server:8000", "--replica", "http://server-2:8000"]
+    assert lora_dir == f"{res.checkpoint_dir}/.vllm_lora"
+    assert parse_args(args).adapter_dir == lora_dir  # the proxy takes what the render gives it
     env = files["hosts/a.env"]
     assert "GRPO_SERVICES=server,server-2,proxy,trainer" in env and "COMPOSE_PROFILES=replicas" in env
     assert env.split("COMPOSE_FILE=")[1].split("\n")[0].endswith("/hosts/a.replicas.yaml")

@@ -77,6 +77,8 @@ class FakeVLLM:
             return web.json_response({"status": "ok"})
         if path == "/server_info":
             return web.json_response({"vllm_config": {"parallel_config": {"data_parallel_size": 1}}})
+        if path == "/get_world_size":
+            return web.json_response({"world_size": 1})
         if path == "/v1/load_lora_adapter" and self.runtime_lora:
             return self._load(body)
         if path == "/v1/unload_lora_adapter" and self.runtime_lora:

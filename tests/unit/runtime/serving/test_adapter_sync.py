@@ -12,7 +12,7 @@ from grpo_deploy.runtime.serving.adapter_sync import LOAD, UNLOAD
 from grpo_deploy.runtime.serving.proxy_args import Settings
 from tests.unit.runtime.fake_vllm import FakeVLLM
 from tests.unit.runtime.serving.test_prefix_router import tokens
-from tests.unit.runtime.serving.test_proxy import rig, run, until
+from tests.unit.runtime.serving.test_proxy import ADAPTERS, rig, run, until
 
 
 def test_a_load_reaches_every_replica_and_is_counted():
@@ -48,7 +48,7 @@ def test_a_lagging_mount_is_retried_until_the_adapter_appears(caplog):
 
 def test_a_mount_that_never_shows_the_adapter_answers_504_not_404_and_rolls_back():
     async def scenario():
-        async with rig(settings=Settings(health_interval_s=0.05, load_retry_s=0.6)) as r:
+        async with rig(settings=Settings(health_interval_s=0.05, load_retry_s=0.6, adapter_dir=ADAPTERS)) as r:
             r.fakes[1].lag = 10_000
             started = time.monotonic()
             status, text = await r.load("trl-policy-v1")
@@ -90,7 +90,7 @@ def test_a_load_is_all_or_nothing(caplog):
 
 def test_a_refusal_does_not_wait_for_a_lagging_replica():
     async def scenario():
-        async with rig(settings=Settings(health_interval_s=0.05, load_retry_s=20)) as r:
+        async with rig(settings=Settings(health_interval_s=0.05, load_retry_s=20, adapter_dir=ADAPTERS)) as r:
             r.fakes[0].lag = 10_000
             r.fakes[1].refuse = (500, "vLLM does not yet support DoRA.")
             started = time.monotonic()
@@ -167,7 +167,7 @@ def test_a_replica_that_cannot_take_the_adapter_back_stays_out():
 
 def test_a_returning_replica_that_cannot_see_the_adapter_yet_does_not_hold_up_the_others():
     async def scenario():
-        async with rig(settings=Settings(health_interval_s=0.05, load_retry_s=30)) as r:
+        async with rig(settings=Settings(health_interval_s=0.05, load_retry_s=30, adapter_dir=ADAPTERS)) as r:
             assert (await r.load("trl-policy-v1"))[0] == 200
             port = r.fakes[1].port
             await r.fakes[1].stop()

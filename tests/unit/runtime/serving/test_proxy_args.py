@@ -1,6 +1,7 @@
 """The replica proxy's command line (runtime/serving/proxy_args.py): bad and hostile values (a newline, non-ASCII
-digits, a leading '-', credentials, huge numbers) refused in one line with exit 2, arguments from a bounded file
-never read through a link, and good arguments as the proxy's settings."""
+digits, a leading '-', credentials, huge numbers, an adapter folder that is relative or not normalised) refused in
+one line with exit 2, arguments from a bounded file never read through a link, and good arguments as the proxy's
+settings."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import pytest
 
 from grpo_deploy.runtime.serving import proxy as rp
 from grpo_deploy.runtime.serving.proxy_args import parse_args, settings_of
+
+ADAPTERS = ["--adapter-dir", "/shared/ck/.vllm_lora"]
 
 
 @pytest.mark.parametrize(
@@ -35,20 +38,33 @@ from grpo_deploy.runtime.serving.proxy_args import parse_args, settings_of
         (["--replica", "http://a:1", "--block-size", "\uff18"], "not a number"),
         (["--replica", "http://a:1", "--imbalance", "1" + "0" * 22], "at most"),
         (["--replica", "http://a:1", "--load-retry-s", "1e300"], "at most"),
+        # the adapter folder: required, absolute, normalised, not /
+        (["--replica", "http://a:1", "--adapter-dir", "shared/.vllm_lora"], "absolute, normalised"),
+        (["--replica", "http://a:1", "--adapter-dir", "/shared/../etc"], "absolute, normalised"),
+        (["--replica", "http://a:1", "--adapter-dir", "//shared/x"], "absolute, normalised"),
+        (["--replica", "http://a:1", "--adapter-dir", "/shared/x/"], "absolute, normalised"),
+        (["--replica", "http://a:1", "--adapter-dir", "/"], "absolute, normalised"),
+        (["--replica", "http://a:1", "--adapter-dir", "/a b"], "printable ASCII"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(argv, says, capsys):
     with pytest.raises(SystemExit) as stop:
-        rp.main(argv)
+        rp.main(argv if not argv or "--adapter-dir" in argv else [*argv, *ADAPTERS])
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert says in err and err.count("\n") == 1 and "Traceback" not in err and "secret" not in err
 
 
+def test_the_adapter_folder_is_required(capsys):
+    with pytest.raises(SystemExit) as stop:
+        rp.main(["--replica", "http://a:1"])
+    assert stop.value.code == 2 and "--adapter-dir" in capsys.readouterr().err
+
+
 def test_arguments_come_from_a_file_bounded_and_never_through_a_link(tmp_path, capsys):
     args = tmp_path / "proxy.args"
     args.write_text("# the kit's render\n--listen\n0.0.0.0:8000\n\n--replica\nhttp://server:8000\n")
-    parsed = parse_args([f"@{args}", "--replica", "http://server-2:8000"])
+    parsed = parse_args([f"@{args}", "--replica", "http://server-2:8000", *ADAPTERS])
     assert parsed.listen == ("0.0.0.0", 8000) and parsed.replica == ["http://server:8000", "http://server-2:8000"]
     link = tmp_path / "link.args"
     link.symlink_to(args)
@@ -79,8 +95,10 @@ def test_good_arguments_become_settings():
             "0",
             "--load-retry-s",
             "5",
+            *ADAPTERS,
         ]
     )
     assert args.listen == ("::1", 9000) and args.replica == ["http://a:1", "https://b:2"]
     settings = settings_of(args)
     assert (settings.block_size, settings.imbalance, settings.load_retry_s) == (32, 0, 5.0)
+    assert settings.adapter_dir == "/shared/ck/.vllm_lora"
