@@ -15,8 +15,8 @@ setup: ## install what the kit needs on a fresh machine (Docker engine, Compose 
 demo: setup ## THE MAIN JOB: the CPU rehearsal (real vLLM server + real TRL async trainer) on this machine
 	grpo-deploy up --fresh
 
-test: setup ## run every test this machine can run (unit, static, integration and faults with real containers and two-host SSH test hosts, the verl rehearsal, the verl cluster and a real tune, which run beside the rest: tests/lanes.py; the CUDA image builds when their inputs changed); left out: GPU runs and the arm64 switches under QEMU
-	GRPO_NO_SKIPS=1 $(PYTHON) -m tests.lanes --side verl_cluster,tune --prebuild cpu,verl-cpu,testhost -- -m "not gpu and not arm64_switches" -rs --durations=30 $(PYTEST_ARGS)
+test: setup ## run every test this machine can run (unit, static, integration and faults with real containers and two-host SSH test hosts, the verl rehearsal, the verl cluster and a real tune; the CUDA image builds when their inputs changed); left out: GPU runs and the arm64 switches under QEMU
+	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m "not gpu and not arm64_switches" -rs --durations=30 $(PYTEST_ARGS)
 
 test-gpu: ## on ONE NVIDIA GPU, no Docker (vLLM, TRL and the kit importable; the gpu pack of ../shared/tools/gpu-pack carries them): the harness renders a one-GPU spec and runs both roles from the rendered files, the rehearsal task (40 steps) and seed 004's recipe shape (20 steps); GRPO_GPU_OUT keeps the report
 	$(PYTHON) -m pytest -m gpu tests/gpu -rs $(PYTEST_ARGS)

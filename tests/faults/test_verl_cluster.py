@@ -56,8 +56,7 @@ def cli(cwd: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProc
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory, verl_image):
-    # volumes of its own: it runs beside the rest (tests/lanes.py), whose two-host modules keep grpo-testhost-*
-    with test_hosts(2, tmp_path_factory.mktemp("hosts"), volume_prefix="grpo-verlhost") as th:
+    with test_hosts(2, tmp_path_factory.mktemp("hosts")) as th:
         yield th
 
 

@@ -2,7 +2,7 @@
 from other runs on the engine), one knob allowed, 6-step trials, a budget that holds the two baselines and the knob's
 trial. Every trial is a real `up` (vLLM CPU server + TRL trainer in containers); the tuner prints a line per trial
 and its table, writes its report and leaves no container of a trial behind; --apply rewrites the spec only for a knob
-it kept, and keeps the old spec beside it. (Marker `tune`: it runs in make test's side lane, beside the rest.)"""
+it kept, and keeps the old spec beside it. (Marker `tune`: `make test` runs it; alone: `pytest -m tune`.)"""
 
 from __future__ import annotations
 

@@ -146,7 +146,6 @@ TESTS_OF_SEVERAL: dict[str, str] = {
     "tests/unit/test_arm64_switches.py": "tests/arm64_switches.py, a helper of the test suite (not a package module)",
     "tests/unit/test_image_records.py": "tests/image_records.py, a helper of the test suite (not a package module)",
     "tests/unit/test_ci_phases.py": "tests/ci_phases.py, a helper of the test suite (not a package module)",
-    "tests/unit/test_lanes.py": "tests/lanes.py, the runner of `make test` (not a package module)",
     "tests/unit/runtime/storage/test_checkpoints_verl.py": "verl checkpoints across a resume, on one save history: "
                                                            "storage/resume.py (verl_resume) and storage/checkpoints.py "
                                                            "(prune, the tracker); its helpers serve verl/test_node.py",
