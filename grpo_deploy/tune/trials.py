@@ -115,7 +115,7 @@ def run_trial(plan: TrialPlan, data: dict, res: Resolved, folder: Path, ssh_args
     spec_path = folder / "trial.yaml"
     spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
     log_path = folder / "up.log"
-    command = [sys.executable, "-m", "grpo_deploy.cli", "up", "-f", str(spec_path), "--fresh", *ssh_args]
+    command = [sys.executable, "-m", "grpo_deploy.cli", "up", "-f", str(spec_path.resolve()), "--fresh", *ssh_args]
     with log_path.open("w") as log:
         proc = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, "NO_COLOR": "1"})
@@ -146,9 +146,10 @@ def run_trial(plan: TrialPlan, data: dict, res: Resolved, folder: Path, ssh_args
 def _failure(said: str, code: int) -> str:
     """One line on why a trial's `up` failed: its `error:` line, or an out-of-memory sign, or its exit status."""
     lines = [ln.strip() for ln in said.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if ln.startswith("error:"):
-            return ln[:300]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("error:"):
+            detail = f" {lines[i + 1]}" if lines[i].endswith(":") and i + 1 < len(lines) else ""
+            return (lines[i] + detail)[:300]
     if any("out of memory" in ln.lower() or "outofmemory" in ln.lower() for ln in lines):
         return "out of memory (see the trial's up.log)"
     return f"`up` exited with {code} (see the trial's up.log)"

@@ -66,6 +66,8 @@ def test_a_run_that_logged_no_step_is_a_failed_trial_with_a_reason(cpu_res):
     ("...\nerror: preflight: disk on local is short\n", "error: preflight: disk on local is short"),
     ("torch.OutOfMemoryError: CUDA out of memory\n", "out of memory (see the trial's up.log)"),
     ("nothing useful\n", "`up` exited with 1 (see the trial's up.log)"),
+    ("error: the spec is not valid; nothing was written or started:\n  t.yaml:3: run.name: too long\n",
+     "error: the spec is not valid; nothing was written or started: t.yaml:3: run.name: too long"),
 ])
 def test_why_a_trial_failed_in_one_line(said, reason):
     assert trials._failure(said, 1) == reason
