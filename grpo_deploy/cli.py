@@ -13,9 +13,9 @@ from pathlib import Path
 from grpo_deploy import forecast, preflight
 from grpo_deploy.cli_parser import DEFAULT_SPEC, EXIT_USAGE, CliError, build_parser, host_list, parse_size
 from grpo_deploy.common.readback import ReadRefused
-from grpo_deploy.common.shown import printable
+from grpo_deploy.common.shown import printable, shown
 from grpo_deploy.common.table import table
-from grpo_deploy.common.values import SYSTEM_TREES
+from grpo_deploy.common.values import ENV_VALUE_FORBIDDEN, SYSTEM_TREES
 from grpo_deploy.hosts.connect import HostError, SshOptions
 from grpo_deploy.kit_data import KitDataMissing
 from grpo_deploy.names import STATE_DIR
@@ -132,11 +132,21 @@ def _render_dir(args) -> Path:
         if path == Path(path.anchor) or system:
             where = f"under the system directory {system}" if system else "the root directory"
             raise CliError(f"-o {args.output} is {where}; render into a directory of your own")
+    bad = sorted({c for path in (given, out) for c in str(path) if c in OUT_DIR_FORBIDDEN or not c.isprintable()
+                  or c.isspace()})
+    if bad:
+        raise CliError(f"-o {shown(args.output)}: the folder's path holds {' '.join(repr(c) for c in bad)}, and the "
+                       "rendered env files name files in it (COMPOSE_FILE splits at ':', compose expands '$' and "
+                       "strips quotes and '#'); render into a path without them")
     spec = _spec_path(args)
     specs = (Path(os.path.abspath(spec)), spec.resolve()) if spec is not None else ()
     if any(d in s.parents for d in (given, out) for s in specs):
         raise CliError(f"-o {args.output} holds the spec being read ({spec}); render into a directory outside it")
     return out
+
+
+# Characters a render folder's path may not hold: its files are named in the env files' COMPOSE_FILE.
+OUT_DIR_FORBIDDEN = frozenset(ENV_VALUE_FORBIDDEN | {":"})
 
 
 def _spec_path(args) -> Path | None:

@@ -234,6 +234,8 @@ VERL_OWNED = {
     "trainer.default_local_dir": "set checkpoints.dir instead",
     "trainer.resume_mode": "set checkpoints.resume instead",
     "trainer.nnodes": "set by the kit: one Ray node per host with role head or worker",
+    "actor_rollout_ref.model.path": "set model.path instead (one model for the rollout, the actor, plan and the "
+    "render)",
 }
 VERL_PREFIXES = ("algorithm.", "data.", "actor_rollout_ref.", "trainer.", "reward_model.", "reward.", "critic.",
                  "ray_kwargs.", "custom_reward_function.", "transfer_queue.", "+")
@@ -285,6 +287,11 @@ class VerlSettings(Strict):
             if not key.lstrip("+").startswith(tuple(p for p in VERL_PREFIXES if p != "+")):
                 raise ValueError(f"{shown_key(key)}: not a verl config key (expected one under "
                                  f"{', '.join(p.rstrip('.') for p in VERL_PREFIXES if p != '+')})")
+            field = next((f.alias for f in type(self).model_fields.values()
+                          if f.alias and f.alias.lstrip("+") == key.lstrip("+")), None)
+            if field is not None:
+                raise ValueError(f"{shown_key(key)}: the kit reads this key (verl would take the prefixed one and the "
+                                 f"kit its own): write it as {field}")
             pass_through(key, value)
         return self
 
@@ -311,12 +318,25 @@ class CheckpointSettings(Strict):
     """TRL: before each save, stop cleanly if free space < the next checkpoint + disk_margin_gb."""
 
 
+# Passed-through keys that name a file the trainer reads: refused unless on the shared volume (spec.rules).
+PATH_KEYS: dict[str, tuple[str, ...]] = {
+    "trl": ("deepspeed", "fsdp_config", "accelerator_config", "logging_dir"),
+    "verl": ("data.train_files", "data.val_files"),
+}
+
 # Keys a user may not set in overrides.<section>, with what to set instead.
 OWNED: dict[str, dict[str, str]] = {
     "trl": {k: f"set by the kit from {v}; set that instead" for k, v in KIT_OWNED_TRL.items()},
     "verl": VERL_OWNED,
     "vllm": VLLM_REMOVED,
 }
+
+
+def owned_why(section: str, key: str) -> str | None:
+    """What to set instead of overrides.<section>.<key>, when the kit owns the key; else None. Hydra's + and ++ add
+    or force the same key, so the kit's own keys are its own under either prefix."""
+    table = OWNED.get(section, {})
+    return table.get(key) or table.get(key.lstrip("+"))
 
 
 def known_keys(section: str) -> list[str]:

@@ -125,6 +125,8 @@ class Engine:
     """`init` with one host (or none): the roles that host runs."""
     multi_host_roles: tuple[tuple[str, ...], tuple[str, ...]]
     """`init --hosts a,b,...`: the roles of the first host, then of every other host."""
+    exclusive_roles: tuple[str, ...] = ()
+    """Roles no one host runs together (verl: head and worker are each one Ray node of a host)."""
     progress: tuple[tuple[str, str, str], ...] = ()
     """`up`'s progress line per step after reward and length: (label, step event key, format) of its own metrics."""
     saves_last_step: bool = False

@@ -348,6 +348,7 @@ VERL = Verl(
     logger_keys={"project": ("wandb", "tensorboard", "mlflow"), "entity": ()},  # no entity reaches verl's W&B
     single_host_roles=("head",),
     multi_host_roles=(("head",), ("worker",)),
+    exclusive_roles=("head", "worker"),
     saves_last_step=True,
     # the kit's names for verl's score and length (runtime/verl_node.STEP_KEYS), verl's own for the rest; verl is
     # synchronous (no staleness) and logs no importance ratio

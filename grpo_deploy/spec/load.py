@@ -80,9 +80,11 @@ def _secret_problems(doc: Located, secrets: dict[str, str]) -> list[Problem]:
         elif isinstance(node, list):
             for i, item in enumerate(node):
                 walk(item, path + (i,))
-        elif isinstance(node, str):
+        elif isinstance(node, (str, int, float)):
+            # A number holds a secret too: an all-digit credential written unquoted is a number to YAML.
+            text = node if isinstance(node, str) else "" if isinstance(node, bool) else str(node)
             for value, name in secrets.items():
-                if value in node:
+                if value in text:
                     problems.append(Problem(doc.where(path), key_str(path),
                                             f"holds the value of ${name} from your environment: a spec is a plain "
                                             "file and its values reach rendered files; remove it (credentials are "

@@ -21,7 +21,7 @@ from grpo_deploy.architecture import known_models
 from grpo_deploy.common.shown import shown_key
 from grpo_deploy.common.values import describe_error, error_location, parse_address
 from grpo_deploy.engines import ALL_ROLES, ENGINES, Engine
-from grpo_deploy.settings import OWNED, SECTIONS, Settings, unknown_key_hint
+from grpo_deploy.settings import SECTIONS, Settings, owned_why, unknown_key_hint
 from grpo_deploy.spec import profiles
 from grpo_deploy.spec.schema import LoadedSpec, Problem, SpecError, key_str
 
@@ -155,7 +155,7 @@ class _Layers:
 
     def override(self, section: str, key: str, value: Any) -> None:
         path = ("overrides", section, key)
-        owned = OWNED.get(section, {}).get(key)
+        owned = owned_why(section, key)
         if owned:
             self.problem(path, owned)
             return

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from grpo_deploy.common.shown import shown
-from grpo_deploy.common.values import parse_address
+from grpo_deploy.common.values import abs_path, parse_address
 from grpo_deploy.engines import ENGINES
+from grpo_deploy.settings import PATH_KEYS
 from grpo_deploy.spec import profiles
 from grpo_deploy.spec.schema import DeploymentSpec, HostSpec, LoadedSpec, Problem, key_str
 
@@ -44,7 +45,8 @@ def check_consistency(loaded: LoadedSpec) -> list[Problem]:
     spec = loaded.spec
     engine = ENGINES[spec.engine]
     found = [*_host_rules(spec, engine), *_machine_rules(spec), *_engine_role_rules(spec, engine),
-             *_checkpoint_rules(spec), *_logger_rules(spec, engine), *_shared_volume_rules(spec)]
+             *_checkpoint_rules(spec), *_logger_rules(spec, engine), *_shared_volume_rules(spec),
+             *_model_rules(spec), *_pass_through_path_rules(spec)]
     return [Problem(loaded.doc.where(path), key_str(path), message) for path, message in found]
 
 
@@ -69,6 +71,10 @@ def _host_rules(spec: DeploymentSpec, engine) -> Found:
                        f"role {role!r} is not a {spec.engine} role; allowed: {', '.join(engine.roles)}")
             elif role in host.roles[:j]:
                 yield ("hosts", i, "roles", j), f"role {role!r} is listed twice"
+        both = [role for role in engine.exclusive_roles if role in host.roles]
+        if len(both) > 1:
+            yield (("hosts", i, "roles"), f"host {host.name} is given roles {' and '.join(both)}, which one host does "
+                   f"not run together on engine {spec.engine} (each is one Ray node of its host): keep one of them")
         if host.mount is not None and host.mount != spec.storage.mount:
             yield (
                 ("hosts", i, "mount"),
@@ -189,3 +195,35 @@ def _shared_volume_rules(spec: DeploymentSpec) -> Found:
                 "hosts on different machines need a shared volume: set storage.nfs (server, export) "
                 "or hosts[].shared_dir (where the share is already mounted on each host)",
             )
+
+
+def _model_rules(spec: DeploymentSpec) -> Found:
+    """One model: model.path (or served_name) and overrides.model.path (or served_name) may not name two."""
+    given = spec.overrides.get("model", {})
+    for key in ("path", "served_name"):
+        ours, theirs = getattr(spec.model, key), given.get(key)
+        if ours is not None and theirs is not None and theirs != ours:
+            yield (("overrides", "model", key), f"names {shown(theirs)} and model.{key} names {shown(ours)}: two keys "
+                   f"naming different models; keep model.{key} and remove overrides.model.{key}")
+
+
+def _pass_through_path_rules(spec: DeploymentSpec) -> Found:
+    """Passed-through keys that name a file (overrides.trl.deepspeed, ...): an absolute path on the shared volume,
+    the one place every container sees."""
+    for section, keys in PATH_KEYS.items():
+        for key, value in spec.overrides.get(section, {}).items():
+            if key.lstrip("+") not in keys or value is None:
+                continue
+            for path in value if isinstance(value, list) else [value]:
+                if not isinstance(path, str):
+                    continue  # (its type is the section's to refuse)
+                try:
+                    path = abs_path(path)
+                except ValueError as exc:
+                    yield ("overrides", section, key), f"{exc}; give a file on the shared volume {spec.storage.mount}"
+                    break
+                if not _under(path, spec.storage.mount):
+                    yield (("overrides", section, key), f"{shown(path)} is not under the shared volume "
+                           f"{shown(spec.storage.mount)}: the containers see the share only there; put the file on "
+                           f"the share and give its path under {shown(spec.storage.mount)}")
+                    break

@@ -15,6 +15,7 @@ from grpo_deploy.common.shown import did_you_mean, shown, shown_key
 from grpo_deploy.common.strict import Strict
 from grpo_deploy.common.values import (
     MAX_STEPS,
+    SECRET_WORDS,
     AbsPath,
     Count,
     Finite,
@@ -202,13 +203,42 @@ class AsyncGrpoArgs(Strict):
             if key not in trl_fields():
                 raise ValueError(f"{shown_key(key)}: not an AsyncGRPOConfig field of trl {TRL_VERSION}"
                                  + did_you_mean(key, trl_fields()))
-            pass_through(key, value)
+            pass_through(key, value, number=key in TRL_NUMBER_FIELDS)
         return self
 
 
-def pass_through(key: str, value: Any) -> Any:
+# AsyncGRPOConfig fields of trl 1.16.0 that hold a number (int or float) and no field of AsyncGrpoArgs types: a YAML
+# boolean given to one (an unquoted on/yes/true) would reach TRL as 1 or 0.
+TRL_NUMBER_FIELDS = frozenset((
+    "num_train_epochs", "warmup_steps", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm",
+    "label_smoothing_factor", "neftune_noise_alpha", "torch_empty_cache_steps", "eval_steps", "eval_delay",
+    "per_device_eval_batch_size", "eval_accumulation_steps", "data_seed", "dataloader_num_workers",
+    "dataloader_prefetch_factor", "ddp_bucket_cap_mb", "ddp_timeout", "local_rank", "router_aux_loss_coef",
+    "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tool_calling_iterations",
+    "fork_threshold_tokens", "request_timeout", "weight_sync_timeout", "epsilon", "epsilon_high",
+    "heartbeat_stale_after_s", "num_completions_to_print",
+))
+
+
+def credential_key(key: str) -> bool:
+    """Whether a dotted key's last name ends in one of the kit's credential words (hub_token, wandb_api_key,
+    mlflow_password; not fork_threshold_tokens or ppo_max_token_len_per_gpu)."""
+    last = "_" + key.rsplit(".", 1)[-1].upper()
+    return last.endswith("_CREDENTIALS") or any(last.endswith("_" + word) for word in SECRET_WORDS)
+
+
+def pass_through(key: str, value: Any, *, number: bool = False) -> Any:
     """*value*, checked as one the kit passes through untouched (a TRL extra, a verl override): a Scalar, a list of
-    them or None; anything else is a ValueError naming *key*."""
+    them or None; anything else is a ValueError naming *key*. A key named like a credential (hub_token,
+    ...api_key) takes no value (credentials come from the environment at start, never from a rendered file); a
+    *number* key takes no boolean."""
+    if value is not None and credential_key(key):
+        raise ValueError(f"{shown_key(key)}: names a credential, and a value given here would be written into a "
+                         "rendered file: remove the key and export the credential in the environment of "
+                         "`grpo-deploy up` (HF_TOKEN and WANDB_API_KEY are passed through)")
+    if number and isinstance(value, bool):
+        raise ValueError(f"{shown_key(key)}: expects a number, got the boolean {shown(value)} (YAML reads unquoted "
+                         "on/off/yes/no/true/false as booleans; write the number)")
     try:
         return _PASS_THROUGH.validate_python(value)
     except ValidationError:
