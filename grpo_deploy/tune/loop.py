@@ -55,12 +55,13 @@ def knob_side(res: Resolved, diagnosis_side: str) -> str | None:
 
 def candidate_plans(res: Resolved, side: str | None, allowed: tuple[str, ...] | None,
                     kept: dict[str, tuple[Any, str]]) -> list[TrialPlan]:
-    """One plan per (knob, value) of the side's knobs (every side's with None), limited to *allowed*, on top of the
-    knobs already kept (whose own setting is not tried again)."""
+    """One plan per (knob, value) of the side's knobs (every side's with None), or of the *allowed* knobs whatever
+    their side (the user named them), on top of the knobs already kept (whose own setting is not tried again)."""
     base = tuple((setting, value) for setting, (value, _label) in kept.items())
     plans = []
     for knob in res.engine_info.tune_knobs:
-        if (side is not None and knob.side != side) or (allowed is not None and knob.name not in allowed):
+        if (allowed is not None and knob.name not in allowed) or (allowed is None and side is not None
+                                                                     and knob.side != side):
             continue
         if knob.setting in kept:
             continue
@@ -134,7 +135,8 @@ def tune(user: dict, res: Resolved, request: TuneRequest, folder: Path, ssh_args
             diagnosis, _labels = res.engine_info.diagnose(events, res)
             result.sides.append(diagnosis.side)
             plans = candidate_plans(res, knob_side(res, diagnosis.side), request.knobs, kept)
-            say(f"round {round_no}: diagnose says {diagnosis.side}; {len(plans)} knob trial(s) for that side")
+            which = "of --knobs" if request.knobs is not None else "for that side"
+            say(f"round {round_no}: diagnose says {diagnosis.side}; {len(plans)} knob trial(s) {which}")
             if not plans:
                 result.stopped = f"no knob left to try for the {diagnosis.side} side"
                 break

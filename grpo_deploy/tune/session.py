@@ -87,8 +87,10 @@ def run(res: Resolved, user: dict, request: loop.TuneRequest, spec_file: Path | 
     say(f"stopped: {result.stopped}")
     if result.kept:
         say("kept (the spec diff):\n  " + "\n  ".join(report.spec_diff(result)))
-    else:
+    elif any(t.knob is not None for t in result.trials):
         say("kept: nothing; the spec as it is was the fastest within the measured noise")
+    else:
+        say("kept: nothing; no knob was tried")
     say(f"report: {folder / 'report.json'}" + (f"; plot: {plotted}" if plotted else ""))
     if apply and result.kept and not result.interrupted and spec_file is not None:
         before = report.apply(spec_file, user, result, result.verdicts)

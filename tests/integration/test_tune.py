@@ -41,7 +41,7 @@ def test_tune_runs_its_trials_for_real_and_ends_with_a_table(tuned):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
-    trials = [ln for ln in lines if ln.startswith("trial ")]
+    trials = [ln for ln in lines if ln.startswith("trial ") and ": " in ln]  # not the table's header
     assert [t.split()[2].rstrip(":") for t in trials][:3] == ["baseline", "inflight=16", "baseline"], trials
     assert all("FAILED" not in t and " s/step, " in t and "samples/h" in t for t in trials), trials
     assert any(ln.startswith("round 1: diagnose says ") for ln in lines)

@@ -47,9 +47,11 @@ def test_candidates_are_the_sides_knobs_on_top_of_the_kept_ones(cpu_res):
     assert all(p.changes[0] == (setting, first.value) for p in on_top)  # every later trial carries it
 
 
-def test_only_the_allowed_knobs_are_planned(cpu_res):
+def test_only_the_allowed_knobs_are_planned_whatever_side_diagnose_names(cpu_res):
     plans = loop.candidate_plans(cpu_res, None, ("packing",), {})
     assert plans and {p.knob for p in plans} == {"packing"}
+    named = loop.candidate_plans(cpu_res, "trainer", ("inflight",), {})  # a generation knob, named by the user
+    assert {p.knob for p in named} == {"inflight"}
 
 
 def _trial(label, knob=None, value=None, samples=1000, ok=True, reason="") -> Trial:
