@@ -74,6 +74,12 @@ class Verdict:
     measure: str
     """`samples/h`, or `time to reward X`."""
 
+    @property
+    def objective_refused(self) -> bool:
+        """Not kept only because it changes what the loss computes (its gain beat the noise)."""
+        return not self.kept and self.trial.ok and bool(self.trial.objective) and self.why.startswith(
+            "faster but changes the objective")
+
 
 def _spread(values: list[float]) -> float:
     """(max - min) / mean of *values*; inf with fewer than MIN_BASELINES or a mean that is not positive."""

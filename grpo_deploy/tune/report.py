@@ -53,7 +53,7 @@ def rows(result: TuneResult) -> list[list[str]]:
                     _fmt(t.samples_per_hour if t.ok else None, ",.0f"),
                     _fmt(t.extra.get("answer_tok_s"), ",.0f"), _fmt(t.extra.get("fwd_bwd_tok_s"), ",.0f"),
                     _fmt(t.extra.get("peak_gib"), ".1f"), _fmt(reward_slope(t), "+.3f"),
-                    t.objective or "unchanged", verdict])
+                    "changed" if t.objective else "unchanged", verdict])
     return out
 
 

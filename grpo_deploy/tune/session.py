@@ -87,6 +87,10 @@ def run(res: Resolved, user: dict, request: loop.TuneRequest, spec_file: Path | 
     say(f"stopped: {result.stopped}")
     if result.kept:
         say("kept (the spec diff):\n  " + "\n  ".join(report.spec_diff(result)))
+    elif any(v.objective_refused for v in result.verdicts):
+        faster = [v.trial.label for v in result.verdicts if v.objective_refused]
+        say(f"kept: nothing; {', '.join(faster)} gained beyond the noise but change what the loss computes (see the "
+            "table's objective column and report.json): --allow-objective-change keeps such a knob")
     elif any(t.knob is not None for t in result.trials):
         say("kept: nothing; the spec as it is was the fastest within the measured noise")
     else:

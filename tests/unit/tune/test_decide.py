@@ -89,8 +89,11 @@ def test_a_faster_knob_that_changes_the_objective_is_kept_only_when_allowed():
     packing = _trial("packing=512", 1500, "packing", 512, objective="per-token instead of per-answer weighting")
     (v,) = judge(baselines, [packing], None, False)
     assert not v.kept and v.gain > v.noise and "changes the objective" in v.why and "per-token" in v.why
+    assert v.objective_refused
     (v,) = judge(baselines, [packing], None, True)
-    assert v.kept and "which was allowed" in v.why
+    assert v.kept and "which was allowed" in v.why and not v.objective_refused
+    (slow,) = judge(baselines, [_trial("packing=512", 900, "packing", 512, objective="per-token")], None, False)
+    assert not slow.kept and not slow.objective_refused  # slower: refused for its speed, not its objective
 
 
 def test_a_failed_trial_is_reported_with_its_reason_and_not_kept():

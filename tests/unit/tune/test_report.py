@@ -40,7 +40,7 @@ def test_the_table_has_a_row_per_trial_with_its_verdict(result):
     rows = {r[0]: r for r in report.rows(result)}
     assert list(rows) == ["baseline 1.1", "inflight=16", "packing=512", "baseline 1.2", "replicas=2"]
     assert rows["baseline 1.1"][-1] == "baseline" and rows["inflight=16"][-1].startswith("KEPT: +59%")
-    assert rows["packing=512"][-2] == "per-token average over packed rows"
+    assert rows["packing=512"][-2] == "changed" and rows["inflight=16"][-2] == "unchanged"
     assert rows["packing=512"][-1].startswith("not kept: faster")
     assert rows["replicas=2"][1] == "-" and "memory on local is short" in rows["replicas=2"][-1]
     assert float(rows["inflight=16"][2].replace(",", "")) == pytest.approx(1600 / 33.0 * 3600, rel=1e-3)
