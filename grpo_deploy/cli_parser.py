@@ -97,11 +97,8 @@ def _line_count(text: str) -> int:
 
 
 def _budget_minutes(text: str) -> float:
-    """--budget MINUTES: a number from 1 to 10080 (a week)."""
-    try:
-        value = float(text) if re.fullmatch(r"[0-9]{1,5}(\.[0-9]{1,3})?", text) else float("nan")
-    except ValueError:
-        value = float("nan")
+    """--budget MINUTES: a number from 1 to 10080 (a week), plain digits (no exponent, no sign)."""
+    value = float(text) if re.fullmatch(r"[0-9]{1,5}(\.[0-9]{1,3})?", text) else float("nan")
     if not 1 <= value <= 10_080:
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of minutes from 1 to 10080")
     return value
