@@ -15,13 +15,12 @@ from collections.abc import Callable
 from grpo_deploy import preflight
 from grpo_deploy.common.readback import ReadRefused
 from grpo_deploy.common.shown import printable
-from grpo_deploy.deploy import run_view
+from grpo_deploy.deploy import run_folder, run_view
 from grpo_deploy.deploy.bringup import BRINGUP
 from grpo_deploy.deploy.deployment import Deployment
 from grpo_deploy.deploy.images import build_images
 from grpo_deploy.deploy.run_state import LaunchError, RunState, require_kit
 from grpo_deploy.deploy.supervise import finish, supervise
-from grpo_deploy.hosts import oneoff
 from grpo_deploy.hosts.connect import Host, HostError, SshOptions, on_all
 from grpo_deploy.hosts.ship import Shipped, ship
 from grpo_deploy.names import STATE_DIR, UP_RESTARTS
@@ -136,12 +135,15 @@ def down(res: Resolved, ssh: SshOptions, volumes: bool = False) -> None:
 
 
 def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, out=sys.stdout,
-       restarts: int = UP_RESTARTS) -> int:
-    """Bring the run up on its hosts, follow it to the end, summarise, and (unless keep) stop it."""
+       restarts: int = UP_RESTARTS, scratch: bool = False) -> int:
+    """Bring the run up on its hosts, follow it to the end, summarise, and (unless keep) stop it. fresh: the run's
+    old folder moved aside whole first (removed with *scratch*: the tuner's trials)."""
     res.engine_info.refuse("up", LaunchError)
     require_kit()
+    if not fresh:
+        run_folder.refuse_other_run(res)  # a share seen from here: refused before anything is built or written
     with RunState(res).up_lock():
-        return _up(res, ssh, keep, fresh, out, restarts)
+        return _up(res, ssh, keep, fresh, out, restarts, scratch)
 
 
 def up_log(out) -> Callable[[str], None]:
@@ -152,7 +154,8 @@ def up_log(out) -> Callable[[str], None]:
     return log
 
 
-def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: int = UP_RESTARTS) -> int:
+def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: int = UP_RESTARTS,
+        scratch: bool = False) -> int:
     log = up_log(out)
 
     dep = Deployment(res, ssh)
@@ -182,14 +185,8 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         if _failed(preflight.run_checks(ctx, only=preflight.after_shipping()), out, log, state):
             return preflight.EXIT_FAILED
         state.emit("preflight_done")
-        if fresh:
-            main = dep.role_host(res.engine_info.main_role)
-            source, _ = oneoff.share_source(res, res.host_for(res.engine_info.main_role))
-            where = f"the share {source}" if source.startswith("/") else f"volume {source}"
-            log(f"--fresh: removing {res.run_dir} on {where} ({main})")
-            failed = oneoff.remove_run_dir(dep.hosts[main], res)
-            if failed:
-                raise LaunchError(failed)
+        main = dep.role_host(res.engine_info.main_role)
+        run_folder.claim(dep.hosts[main], res, fresh, log, discard=scratch)  # refused here: nothing started yet
         start = time.time()
         started.extend(bringup.hosts(dep))
         bringup.start(dep, log, ips, start)
