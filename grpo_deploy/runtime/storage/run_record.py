@@ -109,7 +109,8 @@ def read_record(run_dir: str) -> dict | None:
 
 
 def checkpoint_steps(checkpoint_dir: str | None) -> dict[str, list[int]]:
-    """The steps named by checkpoint folders in *checkpoint_dir* (a real folder; a link is not listed), by layout."""
+    """The steps named by checkpoint folders in *checkpoint_dir* (a real folder; a link is not listed), by layout
+    (and 'tracker' when verl's tracker file is there)."""
     found: dict[str, list[int]] = {"trl": [], "verl": []}
     if not checkpoint_dir or _kind(checkpoint_dir) != "dir":
         return found
@@ -122,8 +123,8 @@ def checkpoint_steps(checkpoint_dir: str | None) -> dict[str, list[int]]:
                     m = pattern.match(entry.name)
                     if m:
                         found[layout].append(int(m.group(1)))
-                if entry.name == _VERL_TRACKER and not found["verl"]:
-                    found["verl"].append(0)
+                if entry.name == _VERL_TRACKER:
+                    found["tracker"] = []  # verl's, though no step folder is left
     except OSError:
         pass
     return found
@@ -137,10 +138,11 @@ def holder(run_dir: str, checkpoint_dir: str | None) -> dict | None:
         return None
     steps = checkpoint_steps(checkpoint_dir)
     every = steps["trl"] + steps["verl"]
-    last = max(every) if every else None
+    last = max(every) if every else None  # the newest checkpoint's step
     if record is not None:
         return {**record, "record": True, "last_step": last}
-    engines = sorted(ENGINE_OF_LAYOUT[layout] for layout, found in steps.items() if found)
+    seen = {layout for layout in ("trl", "verl") if steps[layout]} | ({"verl"} if "tracker" in steps else set())
+    engines = sorted(ENGINE_OF_LAYOUT[layout] for layout in seen)
     return {"record": False, "engine": "+".join(engines) or None, "model": None, "lora": None, "last_step": last}
 
 

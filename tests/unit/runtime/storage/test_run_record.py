@@ -78,6 +78,13 @@ def test_an_old_folder_with_both_engines_checkpoints_is_refused_to_either(tmp_pa
     assert rr.claim(run_dir, ckpt, TRL)["differences"] == ["engine trl-async+verl, not trl-async"]
 
 
+def test_an_old_folder_with_only_verls_tracker_is_verls_without_a_step(tmp_path):
+    run_dir, ckpt = _folder(tmp_path)
+    (tmp_path / "runs" / "rehearsal" / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("5")
+    found = rr.holder(run_dir, ckpt)
+    assert found["engine"] == "verl" and found["last_step"] is None
+
+
 def test_an_empty_old_folder_is_taken_with_a_note(tmp_path):
     run_dir, ckpt = _folder(tmp_path)
     answer = rr.claim(run_dir, ckpt, TRL)
