@@ -146,6 +146,10 @@ def holder(run_dir: str, checkpoint_dir: str | None) -> dict | None:
     return {"record": False, "engine": "+".join(engines) or None, "model": None, "lora": None, "last_step": last}
 
 
+def _shown(value) -> str:
+    return str(value) if isinstance(value, str | int) else ",".join(value)
+
+
 def differences(found: dict, mine: dict) -> list[str]:
     """How the run in a folder (*found*, from holder) differs from this run (*mine*, from record_for): engine, model,
     LoRA rank, alpha, target modules. A folder without a record is judged by its engine alone."""
@@ -159,8 +163,7 @@ def differences(found: dict, mine: dict) -> list[str]:
     for key in ("r", "alpha", "target_modules"):
         theirs, ours = found["lora"][key], mine["lora"][key]
         if theirs != ours:
-            shown = (lambda v: v if isinstance(v, str | int) else ",".join(v))
-            diff.append(f"lora.{key} {shown(theirs)}, not {shown(ours)}")
+            diff.append(f"lora.{key} {_shown(theirs)}, not {_shown(ours)}")
     return diff
 
 

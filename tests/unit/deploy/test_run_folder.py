@@ -45,7 +45,8 @@ def test_a_local_share_holding_another_engines_run_is_refused_in_one_line(tmp_pa
         run_folder.refuse_other_run(res)
     line = str(caught.value)
     assert "\n" not in line and "/shared/runs/r1" in line and f"this machine ({tmp_path}/runs/r1)" in line
-    assert f"verl of {res.settings.model.path}" in line and "last checkpoint step 30" in line and "engine verl, not trl-async" in line
+    assert f"verl of {res.settings.model.path}" in line and "last checkpoint step 30" in line
+    assert "engine verl, not trl-async" in line
     assert "another run.name" in line and "up --fresh" in line and "nothing was started" in line
 
 
