@@ -1,6 +1,8 @@
 """Ordered bring-up of a run on its hosts, through their connectors (this machine's or SSH), one path for a run on
 this machine, across hosts, or both: a run of the same name from another folder refused, preflight (facts read in
-parallel, nothing changed), images built here and shipped where missing, the compose files and each host's render
+parallel, nothing changed), images built here and shipped where missing, the run's folder on the share claimed
+(another run's refused; --fresh moves the old one aside once every check passed: grpo_deploy.deploy.run_folder), the
+compose files and each host's render
 put there, the last preflight (the cross-host adapter probe), the engine's own bring-up (grpo_deploy.deploy.bringup: its
 roles started in order, up to ready, progress per step) under supervision, a summary. All-or-nothing: a failure after
 start stops what this `up` started on every host. Also `down`."""
@@ -177,6 +179,9 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         state.emit("images_ready", build_s=round(build_images(client, res, log), 2))
         shipped = _ship_all(dep, log)
         state.emit("shipped", items=[s.__dict__ for s in shipped])
+        main = dep.hosts[dep.role_host(res.engine_info.main_role)]
+        if not fresh:  # another run's folder refused before the render is put and the share probed
+            run_folder.claim(main, res, False, log)
         bringup = BRINGUP[res.engine]
         ips = bringup.addresses(dep)
         put_render(dep, ips)
@@ -185,8 +190,8 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         if _failed(preflight.run_checks(ctx, only=preflight.after_shipping()), out, log, state):
             return preflight.EXIT_FAILED
         state.emit("preflight_done")
-        main = dep.role_host(res.engine_info.main_role)
-        run_folder.claim(dep.hosts[main], res, fresh, log, discard=scratch)  # refused here: nothing started yet
+        if fresh:  # the old folder moved aside once every check passed, before anything starts
+            run_folder.claim(main, res, True, log, discard=scratch)
         start = time.time()
         started.extend(bringup.hosts(dep))
         bringup.start(dep, log, ips, start)

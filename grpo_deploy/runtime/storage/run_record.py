@@ -20,6 +20,7 @@ RECORD = "run-record.json"
 RECORD_MAX_BYTES = 8192
 VERSION = 1
 ASIDE = ".before-"  # runs/<name>.before-<UTC time>: where --fresh moves an old run folder
+PROBE = ".preflight-probe"  # preflight's shared-volume probe writes and removes it in the run folder
 _MAX_ENTRIES = 10_000  # checkpoint folder entries looked at (a hostile folder of millions is not listed whole)
 _TRL = re.compile(r"^checkpoint-(\d{1,18})$", re.ASCII)
 _VERL = re.compile(r"^global_step_(\d{1,18})$", re.ASCII)
@@ -130,11 +131,22 @@ def checkpoint_steps(checkpoint_dir: str | None) -> dict[str, list[int]]:
     return found
 
 
+def _holds_anything(run_dir: str) -> bool:
+    """Whether *run_dir* is there with something in it (preflight's share probe, left or not, is nothing)."""
+    if _kind(run_dir) is None:
+        return False
+    try:
+        with os.scandir(run_dir) as entries:
+            return any(entry.name != PROBE for entry in entries)
+    except OSError:
+        return True
+
+
 def holder(run_dir: str, checkpoint_dir: str | None) -> dict | None:
-    """What *run_dir* holds: None when there is no folder; else the record (or, for an old folder without one, the
+    """What *run_dir* holds: None when there is no folder or an empty one; else the record (or, for an old folder without one, the
     engine its checkpoint names show: 'record': False, model None) with last_step, the newest checkpoint's step."""
     record = read_record(run_dir)
-    if record is None and _kind(run_dir) is None:
+    if record is None and not _holds_anything(run_dir):
         return None
     steps = checkpoint_steps(checkpoint_dir)
     every = steps["trl"] + steps["verl"]

@@ -85,6 +85,13 @@ def test_an_old_folder_with_only_verls_tracker_is_verls_without_a_step(tmp_path)
     assert found["engine"] == "verl" and found["last_step"] is None
 
 
+def test_a_folder_with_only_preflights_probe_is_a_new_one(tmp_path):
+    run_dir = tmp_path / "runs" / "rehearsal"
+    (run_dir / rr.PROBE).mkdir(parents=True)
+    assert rr.holder(str(run_dir), None) is None
+    assert rr.claim(str(run_dir), None, TRL)["note"] is None and rr.read_record(str(run_dir)) == TRL
+
+
 def test_an_empty_old_folder_is_taken_with_a_note(tmp_path):
     run_dir, ckpt = _folder(tmp_path)
     answer = rr.claim(run_dir, ckpt, TRL)
