@@ -2,10 +2,9 @@
 this machine, across hosts, or both: a run of the same name from another folder refused, preflight (facts read in
 parallel, nothing changed), images built here and shipped where missing, the run's folder on the share claimed
 (another run's refused; --fresh moves the old one aside once every check passed: grpo_deploy.deploy.run_folder), the
-compose files and each host's render
-put there, the last preflight (the cross-host adapter probe), the engine's own bring-up (grpo_deploy.deploy.bringup: its
-roles started in order, up to ready, progress per step) under supervision, a summary. All-or-nothing: a failure after
-start stops what this `up` started on every host. Also `down`."""
+compose files and each host's render put there, the last preflight (the cross-host adapter probe), the engine's own
+bring-up (grpo_deploy.deploy.bringup: its roles started in order, up to ready, progress per step) under supervision, a
+summary. All-or-nothing: a failure after start stops what this `up` started on every host. Also `down`."""
 
 from __future__ import annotations
 

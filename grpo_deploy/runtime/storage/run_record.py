@@ -143,8 +143,9 @@ def _holds_anything(run_dir: str) -> bool:
 
 
 def holder(run_dir: str, checkpoint_dir: str | None) -> dict | None:
-    """What *run_dir* holds: None when there is no folder or an empty one; else the record (or, for an old folder without one, the
-    engine its checkpoint names show: 'record': False, model None) with last_step, the newest checkpoint's step."""
+    """What *run_dir* holds: None when there is no folder or an empty one; else the record (or, for an old folder
+    without one, the engine its checkpoint names show: 'record': False, model None) with last_step, the newest
+    checkpoint's step."""
     record = read_record(run_dir)
     if record is None and not _holds_anything(run_dir):
         return None
