@@ -70,7 +70,7 @@ def test_up_refuses_an_old_folder_of_the_other_engines_checkpoints(tmp_path):
 
 
 @pytest.mark.parametrize(("make", "words"), [
-    (lambda p: p.write_bytes(b"x" * 100000), "at most 8192 bytes"),
+    (lambda p: p.write_bytes(b"x" * 100000), "is more than 8192 bytes"),
     (lambda p: p.write_text("{not json"), "is not JSON"),
     (lambda p: p.write_text(json.dumps({"version": 1, "engine": "verl"})), "key lora must be an object"),
     (lambda p: os.mkfifo(p), "FIFO"),

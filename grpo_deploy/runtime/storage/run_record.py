@@ -27,7 +27,7 @@ _VERL = re.compile(r"^global_step_(\d{1,18})$", re.ASCII)
 _VERL_TRACKER = "latest_checkpointed_iteration.txt"
 ENGINE_OF_LAYOUT = {"trl": "trl-async", "verl": "verl"}
 _FIX = ("give this run another run.name, or `grpo-deploy up --fresh` to move the folder aside (kept whole as "
-        f"<name>{ASIDE}<UTC time>)")
+        f"runs/<name>{ASIDE}<UTC time>)")
 
 
 class RecordError(ValueError):
@@ -101,7 +101,10 @@ def read_record(run_dir: str) -> dict | None:
     except ReadRefused as exc:
         if exc.kind == "missing":
             return None
-        raise RecordError(f"{exc} (the run record); or {_FIX}") from None
+        what = str(exc).split("; ", 1)[0]  # the path and what is wrong; the fix is ours
+        if exc.kind == "too-big":
+            what = f"{path}: is more than {RECORD_MAX_BYTES} bytes"
+        raise RecordError(f"{what} (the run record is a small regular JSON file); {_FIX}") from None
     try:
         data = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):

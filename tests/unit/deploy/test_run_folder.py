@@ -131,7 +131,7 @@ def test_claim_says_a_corrupt_record_in_one_line(tmp_path):
     (tmp_path / "runs" / "r1" / rr.RECORD).write_bytes(b"\x00" * 50000)
     with pytest.raises(LaunchError) as caught:
         run_folder.claim(_Here(tmp_path), res, False, print)
-    assert "\n" not in str(caught.value) and "at most 8192 bytes" in str(caught.value)
+    assert "\n" not in str(caught.value) and "is more than 8192 bytes" in str(caught.value)
 
 
 def test_claim_on_an_image_without_the_module_warns_and_fresh_is_refused():

@@ -123,7 +123,7 @@ def test_aside_path_is_utc_and_next_to_the_folder():
 
 
 @pytest.mark.parametrize(("make", "words"), [
-    (lambda p: p.write_bytes(b"{" * 20000), "bytes; the run record is at most"),
+    (lambda p: p.write_bytes(b"{" * 20000), "is more than 8192 bytes"),
     (lambda p: p.write_bytes(b"not json"), "is not JSON"),
     (lambda p: p.write_bytes(b"\xff\xfe"), "is not JSON"),
     (lambda p: p.write_text("[1, 2]"), "is not a JSON object"),
@@ -135,7 +135,7 @@ def test_aside_path_is_utc_and_next_to_the_folder():
     (lambda p: p.write_text(json.dumps({**TRL, "lora": [1]})), "key lora must be an object"),
     (lambda p: p.write_text(json.dumps({**TRL, "lora": {**TRL["lora"], "target_modules": ["q"] * 300}})),
      "more than 256"),
-    (lambda p: p.write_text("[" * 100000 + "]" * 100000), "bytes; the run record is at most"),
+    (lambda p: p.write_text("[" * 100000 + "]" * 100000), "is more than 8192 bytes"),
     (lambda p: os.mkfifo(p), "FIFO"),
     (lambda p: p.mkdir(), "directory"),
     (lambda p: p.symlink_to("/etc/passwd"), "symbolic link"),
