@@ -7,6 +7,7 @@ runs it, as the run's identity (where a remote share or a Docker volume is only 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 
 from grpo_deploy.deploy.run_state import LaunchError
@@ -49,10 +50,13 @@ def refuse_other_run(res: Resolved) -> None:
     run_dir = _on_host(res, res.run_dir)
     if run_dir is None:
         return
+    record = os.path.join(run_dir, run_record.RECORD)
+    if os.path.isdir(run_dir) and not os.path.islink(run_dir) and (
+            not os.access(run_dir, os.R_OK | os.X_OK)
+            or (os.path.isfile(record) and not os.path.islink(record) and not os.access(record, os.R_OK))):
+        return  # the run's user owns it and this one may not read it: claim() reads it as that user
     try:
         found = run_record.holder(run_dir, _on_host(res, res.checkpoint_dir))
-    except PermissionError:
-        return  # the run's user owns it; claim() reads it as that user
     except run_record.RecordError as exc:
         raise LaunchError(f"run folder {res.run_dir}: {exc}") from None
     diff = differences(res, found)

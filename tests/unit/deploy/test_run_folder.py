@@ -65,6 +65,13 @@ def test_no_folder_or_a_share_not_seen_from_here_is_left_to_the_claim(tmp_path):
     run_folder.refuse_other_run(res)  # a remote host's share: read there, by claim()
 
 
+def test_a_folder_this_user_may_not_read_is_left_to_the_claim(tmp_path, monkeypatch):
+    res = _res(tmp_path)
+    _holding(tmp_path, res, engine="verl")
+    monkeypatch.setattr(run_folder.os, "access", lambda path, mode: not path.endswith(rr.RECORD))
+    run_folder.refuse_other_run(res)  # read in the container, as the run's user
+
+
 def test_a_hostile_record_on_a_local_share_is_one_line(tmp_path):
     res = _res(tmp_path)
     (tmp_path / "runs" / "r1").mkdir(parents=True)
