@@ -25,7 +25,8 @@ def test_committed_reference_pages_match_the_generator():
 
 
 def test_mkdocs_build_strict(tmp_path):
-    # No -q: it hides the warnings that --strict counts. A missing mkdocs skips here, and a skip fails the run under GRPO_NO_SKIPS=1 (tests/conftest.py), as in CI.
+    # No -q: it hides the warnings that --strict counts. A missing mkdocs skips here, and a skip fails the run under
+    # GRPO_NO_SKIPS=1 (tests/conftest.py), as in CI.
     pytest.importorskip("mkdocs", reason="mkdocs not installed: pip install -e '.[test]'")
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"),
                            "-d", str(tmp_path / "site")], capture_output=True, text=True, timeout=300, cwd=ROOT)
