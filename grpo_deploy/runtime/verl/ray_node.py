@@ -47,10 +47,11 @@ class NodeArgs:
 
 def start_argv(node: NodeArgs) -> list[str]:
     """`ray start` for *node* (resources 0: Ray counts them itself; logical GPUs on a CPU host satisfy verl's
-    placement groups)."""
+    placement groups). The head starts no Ray Client server: a process that would only cost start-up."""
     argv = ["ray", "start", "--disable-usage-stats"]
     if node.role == "head":
-        argv += ["--head", "--port", str(GCS_PORT), "--include-dashboard=false"]
+        # no Ray Client server (port 0: not started): the driver joins the GCS, nothing here speaks ray://
+        argv += ["--head", "--port", str(GCS_PORT), "--include-dashboard=false", "--ray-client-server-port", "0"]
     else:
         argv += ["--address", node.head, "--block"]
     if node.node_ip:
