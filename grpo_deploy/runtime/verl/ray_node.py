@@ -47,11 +47,10 @@ class NodeArgs:
 
 def start_argv(node: NodeArgs) -> list[str]:
     """`ray start` for *node* (resources 0: Ray counts them itself; logical GPUs on a CPU host satisfy verl's
-    placement groups). The head starts no Ray Client server: a process that would only cost start-up."""
+    placement groups)."""
     argv = ["ray", "start", "--disable-usage-stats"]
     if node.role == "head":
-        # no Ray Client server (port 0: not started): the driver joins the GCS, nothing here speaks ray://
-        argv += ["--head", "--port", str(GCS_PORT), "--include-dashboard=false", "--ray-client-server-port", "0"]
+        argv += ["--head", "--port", str(GCS_PORT), "--include-dashboard=false"]
     else:
         argv += ["--address", node.head, "--block"]
     if node.node_ip:

@@ -18,7 +18,6 @@ def test_head_arguments_leave_zero_to_ray_and_fix_no_port_on_one_host():
     assert argv[argv.index("--num-cpus") + 1] == "8" and argv[argv.index("--num-gpus") + 1] == "1"
     assert "--object-store-memory" not in argv and "--node-manager-port" not in argv
     assert "--node-ip-address" not in argv and "--block" not in argv
-    assert argv[argv.index("--ray-client-server-port") + 1] == "0"  # no Ray Client server: nothing speaks ray://
     bare = ray_node.start_argv(NodeArgs("head"))
     assert "--num-cpus" not in bare and "--num-gpus" not in bare
 
