@@ -1,6 +1,6 @@
 """The verl container's entrypoint: `python3 -m grpo_deploy.runtime.verl.node --role head` starts the Ray head with
-the node's resources, runs verl's trainer (`verl.trainer.main_ppo` with the rendered overrides, started beside `ray
-start` and joining Ray once it is up: grpo_deploy.runtime.verl.driver) as a driver that joins it, and turns verl's own per-step metrics into the kit's events (metrics.jsonl on the share: status, the
+the node's resources, runs verl's trainer (`python3 -m verl.trainer.main_ppo` with the rendered overrides) as a driver
+that joins it, and turns verl's own per-step metrics into the kit's events (metrics.jsonl on the share: status, the
 plot, the summary and `up`'s progress lines read them). The exit code is the driver's.
 
 verl's file logger truncates its file when it opens it, so every attempt (a first start, each resume) gets a file of
