@@ -26,7 +26,6 @@ from grpo_deploy.common.metrics import MetricsSink
 from grpo_deploy.common.strict import Strict
 from grpo_deploy.runtime.identity import apply_umask, identity
 from grpo_deploy.runtime.storage.disk_space import DiskWatchdogConfig, free_bytes, judge
-from grpo_deploy.runtime.verl import driver as driver_module
 from grpo_deploy.runtime.verl import ray_cluster, ray_node
 from grpo_deploy.runtime.watch.config import WatchConfig
 from grpo_deploy.runtime.watch.run_watch import STOPPED_EARLY, RunWatch, read_history
@@ -310,7 +309,7 @@ def worker(node: ray_node.NodeArgs, token: Path) -> int:
     """A worker: Ray joins the head and stays in the foreground until its raylet ends (the head gone, or stopped)."""
     try:
         env = {**os.environ, **ray_node.socket_env(node), **ray_node.ray_env(ray_node.ensure_token(token, False),
-                                                                                node.head), **ray_node.NODE_ENV}
+                                                                                node.head)}
     except SystemExit as exc:
         print(exc, file=sys.stderr, flush=True)
         return 2
@@ -363,17 +362,9 @@ def head(config: VerlNodeConfig, node: ray_node.NodeArgs, token: Path, overrides
         sink.emit("disk_watchdog_armed", checkpoint_bytes=config.watchdog.checkpoint_bytes,
                   margin_bytes=config.watchdog.margin_bytes)
     ray = shutil.which("ray") or "ray"
-    # the driver starts now and imports and composes while Ray starts; it joins Ray only when told (release)
-    driver = start_driver(env, overrides, verl_metrics, attempt)
-    try:
-        started = subprocess.run([ray, *ray_node.start_argv(node)[1:]], env={**env, **ray_node.NODE_ENV},
-                                 timeout=RAY_START_TIMEOUT_S, stdout=sys.stdout, stderr=subprocess.STDOUT)
-    except (OSError, subprocess.SubprocessError) as exc:
-        release(driver, go=False)
-        sink.emit("run_end", status="failed", error=f"ray start: {exc}"[:500], steps=0)
-        return 1
+    started = subprocess.run([ray, *ray_node.start_argv(node)[1:]], env=env, timeout=RAY_START_TIMEOUT_S,
+                             stdout=sys.stdout, stderr=subprocess.STDOUT)
     if started.returncode != 0:
-        release(driver, go=False)
         sink.emit("run_end", status="failed", error=f"ray start exited {started.returncode}", steps=0)
         return started.returncode
     sink.emit("trainer_ready", ray="head", address=address)
@@ -382,58 +373,29 @@ def head(config: VerlNodeConfig, node: ray_node.NodeArgs, token: Path, overrides
         verdict = check_cluster(config, node, sink)
         print(f"verl node: {verdict.message}", file=sys.stderr if not verdict.ok else sys.stdout, flush=True)
         if not verdict.ok:
-            release(driver, go=False)
             stop_ray(ray, env)
             sink.emit("run_end", status="cluster-short", error=verdict.message, steps=0)
             sink.close()
             return CLUSTER_SHORT
-    release(driver, go=True)
-    return drive(config, sink, retention, env, ray, driver)
+    return drive(config, sink, retention, env, ray, overrides, verl_metrics, attempt)
 
 
 def stop_ray(ray: str, env: dict) -> None:
     subprocess.run([ray, "stop", "--force"], env=env, timeout=60, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def start_driver(env: dict, overrides: list[str], verl_metrics: Path, attempt: str) -> subprocess.Popen:
-    """verl's trainer (`verl.trainer.main_ppo` through grpo_deploy.runtime.verl.driver), started before Ray is up: it
-    imports and composes its config meanwhile and waits at `ray.init` for release()."""
+def drive(config: VerlNodeConfig, sink: MetricsSink, retention: Retention, env: dict, ray: str,
+          overrides: list[str], verl_metrics: Path, attempt: str) -> int:
+    """verl's trainer as a driver joining the running cluster (never a local Ray of its own: RAY_ADDRESS), followed
+    to its end; the kit's retention and disk watchdog on each step."""
     # Hydra's own output folder (the composed config, its log) beside the attempt's metrics, not in the cwd
     hydra_dir = f"hydra.run.dir={verl_metrics.parent / ('hydra-' + attempt)}"
     # verl's TaskRunner (whose file logger writes the metrics) is a Ray actor that may land on any node: the path
     # reaches it through the job's runtime env, not this process's environment (seen: TaskRunner on the worker host,
     # its metrics in the worker container's cwd, no step for `up`)
     logger_path = f"++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={verl_metrics}"
-    return subprocess.Popen([sys.executable, "-m", "grpo_deploy.runtime.verl.driver", *overrides, hydra_dir,
-                             logger_path], env=env, stdin=subprocess.PIPE, text=True)
-
-
-DRIVER_REFUSED_WAIT_S = 30
-"""How long a driver told not to start has to end by itself before it is killed."""
-
-
-def release(driver: subprocess.Popen, go: bool) -> None:
-    """Tell the waiting driver to join Ray (*go*), or not to start at all: then wait for it to end (killed after
-    DRIVER_REFUSED_WAIT_S). A driver that already ended (a bad config) is left to drive()'s wait."""
-    try:
-        if go:
-            driver.stdin.write(driver_module.GO + "\n")
-        driver.stdin.close()
-    except (BrokenPipeError, OSError):
-        pass
-    if not go:
-        try:
-            driver.wait(timeout=DRIVER_REFUSED_WAIT_S)
-        except subprocess.TimeoutExpired:
-            driver.kill()
-            driver.wait()
-
-
-def drive(config: VerlNodeConfig, sink: MetricsSink, retention: Retention, env: dict, ray: str,
-          driver: subprocess.Popen) -> int:
-    """verl's trainer as a driver joining the running cluster (never a local Ray of its own: RAY_ADDRESS), followed
-    to its end; the kit's retention and disk watchdog on each step."""
-    verl_metrics = Path(env["VERL_FILE_LOGGER_PATH"])
+    driver = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, hydra_dir, logger_path],
+                              env=env)
     watchdog = SaveWatchdog(config, sink, lambda: driver.send_signal(signal.SIGTERM))
     watched = WatchStop(RunWatch(config.watch, sink.emit, read_history(sink.path)) if config.watch else None,
                         config.save_every, watchdog.saves_at, lambda: driver.send_signal(signal.SIGTERM))

@@ -22,11 +22,6 @@ WORKER_PORTS = (10002, 10999)
 """The range of Ray's worker processes' ports on every node (--min/--max-worker-port)."""
 PEER_PORTS = (GCS_PORT, NODE_PORTS["--node-manager-port"], NODE_PORTS["--object-manager-port"])
 """The ports one node must reach on another: the head's GCS, every node's node and object managers."""
-NODE_ENV = {"RAY_prestart_worker_first_driver": "0"}
-"""Ray's settings for the node's own processes (`ray start`'s environment, read by its raylet): no Python workers
-prestarted for the first driver. verl's actors all carry runtime environments of their own (the job's env_vars, each
-worker group's), so Ray never hands them a prestarted worker: on the verl rehearsal two prestarted workers stayed idle
-the whole run, and their start-up took CPU from the driver and verl's TaskRunner exactly while those start."""
 TOKEN_NAME = "ray-auth-token"
 """The cluster's token file in the run folder on the share (0600, the run user's)."""
 
