@@ -155,17 +155,19 @@ def test_failpoint_with_a_bad_value_is_ignored(tmp_path, text):
     assert events == [] and trainer.saved == ["/x/checkpoint-40"] and time.time() - started < 5
 
 
-@pytest.mark.parametrize("staleness, per_step, queue, inflight, generations, groups", [
-    (2, 16, 8, 8, 8, 1),  # the cpu rehearsal: buffer 8 + in flight 8 + scoring 8 + 1 group = 2 steps
-    (3, 16, 8, 8, 8, 3),  # one more step of staleness: two more groups
-    (0, 16, 16, 8, 8, 1),  # strict: at least one group, or nothing is ever scored
-    (4, 128, 1024, 512, 16, 1),  # a deep rollout buffer is the look-ahead itself
-    (4, 128, 0, 512, 16, 1),  # an unbounded buffer: no bound to derive, one group
-    (100, 512, 16, 8, 1, trl_hooks.TRL_SCORE_QUEUE_GROUPS),  # never more than TRL's own
-    (3, 16, 16, 8, 3, 7),  # rounded up: 48 - 16 - 8 - 3 = 21 answers, in groups of 3
+@pytest.mark.parametrize("staleness, per_step, queue, inflight, generations, budget, groups", [
+    (2, 16, 8, 8, 8, 0, 1),  # the cpu rehearsal: buffer 8 + in flight 8 + scoring 8 + 1 group = 2 steps
+    (3, 16, 8, 8, 8, 0, 3),  # one more step of staleness: two more groups
+    (100, 512, 16, 8, 1, 0, trl_hooks.TRL_SCORE_QUEUE_GROUPS),  # never more than TRL's own
+    (3, 16, 16, 8, 3, 0, 7),  # rounded up: 48 - 16 - 8 - 3 = 21 answers, in groups of 3
+    (0, 16, 16, 8, 8, 0, None),  # strict: the buffer alone reaches past it; TRL's own queue
+    (4, 10, 256, 128, 16, 0, None),  # the h100 profile's numbers: the buffer is the look-ahead
+    (4, 128, 0, 512, 16, 0, None),  # an unbounded buffer: no bound to derive
+    (3, 16, 8, 8, 8, 16384, None),  # packing: a step's rows hold any number of answers
 ])
-def test_the_score_queue_holds_what_the_staleness_allows(staleness, per_step, queue, inflight, generations, groups):
-    assert trl_hooks.score_queue_groups(staleness, per_step, queue, generations, inflight) == groups
+def test_the_score_queue_holds_what_the_staleness_allows(staleness, per_step, queue, inflight, generations, budget,
+                                                          groups):
+    assert trl_hooks.score_queue_groups(staleness, per_step, queue, generations, inflight, budget) == groups
 
 
 def test_the_rebound_worker_passes_the_bound_to_the_rollout_loop(monkeypatch):
