@@ -160,8 +160,9 @@ def test_failpoint_with_a_bad_value_is_ignored(tmp_path, text):
     (3, 16, 8, 8, 8, 0, 3),  # one more step of staleness: two more groups
     (100, 512, 16, 8, 1, 0, trl_hooks.TRL_SCORE_QUEUE_GROUPS),  # never more than TRL's own
     (3, 16, 16, 8, 3, 0, 7),  # rounded up: 48 - 16 - 8 - 3 = 21 answers, in groups of 3
-    (0, 16, 16, 8, 8, 0, None),  # strict: the buffer alone reaches past it; TRL's own queue
-    (4, 10, 256, 128, 16, 0, None),  # the h100 profile's numbers: the buffer is the look-ahead
+    (2, 16, 8, 16, 8, 0, 1),  # more in flight than the staleness leaves room for: still one group
+    (0, 16, 16, 8, 8, 0, None),  # strict: the buffer alone holds all it allows; TRL's own queue
+    (4, 128, 1024, 128, 16, 0, None),  # TRL's default buffer: the buffer is the look-ahead
     (4, 128, 0, 512, 16, 0, None),  # an unbounded buffer: no bound to derive
     (3, 16, 8, 8, 8, 16384, None),  # packing: a step's rows hold any number of answers
 ])
