@@ -42,7 +42,7 @@ test-static: ## static validation: compose, Dockerfiles, Kubernetes overlays, An
 test-verl: setup ## the real verl rehearsal through `up` (verl + Ray + vLLM CPU + LoRA) on seed 000's disk: plan and preflight refuse the seed's config; the watchdog stops a full disk and the resume (~4 min; also in make test)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m verl_rehearsal tests/faults/test_verl_replay.py -rs $(PYTEST_ARGS)
 
-test-verl-cluster: setup ## verl across two SSH test hosts: a Ray cluster trains 20 steps through a worker kill and a head kill, then the cluster refusals (~11-15 min; also in make test)
+test-verl-cluster: setup ## verl across two SSH test hosts: a Ray cluster trains 12 steps through a worker kill and a head kill, then the cluster refusals (~10-13 min; also in make test)
 	GRPO_NO_SKIPS=1 $(PYTHON) -m pytest -m verl_cluster tests/faults/test_verl_cluster.py -rs $(PYTEST_ARGS)
 
 test-replicas-hosts: setup ## trl-async with a vLLM replica on each of two SSH test hosts behind the replica proxy, 16 steps (about 4 min; also in make test)

