@@ -18,7 +18,8 @@ import aiohttp
 from aiohttp import web
 
 from grpo_deploy.runtime.serving.adapter_sync import AdapterSync
-from grpo_deploy.runtime.serving.door import MODELS, Endpoint, admit, checked_adapter, target
+from grpo_deploy.runtime.serving import run_token
+from grpo_deploy.runtime.serving.door import MODELS, Endpoint, admit, checked_adapter, target, unauthorized
 from grpo_deploy.runtime.serving.http import Answer, error_answer, forwarded_headers, web_response
 from grpo_deploy.runtime.serving.prefix_router import PrefixRouter, prompt_of
 from grpo_deploy.runtime.serving.proxy_args import Settings, parse_args, settings_of
@@ -75,7 +76,9 @@ class ReplicaProxy:
     async def _start(self, _app) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout_s)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+        # the proxy's own calls (health probes, resyncs) carry the run's token too: a replica may be another front
+        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                             headers=run_token.headers(self.settings.token))
         self._lock = asyncio.Lock()
         self._watchers = [asyncio.create_task(self._watch(i)) for i in range(len(self.replicas))]
 
@@ -86,8 +89,11 @@ class ReplicaProxy:
         await self.session.close()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        """What the door lets in (door.ENDPOINTS), each as its `how` says; anything else refused in one line, no
-        replica asked."""
+        """What the door lets in (the run's token, then door.ENDPOINTS), each as its `how` says; anything else refused
+        in one line, no replica asked."""
+        refused = unauthorized(request, self.settings.token)
+        if refused is not None:
+            return self._refuse(refused)
         endpoint = admit(request.method, request.path)
         if isinstance(endpoint, Answer):
             return self._refuse(endpoint)
@@ -417,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s replica-proxy %(levelname)s %(message)s")
     proxy = ReplicaProxy(args.replica, settings_of(args))
     host, port = args.listen
-    log.info(f"listening on {host}:{port} for {len(args.replica)} replicas: {', '.join(args.replica)}")
+    log.info(f"listening on {host}:{port} for {len(args.replica)} replicas: {', '.join(args.replica)}; "
+             + ("every request needs the run's token" if args.token else "no token asked (GRPO_RUN_TOKEN unset)"))
     try:
         web.run_app(proxy.app(), host=host, port=port, access_log=None, print=None)
     except OSError as error:

@@ -71,6 +71,11 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
         if config.world_size > 1:
             processes.fsdp_on_cpu()
     try:
+        if trl_hooks.send_run_token():  # before the trainer: its __init__ already asks the server
+            log.info("the run's token is sent with every call to the server (the kit's front asks for it)")
+    except ValueError as error:  # run_token.RunTokenError: one line, the value never shown
+        raise ConfigError(str(error)) from None
+    try:
         args = AsyncGRPOConfig(**build_grpo_kwargs(config))
     except TypeError as error:
         raise ConfigError(f"{config.source}: async_grpo: {error}") from None
@@ -98,6 +103,7 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
     publisher = AdapterPublisher(sink.emit, config.lora_dir, safe_keep(config.adapters.keep, config.max_staleness),
                                  before_save=guard.check if guard is not None else None)
     trl_hooks.instrument_adapter_sync(trainer, publisher)
+    trl_hooks.token_for_rollouts(trainer)
     if main:
         trl_hooks.install_failpoints(trainer, config.output_dir, sink.emit)
     if config.speed != config.speed.__class__():

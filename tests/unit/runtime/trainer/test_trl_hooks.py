@@ -153,3 +153,69 @@ def test_failpoint_with_a_bad_value_is_ignored(tmp_path, text):
     started = time.time()
     trainer._save_rng_state("/x/checkpoint-40")
     assert events == [] and trainer.saved == ["/x/checkpoint-40"] and time.time() - started < 5
+
+
+# ---------------------------------------------------------------- the run's token
+
+
+def test_trl_s_client_and_rollout_session_send_the_run_s_token_through_a_guarded_front(tmp_path, monkeypatch):
+    """TRL's own VLLMClient (its `requests` calls) and the rollout loop's aiohttp session, against a real replica
+    proxy that asks for the run's token: refused without the hook, through with it."""
+    import asyncio
+    import dataclasses
+    import logging
+
+    import aiohttp
+    import requests
+
+    from grpo_deploy.runtime.serving import run_token
+    from tests.unit.runtime.fake_vllm import BASE
+    from tests.unit.runtime.serving.test_proxy import FAST, rig, run
+
+    token = run_token.make()
+    monkeypatch.setattr(client_module, "logger", logging.getLogger("trl"))
+    monkeypatch.setattr(client_module, "requests", requests)  # undone after the test
+    monkeypatch.delenv(run_token.ENV, raising=False)
+    assert not trl_hooks.send_run_token() and client_module.requests is requests  # no token: nothing rebound
+    monkeypatch.setenv(run_token.ENV, token)
+
+    async def scenario():
+        async with rig(n=1, settings=dataclasses.replace(FAST, token=token)) as r:
+            client = client_module.VLLMClient(r.url, 5)
+            with pytest.raises(Exception, match="401"):
+                await asyncio.to_thread(client.pause)
+            assert trl_hooks.send_run_token() and trl_hooks.send_run_token()  # once rebound, kept
+            assert isinstance(client_module.requests, trl_hooks._TokenRequests)
+            await asyncio.to_thread(client.wait_for_server_ready)
+            assert await asyncio.to_thread(client.get_max_model_len) == 512
+            await asyncio.to_thread(client.pause)
+            await asyncio.to_thread(client.resume)
+            # the rollout loop in the spawned child: its session gets the token from the inherited environment
+            loop = trl_hooks.TokenRolloutLoop.__new__(trl_hooks.TokenRolloutLoop)
+            async with aiohttp.ClientSession() as session:
+                loop.session = session
+                payload = {"model": BASE, "prompt": [1, 2, 3], "max_tokens": 1}
+                async with loop.session.post(f"{r.url}/v1/completions", json=payload) as response:
+                    assert response.status == 200
+            loop.session = None
+            assert loop.session is None
+            assert r.proxy.stats()["refused"] == 1
+
+    run(scenario(), 60)
+
+
+def test_the_rollout_worker_runs_the_token_loop_only_with_a_token(monkeypatch):
+    from trl.experimental.async_grpo import async_rollout_worker as rollout_module
+
+    from grpo_deploy.runtime.serving import run_token
+
+    assert pickle.loads(pickle.dumps(trl_hooks.TokenRolloutLoop)) is trl_hooks.TokenRolloutLoop  # by reference
+    assert issubclass(trl_hooks.TokenRolloutLoop, rollout_module._AsyncRolloutLoop)
+    worker = object.__new__(rollout_module.AsyncRolloutWorker)  # its __init__ wants vLLM installed
+    trainer = type("T", (), {"rollout_worker": worker})()
+    monkeypatch.delenv(run_token.ENV, raising=False)
+    trl_hooks.token_for_rollouts(trainer)
+    assert worker._loop_cls is rollout_module._AsyncRolloutLoop
+    monkeypatch.setenv(run_token.ENV, run_token.make())
+    trl_hooks.token_for_rollouts(trainer)
+    assert worker._loop_cls is trl_hooks.TokenRolloutLoop
