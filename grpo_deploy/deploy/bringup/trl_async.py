@@ -26,7 +26,14 @@ from grpo_deploy.deploy.deployment import Deployment
 from grpo_deploy.deploy.run_state import LaunchError
 from grpo_deploy.deploy.supervise import KILLED, EnginePatience, RoleDied, view_words
 from grpo_deploy.engines.trl_async import TRL_ASYNC
-from grpo_deploy.engines.trl_replicas import ServerReplica, host_services, replica_urls, server_replicas, server_url
+from grpo_deploy.engines.trl_replicas import (
+    ServerReplica,
+    front_services,
+    host_services,
+    replica_urls,
+    server_replicas,
+    server_url,
+)
 from grpo_deploy.engines.trl_trainers import trainer_hosts
 from grpo_deploy.hosts import facts as host_facts
 from grpo_deploy.hosts import oneoff
@@ -103,9 +110,10 @@ def _by_host(replicas: list[ServerReplica]) -> dict[str, list[str]]:
 
 
 def _up_servers(dep: Deployment, replicas: list[ServerReplica]) -> None:
-    """Start *replicas*, one compose call per host."""
+    """Start *replicas* with their fronts where they face other hosts (a front still running: compose leaves it),
+    one compose call per host."""
     for host, services in _by_host(replicas).items():
-        dep.project(host).up(*services)
+        dep.project(host).up(*services, *front_services(dep.res, host, services))
 
 
 def _up_trainer(dep: Deployment) -> None:
@@ -292,7 +300,8 @@ def check_from_trainer(dep: Deployment, ips: dict[str, str], remote: list[Server
             continue
         where = urlsplit(url)
         argv = _health_argv(res, where.hostname, where.port)
-        done = oneoff.run(dep.hosts[trainer], res.image_for("trainer"), argv, network="bridge", timeout=400)
+        done = oneoff.run(dep.hosts[trainer], res.image_for("trainer"), argv, network="bridge", timeout=400,
+                          env_file=dep.project(trainer).token_file)  # the run's token: the server's front asks it
         if not done.ok:
             raise LaunchError(f"the trainer's host {trainer} cannot use the server at {url}: {done.line()} (a "
                               "firewall, a wrong hosts[].publish, or the server's address resolving elsewhere there)")

@@ -191,7 +191,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if len(set(args.replica)) != len(args.replica):
         parser.error("--replica: the same URL is given twice")
     try:
-        args.token = run_token.from_env() or ""
+        args.token = run_token.of_environ() or ""
     except run_token.RunTokenError as error:
         parser.error(str(error))
     if args.require_token and not args.token:

@@ -1,6 +1,6 @@
 """The run's token: the per-run secret the kit's front (the replica proxy) asks of every request, made once per run by
 the deployer (`make`), handed to the roles in their environment as GRPO_RUN_TOKEN from a 0600 file on each host (never
-a rendered file, a command line or a log), read back by each process (`from_env`), sent as `Authorization: Bearer`
+a rendered file, a command line or a log), read back by each process (`of_environ`), sent as `Authorization: Bearer`
 (`headers`) and checked in constant time (`matches`). Only the header counts: a token in a query string is not one."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def well_formed(token: str) -> bool:
     return bool(_FORM.fullmatch(token))
 
 
-def from_env(environ: dict[str, str] | None = None) -> str | None:
+def of_environ(environ: dict[str, str] | None = None) -> str | None:
     """The run's token from GRPO_RUN_TOKEN, or None when it is unset or empty; RunTokenError (never echoing the
     value) when it is not one the kit makes."""
     value = (os.environ if environ is None else environ).get(ENV, "").strip()
@@ -50,7 +50,7 @@ def env_headers(environ: dict[str, str] | None = None) -> dict[str, str]:
     """headers() of the token in this process's environment; {} when there is none or it is not well formed (the
     front then answers 401, which says what is missing)."""
     try:
-        return headers(from_env(environ))
+        return headers(of_environ(environ))
     except RunTokenError:
         return {}
 

@@ -75,7 +75,7 @@ def send_run_token() -> bool:
     """TRL's HTTP client (its `requests` name) sends the run's token from this process's environment (GRPO_RUN_TOKEN)
     on every call; call it before the trainer is built (its __init__ already asks the server). False, and nothing
     rebound, when there is no token (a server on loopback, no front). A malformed token raises RunTokenError."""
-    token = run_token.from_env()
+    token = run_token.of_environ()
     if token is None:
         return False
     if not isinstance(client_module.requests, _TokenRequests):

@@ -17,8 +17,8 @@ def test_a_token_is_new_each_time_and_of_the_kit_s_form():
 
 def test_the_environment_gives_the_token_or_none():
     token = run_token.make()
-    assert run_token.from_env({run_token.ENV: token}) == token
-    assert run_token.from_env({}) is None and run_token.from_env({run_token.ENV: "  "}) is None
+    assert run_token.of_environ({run_token.ENV: token}) == token
+    assert run_token.of_environ({}) is None and run_token.of_environ({run_token.ENV: "  "}) is None
     assert run_token.headers(token) == {"Authorization": f"Bearer {token}"}
     assert run_token.headers(None) == {} and run_token.env_headers({}) == {}
 
@@ -26,7 +26,7 @@ def test_the_environment_gives_the_token_or_none():
 @pytest.mark.parametrize("bad", ["short", "x" * 300, "a b" * 20, "tok\nen" * 8, "é" * 40, "Bearer " + "a" * 40])
 def test_a_malformed_token_is_refused_in_one_line_without_its_value(bad):
     with pytest.raises(run_token.RunTokenError) as caught:
-        run_token.from_env({run_token.ENV: bad})
+        run_token.of_environ({run_token.ENV: bad})
     said = str(caught.value)
     assert "\n" not in said and bad.strip() not in said and run_token.ENV in said
     assert run_token.env_headers({run_token.ENV: bad}) == {}  # the front then answers 401
