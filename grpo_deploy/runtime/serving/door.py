@@ -1,7 +1,8 @@
-"""The replica proxy's door: the run's token asked of every request (`unauthorized`), the endpoints it passes on (each one method and one path, with the TRL 1.16 and kit code
-that calls it), the one-line refusal of everything else, and the checks of an adapter load or unload before any
-replica sees it: a bounded JSON body, a name of the kit's form, a path that is the adapter's own folder in the run's
-adapter folder with no link out of it. The proxy (proxy.py) asks it; nothing here talks to a replica."""
+"""The replica proxy's door: the run's token asked of every request (`unauthorized`), the endpoints it passes on
+(each one method and one path, with the TRL 1.16 and kit code that calls it), the one-line refusal of everything
+else, and the checks of an adapter load or unload before any replica sees it: a bounded JSON body, a name of the
+kit's form, a path that is the adapter's own folder in the run's adapter folder with no link out of it. The proxy
+(proxy.py) asks it; nothing here talks to a replica."""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from grpo_deploy.runtime.serving.adapter_sync import AdapterSync
 from grpo_deploy.runtime.serving import run_token
+from grpo_deploy.runtime.serving.adapter_sync import AdapterSync
 from grpo_deploy.runtime.serving.door import MODELS, Endpoint, admit, checked_adapter, target, unauthorized
 from grpo_deploy.runtime.serving.http import Answer, error_answer, forwarded_headers, web_response
 from grpo_deploy.runtime.serving.prefix_router import PrefixRouter, prompt_of

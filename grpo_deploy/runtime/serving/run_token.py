@@ -60,5 +60,5 @@ def matches(values: list[str], token: str) -> bool:
     compared in constant time (hmac.compare_digest over bytes; any length or character may come in)."""
     if len(values) != 1:
         return False
-    given = values[0].encode("utf-8", "surrogateescape")
+    given = values[0].encode("utf-8", "surrogatepass")
     return hmac.compare_digest(given, f"Bearer {token}".encode())

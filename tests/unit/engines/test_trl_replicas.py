@@ -118,7 +118,8 @@ def test_the_front_compose_file_publishes_only_the_front():
     its token file and is labelled as the front."""
     from grpo_deploy.hosts.project import compose_files
 
-    base, front = (yaml.safe_load(compose_files()[n].replace("!reset", "")) for n in ("compose.yaml", "compose.front.yaml"))
+    kit = compose_files()
+    base, front = (yaml.safe_load(kit[n].replace("!reset", "")) for n in ("compose.yaml", "compose.front.yaml"))
     assert base["services"]["server"]["ports"] and front["services"]["server"]["ports"] == []
     assert "ports: !reset []" in compose_files()["compose.front.yaml"]
     svc = front["services"]["front"]
