@@ -50,7 +50,7 @@ def split_run(hosts, tmp_path_factory):
     killed = {}
 
     def kill_server(step: int) -> None:
-        (server,) = hosts["spark2"].run_containers(RUN)
+        (server,) = hosts["spark2"].run_containers(RUN, "server")  # beside it: its front
         hosts["spark2"].exec(["docker", "kill", server])  # SIGKILL, inside the server's host
         killed.update(step=step, time=time.time())
         status = run_cli("status", "-f", str(spec), "--json", *ssh, cwd=cwd, timeout=120)
@@ -151,6 +151,9 @@ def test_images_were_shipped_over_ssh(split_run, hosts):
 def test_server_published_only_on_the_address_the_trainer_uses(split_run, hosts):
     text = hosts["spark2"].exec(["sh", "-c", f"cat /home/deploy/.grpo-deploy/{RUN}/render/hosts/spark2.env"])
     assert f"GRPO_SERVER_PUBLISH={hosts['spark2'].ip}" in text.splitlines()
+    assert "compose.front.yaml" in text  # what spark1 reaches there is the kit's front, asking for the run's token
+    mode = hosts["spark2"].exec(["stat", "-c", "%a", f"/home/deploy/.grpo-deploy/{RUN}/secret/run-token.env"])
+    assert mode.strip() == "600"
 
 
 def test_down_leaves_no_container_of_the_run(split_run, hosts):

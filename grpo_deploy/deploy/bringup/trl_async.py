@@ -236,16 +236,24 @@ def _stopped(dep: Deployment, r: ServerReplica) -> bool:
 
 
 def _server_ready(dep: Deployment, replicas: list[ServerReplica] | None = None) -> bool:
-    """True once every replica's health check passes (model listed); LaunchError when one exited, or the trainer
-    exited with an error while the servers were loading (a bad config fails at once, not after they are up)."""
+    """True once every replica's health check passes (model listed), and its front's where it faces other hosts (the
+    model listed through the front); LaunchError when one exited (a front also when it restarts: it refused to
+    start), or the trainer exited with an error while the servers were loading (a bad config fails at once, not after
+    they are up)."""
     ready = True
     for r in replicas or _replicas(dep):
         c = _replica_container(dep, r)
+        name = "the vLLM server" if r.service == "server" else f"vLLM replica {r.service}"
         if c["state"] in STOPPED:
-            name = "the vLLM server" if r.service == "server" else f"vLLM replica {r.service}"
             raise LaunchError(f"{name} exited on {r.host} before it was ready "
                               f"(exit {c['exit_code']}):\n{dep.project(r.host).tail(c['id'])}")
         ready = ready and c["health"] == "healthy"
+        for front in front_services(dep.res, r.host, [r.service]):
+            f = dep.project(r.host).service(front, strict=True)
+            if f is not None and (f["state"] in STOPPED or f["state"] == "restarting"):
+                raise LaunchError(f"the front of {name} ({front}) stopped on {r.host} before it was ready "
+                                  f"(exit {f['exit_code']}):\n{dep.project(r.host).tail(f['id'])}")
+            ready = ready and f is not None and f["health"] == "healthy"
     if ready:
         return True
     trainer = dep.role_project("trainer")
