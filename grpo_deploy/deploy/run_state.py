@@ -16,7 +16,7 @@ from pathlib import Path
 from grpo_deploy.common.metrics import event_line, event_record, read_events
 from grpo_deploy.kit_data import FOLDERS, KitDataMissing, kit_dir
 from grpo_deploy.names import STATE_DIR
-from grpo_deploy.runtime.serving import run_token
+from grpo_deploy.runtime import run_token
 from grpo_deploy.spec.resolve import Resolved
 
 STATE_ROOT = Path(STATE_DIR)
@@ -73,7 +73,7 @@ class RunState:
         return self.dir / "run-token"
 
     def token(self) -> str:
-        """The run's token (runtime/serving/run_token.py): made at the run's first `up` and kept in a 0600 file here,
+        """The run's token (runtime/run_token.py): made at the run's first `up` and kept in a 0600 file here,
         so a restarted role, a second `up` resuming the run and `down` pass the same one. A file that is not one the
         kit wrote (a link, another form, readable by others) is replaced by a new token, said in one line without its
         content."""

@@ -13,7 +13,7 @@ from grpo_deploy.common.readback import ReadRefused
 from grpo_deploy.hosts.connect import Host, HostError, Result
 from grpo_deploy.kit_data import kit_dir
 from grpo_deploy.names import COMPOSE_FILES, ROLE_LABEL, RUN_LABEL, RUN_TOKEN_FILE, project_name
-from grpo_deploy.runtime.serving import run_token
+from grpo_deploy.runtime import run_token
 
 ENV_FILE_LABEL = "com.docker.compose.project.environment_file"  # compose's label: the env file a container came from
 SERVICE_LABEL = "com.docker.compose.service"  # compose's label: the service a container runs

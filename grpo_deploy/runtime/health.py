@@ -16,7 +16,7 @@ import urllib.error
 import urllib.request
 
 from grpo_deploy.common.readback import ReadRefused, read_text
-from grpo_deploy.runtime.serving import run_token
+from grpo_deploy.runtime import run_token
 
 DEFAULT_HEARTBEAT = "/tmp/grpo-deploy-trainer.heartbeat"
 HEARTBEAT_ENV = "GRPO_HEARTBEAT_FILE"

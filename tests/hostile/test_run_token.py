@@ -1,4 +1,4 @@
-"""The run's token against hostile input (runtime/serving/run_token.py): any Authorization header values — any
+"""The run's token against hostile input (runtime/run_token.py): any Authorization header values — any
 characters, lone surrogates, any count — are compared without raising and match only as exactly one `Bearer
 <token>`; any environment value is either the kit's token or refused in one line without echoing it."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grpo_deploy.runtime.serving import run_token
+from grpo_deploy.runtime import run_token
 
 TOKEN = run_token.make()
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from grpo_deploy.common.shown import shown, shown_key
-from grpo_deploy.runtime.serving import run_token
+from grpo_deploy.runtime import run_token
 from grpo_deploy.runtime.serving.http import Answer, error_answer
 from grpo_deploy.runtime.storage.adapters import VERSION_PATTERN
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from grpo_deploy.runtime.serving import run_token
+from grpo_deploy.runtime import run_token
 from grpo_deploy.runtime.serving.adapter_sync import AdapterSync
 from grpo_deploy.runtime.serving.door import MODELS, Endpoint, admit, checked_adapter, target, unauthorized
 from grpo_deploy.runtime.serving.http import Answer, error_answer, forwarded_headers, web_response

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from grpo_deploy.common.readback import ReadRefused, read_text
-from grpo_deploy.runtime.serving import run_token
+from grpo_deploy.runtime import run_token
 
 ARGS_FILE_LIMIT = 64 * 1024  # an @FILE of arguments: a few hundred lines at most
 DESCRIPTION = (
@@ -45,7 +45,7 @@ class Settings:
     """The run's adapter folder (`<checkpoints.dir>/.vllm_lora`): an adapter load must name a folder in it. Required
     on the command line; empty refuses every load."""
     token: str = field(default="", repr=False)
-    """The run's token (runtime/serving/run_token.py), from the proxy's environment (GRPO_RUN_TOKEN), never its command
+    """The run's token (runtime/run_token.py), from the proxy's environment (GRPO_RUN_TOKEN), never its command
     line: when set, every request must carry it (`Authorization: Bearer`) or is answered 401 and seen by no replica."""
 
 

@@ -13,8 +13,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from grpo_deploy.runtime import run_token
 from grpo_deploy.runtime.identity import format_mode
-from grpo_deploy.runtime.serving import run_token
 
 log = logging.getLogger(__name__)
 

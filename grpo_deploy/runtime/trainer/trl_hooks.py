@@ -11,7 +11,7 @@ from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
 from trl.experimental.async_grpo import async_rollout_worker as rollout_module
 from trl.experimental.async_grpo import vllm_client as client_module
 
-from grpo_deploy.runtime.serving import run_token
+from grpo_deploy.runtime import run_token
 from grpo_deploy.runtime.storage import faults as storage_faults
 from grpo_deploy.runtime.storage.adapters import AdapterPublisher
 

@@ -51,7 +51,7 @@ def test_the_kit_s_folders_are_found():
 
 
 def test_the_run_s_token_is_made_once_kept_0600_and_replaced_when_not_the_kit_s(tmp_path, capsys):
-    from grpo_deploy.runtime.serving import run_token
+    from grpo_deploy.runtime import run_token
 
     state = _state(tmp_path)
     token = state.token()

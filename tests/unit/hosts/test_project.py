@@ -92,7 +92,7 @@ def test_put_writes_the_token_0600_in_a_0700_folder_and_the_render_never_holds_i
     import os
 
     from grpo_deploy import render, spec
-    from grpo_deploy.runtime.serving import run_token
+    from grpo_deploy.runtime import run_token
     from grpo_deploy.spec import resolve
     from tests.specs import spec_yaml
 

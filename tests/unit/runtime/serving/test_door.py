@@ -16,8 +16,8 @@ import os
 import aiohttp
 import pytest
 
-from grpo_deploy.runtime import health
-from grpo_deploy.runtime.serving import door, run_token
+from grpo_deploy.runtime import health, run_token
+from grpo_deploy.runtime.serving import door
 from grpo_deploy.runtime.serving import proxy as rp
 from grpo_deploy.runtime.serving.door import LOAD, UNLOAD
 from grpo_deploy.runtime.storage import adapters

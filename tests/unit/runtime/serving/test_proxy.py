@@ -390,7 +390,7 @@ def test_the_command_with_require_token_takes_it_from_the_environment_never_the_
     shows), 401 without it, through with it, and never in what it logs."""
     import os
 
-    from grpo_deploy.runtime.serving import run_token
+    from grpo_deploy.runtime import run_token
 
     token = run_token.make()
 

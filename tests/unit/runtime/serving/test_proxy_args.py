@@ -105,7 +105,7 @@ def test_good_arguments_become_settings():
 
 
 def test_the_token_comes_from_the_environment_only_and_require_token_needs_it(monkeypatch, capsys):
-    from grpo_deploy.runtime.serving import run_token
+    from grpo_deploy.runtime import run_token
 
     argv = ["--replica", "http://a:1", *ADAPTERS, "--require-token"]
     monkeypatch.delenv(run_token.ENV, raising=False)

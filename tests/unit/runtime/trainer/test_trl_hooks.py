@@ -168,7 +168,7 @@ def test_trl_s_client_and_rollout_session_send_the_run_s_token_through_a_guarded
     import aiohttp
     import requests
 
-    from grpo_deploy.runtime.serving import run_token
+    from grpo_deploy.runtime import run_token
     from tests.unit.runtime.fake_vllm import BASE
     from tests.unit.runtime.serving.test_proxy import FAST, rig, run
 
@@ -207,7 +207,7 @@ def test_trl_s_client_and_rollout_session_send_the_run_s_token_through_a_guarded
 def test_the_rollout_worker_runs_the_token_loop_only_with_a_token(monkeypatch):
     from trl.experimental.async_grpo import async_rollout_worker as rollout_module
 
-    from grpo_deploy.runtime.serving import run_token
+    from grpo_deploy.runtime import run_token
 
     assert pickle.loads(pickle.dumps(trl_hooks.TokenRolloutLoop)) is trl_hooks.TokenRolloutLoop  # by reference
     assert issubclass(trl_hooks.TokenRolloutLoop, rollout_module._AsyncRolloutLoop)

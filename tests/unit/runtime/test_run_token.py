@@ -1,4 +1,4 @@
-"""The run's token (runtime/serving/run_token.py): made in the kit's form, read from the environment without ever
+"""The run's token (runtime/run_token.py): made in the kit's form, read from the environment without ever
 echoing a bad value, sent as one bearer header, and compared in constant time with only the exact header accepted."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import hmac
 
 import pytest
 
-from grpo_deploy.runtime.serving import run_token
+from grpo_deploy.runtime import run_token
 
 
 def test_a_token_is_new_each_time_and_of_the_kit_s_form():
