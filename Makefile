@@ -4,7 +4,7 @@ PYTEST_ARGS ?=
 BENCH_REPEAT ?= 3
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-gpu test-verl test-verl-cluster test-trainer-hosts test-replicas-hosts test-split-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-forecast bench-shipping bench-split bench-cluster bench-proxy bench-tune-paired bench-watcher render-defaults clean
+.PHONY: help setup demo test test-gpu test-verl test-verl-cluster test-trainer-hosts test-replicas-hosts test-split-hosts ci-fresh test-cuda-images test-arm64-images test-arm64-switches test-unit test-static test-integration images images-cuda images-static bench bench-forecast bench-shipping bench-split bench-cluster bench-proxy bench-tune-paired bench-watcher render-defaults docs clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-20s %s\n", $$1, $$2}'
@@ -95,6 +95,10 @@ bench-watcher: ## the run watcher's plateau alarm on 1,000 seeded seed-shaped st
 
 ci-fresh: ## rehearse CI as a fresh machine runs it: a fresh clone of HEAD against an empty second Docker engine (own namespaces; this engine's images untouched); run before every stop (root, ~60 min)
 	bash scripts/fresh-engine-ci.sh
+
+docs: ## rewrite the generated reference pages (docs/reference/) and build the documentation site into build/site
+	$(PYTHON) -m grpo_deploy.docs_reference
+	$(PYTHON) -m mkdocs build --strict -d build/site
 
 render-defaults: ## rewrite the committed renders: compose/.env, compose/rendered/, k8s/*/generated/
 	$(PYTHON) -m grpo_deploy.render.committed

@@ -242,7 +242,8 @@ def cmd_up(args) -> int:
     # SIGTERM (a `kill`, a closing terminal, a CI timeout) rolls back like Ctrl-C: what this up started is stopped.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
-        return deployer.up(res, _ssh(args), keep=args.keep, fresh=args.fresh, restarts=args.restarts)
+        return deployer.up(res, _ssh(args), keep=args.keep, fresh=args.fresh, restarts=args.restarts,
+                           scratch=args.scratch)
     except deployer.LaunchError as exc:
         raise CliError(str(exc)) from None
     finally:

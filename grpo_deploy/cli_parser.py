@@ -279,8 +279,12 @@ def _add_up(sub, verbs: Verbs) -> None:
     p.add_argument("--hosts", help="the spec's hosts, as a check (e.g. spark1,spark2): refused when they differ")
     _add_ssh(p)
     p.add_argument("--keep", action="store_true", help="leave the server and trainer containers up at the end")
-    p.add_argument("--fresh", action="store_true", help="delete this run's directory on the shared volume first "
-                                                         "(default: resume from the newest complete checkpoint)")
+    p.add_argument("--fresh", action="store_true", help="move this run's old folder on the shared volume aside first, "
+                                                         "whole, as runs/NAME.before-UTCTIME (never deleted; default: "
+                                                         "resume from the newest complete checkpoint, and refuse a "
+                                                         "folder that holds another engine's, model's or LoRA shape's "
+                                                         "run)")
+    p.add_argument("--scratch", action="store_true", help=argparse.SUPPRESS)  # the tuner's trials: --fresh removes
     p.add_argument("--restarts", type=_restart_count, default=UP_RESTARTS, metavar="N",
                    help="when the vLLM server dies mid-run, restart the server and the trainer (which resumes from "
                         "its newest complete checkpoint); a dead vLLM replica or replica proxy alone, while the "

@@ -18,9 +18,9 @@ __all__ = ["LaunchError", "up", "down", "logs", "status_facts", "events"]
 
 
 def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, restarts: int = UP_RESTARTS,
-       out=sys.stdout) -> int:
+       out=sys.stdout, scratch: bool = False) -> int:
     """Bring the run up on its hosts, follow it to the end, summarise, and (unless keep) stop it."""
-    return deploy.up(res, ssh, keep=keep, fresh=fresh, out=out, restarts=restarts)
+    return deploy.up(res, ssh, keep=keep, fresh=fresh, out=out, restarts=restarts, scratch=scratch)
 
 
 def down(res: Resolved, ssh: SshOptions, volumes: bool = False) -> None:

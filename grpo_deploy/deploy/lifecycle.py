@@ -1,9 +1,10 @@
 """Ordered bring-up of a run on its hosts, through their connectors (this machine's or SSH), one path for a run on
 this machine, across hosts, or both: a run of the same name from another folder refused, preflight (facts read in
-parallel, nothing changed), images built here and shipped where missing, the compose files and each host's render
-put there, the last preflight (the cross-host adapter probe), the engine's own bring-up (grpo_deploy.deploy.bringup: its
-roles started in order, up to ready, progress per step) under supervision, a summary. All-or-nothing: a failure after
-start stops what this `up` started on every host. Also `down`."""
+parallel, nothing changed), images built here and shipped where missing, the run's folder on the share claimed
+(another run's refused; --fresh moves the old one aside once every check passed: grpo_deploy.deploy.run_folder), the
+compose files and each host's render put there, the last preflight (the cross-host adapter probe), the engine's own
+bring-up (grpo_deploy.deploy.bringup: its roles started in order, up to ready, progress per step) under supervision, a
+summary. All-or-nothing: a failure after start stops what this `up` started on every host. Also `down`."""
 
 from __future__ import annotations
 
@@ -15,13 +16,12 @@ from collections.abc import Callable
 from grpo_deploy import preflight
 from grpo_deploy.common.readback import ReadRefused
 from grpo_deploy.common.shown import printable
-from grpo_deploy.deploy import run_view
+from grpo_deploy.deploy import run_folder, run_view
 from grpo_deploy.deploy.bringup import BRINGUP
 from grpo_deploy.deploy.deployment import Deployment
 from grpo_deploy.deploy.images import build_images
 from grpo_deploy.deploy.run_state import LaunchError, RunState, require_kit
 from grpo_deploy.deploy.supervise import finish, supervise
-from grpo_deploy.hosts import oneoff
 from grpo_deploy.hosts.connect import Host, HostError, SshOptions, on_all
 from grpo_deploy.hosts.ship import Shipped, ship
 from grpo_deploy.names import STATE_DIR, UP_RESTARTS
@@ -138,12 +138,15 @@ def down(res: Resolved, ssh: SshOptions, volumes: bool = False) -> None:
 
 
 def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, out=sys.stdout,
-       restarts: int = UP_RESTARTS) -> int:
-    """Bring the run up on its hosts, follow it to the end, summarise, and (unless keep) stop it."""
+       restarts: int = UP_RESTARTS, scratch: bool = False) -> int:
+    """Bring the run up on its hosts, follow it to the end, summarise, and (unless keep) stop it. fresh: the run's
+    old folder moved aside whole first (removed with *scratch*: the tuner's trials)."""
     res.engine_info.refuse("up", LaunchError)
     require_kit()
+    if not fresh:
+        run_folder.refuse_other_run(res)  # a share seen from here: refused before anything is built or written
     with RunState(res).up_lock():
-        return _up(res, ssh, keep, fresh, out, restarts)
+        return _up(res, ssh, keep, fresh, out, restarts, scratch)
 
 
 def up_log(out) -> Callable[[str], None]:
@@ -154,7 +157,8 @@ def up_log(out) -> Callable[[str], None]:
     return log
 
 
-def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: int = UP_RESTARTS) -> int:
+def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: int = UP_RESTARTS,
+        scratch: bool = False) -> int:
     log = up_log(out)
 
     dep = Deployment(res, ssh)
@@ -176,6 +180,9 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         state.emit("images_ready", build_s=round(build_images(client, res, log), 2))
         shipped = _ship_all(dep, log)
         state.emit("shipped", items=[s.__dict__ for s in shipped])
+        main = dep.hosts[dep.role_host(res.engine_info.main_role)]
+        if not fresh:  # another run's folder refused before the render is put and the share probed
+            run_folder.claim(main, res, False, log)
         bringup = BRINGUP[res.engine]
         ips = bringup.addresses(dep)
         put_render(dep, ips)
@@ -184,14 +191,8 @@ def _up(res: Resolved, ssh: SshOptions, keep: bool, fresh: bool, out, restarts: 
         if _failed(preflight.run_checks(ctx, only=preflight.after_shipping()), out, log, state):
             return preflight.EXIT_FAILED
         state.emit("preflight_done")
-        if fresh:
-            main = dep.role_host(res.engine_info.main_role)
-            source, _ = oneoff.share_source(res, res.host_for(res.engine_info.main_role))
-            where = f"the share {source}" if source.startswith("/") else f"volume {source}"
-            log(f"--fresh: removing {res.run_dir} on {where} ({main})")
-            failed = oneoff.remove_run_dir(dep.hosts[main], res)
-            if failed:
-                raise LaunchError(failed)
+        if fresh:  # the old folder moved aside once every check passed, before anything starts
+            run_folder.claim(main, res, True, log, discard=scratch)
         start = time.time()
         started.extend(bringup.hosts(dep))
         bringup.start(dep, log, ips, start)

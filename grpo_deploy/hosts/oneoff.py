@@ -70,13 +70,3 @@ def start_failure_fix(res, host_name: str, error: str) -> str:
         return f"the share could not be mounted on {host_name}: check hosts[].shared_dir exists there"
     return f"fix what the engine on {host_name} reported"
 
-
-def remove_run_dir(conn: Host, res) -> str | None:
-    """`up --fresh`: remove the run's folder on the share, as the main role's identity from its image, on the host
-    that runs it; None when done, else what went wrong (one line)."""
-    role = res.engine_info.main_role
-    host = res.host_for(role)
-    r = run(conn, res.image_for(role), ["rm", "-rf", res.run_dir], ident=res.identities[role], share=(res, host))
-    if r.ok:
-        return None
-    return f"--fresh: cannot remove {res.run_dir} on {host.name}: {engine_error(r) or r.line()}"

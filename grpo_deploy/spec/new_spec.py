@@ -154,6 +154,15 @@ def _emit(model: type[BaseModel], data: dict[str, Any], indent: str, path: tuple
     return lines
 
 
+def default_run_name(profile_name: str, engine: str) -> str:
+    """The run name `init` writes: each engine its own, so that rehearsing one engine and then the other on the same
+    share never puts both runs in one run folder (the trl-async rehearsal keeps `rehearsal`, the name the README,
+    the committed renders and the Makefile use)."""
+    if profile_name != "cpu":
+        return f"{profile_name}-{engine}"
+    return "rehearsal" if engine == DEFAULT_ENGINE else f"{engine}-rehearsal"
+
+
 def spec_text(profile_name: str = DEFAULT_PROFILE, engine: str = DEFAULT_ENGINE, hosts: list[str] | None = None,
               run_name: str | None = None) -> str:
     """A commented spec for the profile and engine, every key with its description; validated before it is
@@ -170,7 +179,7 @@ def spec_text(profile_name: str = DEFAULT_PROFILE, engine: str = DEFAULT_ENGINE,
     host_list = [dict(h, profile=profile.name) for h in _hosts(engine, hosts or [])]
     data: dict[str, Any] = {
         "engine": engine,
-        "run": {"name": run_name or ("rehearsal" if profile_name == "cpu" else f"{profile_name}-{engine}")},
+        "run": {"name": run_name or default_run_name(profile_name, engine)},
         "hosts": host_list,
     }
     if len({h["address"] for h in host_list}) > 1:

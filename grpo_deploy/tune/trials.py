@@ -108,14 +108,17 @@ def _median(values: list[float]) -> float | None:
 def run_trial(plan: TrialPlan, data: dict, res: Resolved, folder: Path, ssh_args: list[str],
               progress: Callable[[int, int], None] | None = None,
               timeout_s: float = 3600) -> tuple[Trial, list[dict]]:
-    """`grpo-deploy up --fresh` of the trial's spec in *folder* (a subprocess: its state, its log), its progress
+    """`grpo-deploy up --fresh --scratch` of the trial's spec in *folder* (a subprocess: its state, its log; the
+    trial's run folder on the share is scratch, so a previous tune's folder of that name is removed, not moved aside
+    as a user's run is: repeated tunes do not pile folders up on the share), its progress
     lines to *folder*/up.log, then its metrics read back. Ctrl-C stops the trial as `up` stops any run (what it
     started is removed) and is raised again once it has. Returns the Trial and the run's events (for diagnose)."""
     folder.mkdir(parents=True, exist_ok=True)
     spec_path = folder / "trial.yaml"
     spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
     log_path = folder / "up.log"
-    command = [sys.executable, "-m", "grpo_deploy.cli", "up", "-f", str(spec_path.resolve()), "--fresh", *ssh_args]
+    command = [sys.executable, "-m", "grpo_deploy.cli", "up", "-f", str(spec_path.resolve()), "--fresh", "--scratch",
+               *ssh_args]
     with log_path.open("w") as log:
         proc = subprocess.Popen(command, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={**os.environ, "NO_COLOR": "1"})

@@ -58,12 +58,22 @@ def fault_row(request):
     yield row
 
 
+def _extra_row(request) -> dict:
+    row = {"test": request.node.name, **{c: "-" for c in COLUMNS}}
+    ROWS.append(row)
+    return row
+
+
 @pytest.fixture()
 def another_fault_row(request, fault_row):
     """A second row for a test that injects two faults into one run (it shares the test's verdict)."""
-    row = {"test": request.node.name, **{c: "-" for c in COLUMNS}}
-    ROWS.append(row)
-    yield row
+    yield _extra_row(request)
+
+
+@pytest.fixture()
+def third_fault_row(request, another_fault_row):
+    """A third row, for a test that injects three faults into one run (it shares the test's verdict)."""
+    yield _extra_row(request)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -21,25 +21,33 @@ STEP = re.compile(r"step (\d+)/(\d+)")
 def up_with_fault(run: dict, at_step: int, inject: Callable[[int], None], *extra: str) -> tuple[int, str]:
     """`up --fresh --keep` of the fault run; *inject*(step) is called once, when the progress line of *at_step* (or a
     later one) is printed. Returns (exit code, everything `up` printed)."""
+    return up_with_faults(run, [(at_step, inject)], *extra)
+
+
+def up_with_faults(run: dict, faults: list[tuple[int, Callable[[int], None]]], *extra: str) -> tuple[int, str]:
+    """up_with_fault with several faults, injected in order: each once, at the first progress line of its step (or a
+    later one) printed after the one before it was injected (after a restart the steps count again from the resumed
+    checkpoint)."""
     proc = subprocess.Popen([sys.executable, "-m", "grpo_deploy.cli", "up", "-f", str(run["spec"]), "--fresh",
                              "--keep", *extra], cwd=run["cwd"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     watchdog = threading.Timer(UP_TIMEOUT_S, proc.kill)
     watchdog.start()
-    lines, injected = [], False
+    lines, pending = [], list(faults)
     try:
         for line in proc.stdout:
             lines.append(line)
             m = STEP.search(line)
-            if m and not injected and int(m.group(1)) >= at_step:
-                injected = True
+            if m and pending and int(m.group(1)) >= pending[0][0]:
+                _, inject = pending.pop(0)
                 inject(int(m.group(1)))
         code = proc.wait(timeout=60)
     finally:
         watchdog.cancel()
         proc.kill()
     output = "".join(lines)
-    assert injected, f"the run never reached step {at_step}, so the fault was not injected:\n{output[-3000:]}"
+    assert not pending, (f"the run never reached step {pending[0][0]}, so {len(pending)} fault(s) were not "
+                         f"injected:\n{output[-3000:]}")
     return code, output
 
 
@@ -48,17 +56,20 @@ def cli(run: dict, *args: str, timeout: float = 300) -> subprocess.CompletedProc
                           capture_output=True, text=True, timeout=timeout)
 
 
-def resumed_after_kill(metrics_text: str, killed: dict, max_steps: int, save_every: int) -> dict:
-    """After a server kill at killed["step"] (time killed["time"]): the run started twice, the second time from a
-    checkpoint at most one interval behind the last step trained before the restart, reached max_steps, and every
-    adapter load after the restart succeeded. (The trainer may go on a few steps on rollouts it already holds after
-    the kill, and save: seen on a fresh machine, killed at step 6, resumed from checkpoint-8, nothing lost.)"""
+def resumed_after_kill(metrics_text: str, killed: dict, max_steps: int, save_every: int, restarts: int = 1) -> dict:
+    """After a server kill at killed["step"] (time killed["time"]): the run started again once after it, from a
+    checkpoint at most one interval behind the last step trained before that restart, reached max_steps, and every
+    adapter load after the restart succeeded. *restarts*: how many restarts the whole run had (a later fault may add
+    its own). (The trainer may go on a few steps on rollouts it already holds after the kill, and save: seen on a
+    fresh machine, killed at step 6, resumed from checkpoint-8, nothing lost.)"""
     events = parse_events(metrics_text)
     starts = [e for e in events if e["event"] == "run_start"]
-    m = re.search(r"checkpoint-(\d+)$", starts[-1].get("resumed_from") or "")
-    assert len(starts) == 2 and m, [e.get("resumed_from") for e in starts]
+    assert len(starts) == 1 + restarts, [e.get("resumed_from") for e in starts]
+    restart = next(e for e in starts if e["time"] > killed["time"])
+    m = re.search(r"checkpoint-(\d+)$", restart.get("resumed_from") or "")
+    assert m, [e.get("resumed_from") for e in starts]
     resumed = int(m.group(1))
-    trained = max(int(e["step"]) for e in events if e["event"] == "step" and e["time"] < starts[-1]["time"])
+    trained = max(int(e["step"]) for e in events if e["event"] == "step" and e["time"] < restart["time"])
     lost = trained - resumed
     assert trained >= killed["step"] and 0 <= lost <= save_every, (killed["step"], trained, resumed)
     steps = sorted({int(e["step"]) for e in events if e["event"] == "step"})

@@ -17,7 +17,8 @@ MAX_LINES = 470
 # Files that name the package's modules as text. Historical records (docs/bench, docs/notes, MEASUREMENTS, CHANGELOG)
 # keep the paths of their day.
 NAMED_IN = ("compose/**/*", "k8s/**/*", "images/**/*", "grpo_deploy/templates/**/*", "ansible/**/*", "pyproject.toml",
-            "Makefile", "setup.py", ".ci/*", "scripts/**/*", "README.md", "docs/*.md", "benchmarks/**/*")
+            "Makefile", "setup.py", ".ci/*", "scripts/**/*", "README.md", "docs/*.md", "docs/guides/*.md",
+            "docs/operations/*.md", "docs/reference/*.md", "mkdocs.yml", "benchmarks/**/*")
 HISTORICAL = ("docs/MEASUREMENTS.md",)
 DOTTED = re.compile(r"(?<![\w./-])grpo_deploy(?:\.\w+)+(?::\w+)?")
 SLASHED = re.compile(r"(?<![\w./-])grpo_deploy(?:/\w+)+\.py\b")

@@ -170,7 +170,9 @@ def test_the_cpu_rehearsal_stream_is_trainer_bound_by_backpressure():
     events = _events("cpu_rehearsal")
     steps = [e for e in events if e["event"] == "step"]
     timed = [e for e in steps if "perf/step_s" in e]
-    d = diagnose.diagnose(events, diagnose.settings_hint(resolve.resolve(new_spec.embedded_default())))
+    # recorded when the cpu profile's rollout buffer was 16 (it is 8 since TRL's scoring queue is bounded)
+    hint = {**diagnose.settings_hint(resolve.resolve(new_spec.embedded_default())), "queue_maxsize": 16}
+    d = diagnose.diagnose(events, hint)
     ev = d.evidence
     assert d.side == "trainer-bound" and d.not_recorded == []  # every key the rules read is in our step events
     assert ev["steps"] == 40 and len(timed) == 39
@@ -207,7 +209,7 @@ def test_text_and_json():
 
 def test_settings_hint_from_resolved_specs():
     cpu = diagnose.settings_hint(resolve.resolve(new_spec.embedded_default()))
-    assert cpu == {"queue_maxsize": 16, "max_inflight_tasks": 8, "max_num_seqs": 32, "weight_sync_steps": 1,
+    assert cpu == {"queue_maxsize": 8, "max_inflight_tasks": 8, "max_num_seqs": 32, "weight_sync_steps": 1,
                    "token_budget": 0, "gradient_checkpointing": False, "trainer_processes": 1,
                    "trainer_processes_per_host": 1, "trainer_machines": 1,
                    "device": "cpu"}  # 0 GB per GPU on cpu: no memory figure

@@ -84,3 +84,23 @@ def test_a_trial_fed_by_its_start_up_queue_is_measured_at_the_step_generation_su
     assert trial.extra["sustained_step_s"] == pytest.approx(12.7, abs=0.3)
     assert trial.step_s >= trial.extra["sustained_step_s"] - 0.01  # never faster than generation sustains
     assert trial.extra["wall_s_measured"] <= trial.wall_s
+
+
+def test_a_trial_is_brought_up_fresh_on_a_scratch_folder(cpu_res, tmp_path, monkeypatch):
+    """A trial's run folder on the share is scratch: `up --fresh --scratch` removes a previous tune's folder of that
+    name instead of moving it aside (a user's `--fresh`), so repeated tunes do not pile folders up on the share."""
+    seen = {}
+
+    class Proc:
+        stdout = iter(())
+
+        def __init__(self, command, **kwargs):
+            seen["command"] = command
+
+        def wait(self, timeout=None):
+            return 2
+
+    monkeypatch.setattr(trials.subprocess, "Popen", Proc)
+    trials.run_trial(TrialPlan("baseline"), _user(), cpu_res, tmp_path / "t1", [])
+    command = seen["command"]
+    assert command[3] == "up" and "--fresh" in command and "--scratch" in command

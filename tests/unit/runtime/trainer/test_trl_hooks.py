@@ -219,3 +219,35 @@ def test_the_rollout_worker_runs_the_token_loop_only_with_a_token(monkeypatch):
     monkeypatch.setenv(run_token.ENV, run_token.make())
     trl_hooks.token_for_rollouts(trainer)
     assert worker._loop_cls is trl_hooks.TokenRolloutLoop
+
+@pytest.mark.parametrize("staleness, per_step, queue, inflight, generations, budget, groups", [
+    (2, 16, 8, 8, 8, 0, 1),  # the cpu rehearsal: buffer 8 + in flight 8 + scoring 8 + 1 group = 2 steps
+    (3, 16, 8, 8, 8, 0, 3),  # one more step of staleness: two more groups
+    (100, 512, 16, 8, 1, 0, trl_hooks.TRL_SCORE_QUEUE_GROUPS),  # never more than TRL's own
+    (3, 16, 16, 8, 3, 0, 7),  # rounded up: 48 - 16 - 8 - 3 = 21 answers, in groups of 3
+    (2, 16, 8, 16, 8, 0, 1),  # more in flight than the staleness leaves room for: still one group
+    (0, 16, 16, 8, 8, 0, None),  # strict: the buffer alone holds all it allows; TRL's own queue
+    (4, 128, 1024, 128, 16, 0, None),  # TRL's default buffer: the buffer is the look-ahead
+    (4, 128, 0, 512, 16, 0, None),  # an unbounded buffer: no bound to derive
+    (3, 16, 8, 8, 8, 16384, None),  # packing: a step's rows hold any number of answers
+])
+def test_the_score_queue_holds_what_the_staleness_allows(staleness, per_step, queue, inflight, generations, budget,
+                                                          groups):
+    assert trl_hooks.score_queue_groups(staleness, per_step, queue, generations, inflight, budget) == groups
+
+
+def test_the_rebound_worker_passes_the_bound_to_the_rollout_loop(monkeypatch):
+    from trl.experimental.async_grpo import async_rollout_worker
+
+    monkeypatch.setattr(async_rollout_worker, "is_vllm_available", lambda *a, **k: True)  # vLLM is in the images
+    monkeypatch.setattr(async_rollout_worker, "is_aiohttp_available", lambda: True)
+    base = trainer_module.AsyncRolloutWorker
+    monkeypatch.setattr(trainer_module, "AsyncRolloutWorker", base)
+    trl_hooks.bound_score_queue(3)
+    trl_hooks.bound_score_queue(2)  # a second trainer in the process rebinds the same base, not a chain
+    bound = trainer_module.AsyncRolloutWorker
+    assert bound is not base and bound.__mro__[1] is base
+    worker = bound(queue_maxsize=16, num_generations=8)
+    assert worker._loop_kwargs["score_queue_maxsize"] == 2 and worker._loop_kwargs["queue_maxsize"] == 16
+    assert isinstance(worker, base)  # what the trainer's isinstance checks ask
+    assert bound(queue_maxsize=16, score_queue_maxsize=5)._loop_kwargs["score_queue_maxsize"] == 5
