@@ -104,7 +104,16 @@ def test_verl_survives_a_full_disk_and_the_reward_rises(verl_disk, verl_image, d
 
     summary = json.loads((run["cwd"] / ".grpo-deploy" / RUN / "summary.json").read_text())
     assert summary["state"] == "finished" and summary["steps"] == STEPS, summary
-    assert summary["reward_last5"] > summary["reward_first5"] + 0.1, summary  # brevity: ~0.58 -> ~0.85 seen
+    # the run's rise, from its first step: summary's first 5 are the resumed attempt's (steps 5-9), already trained
+    # (a fresh CI run: 0.734 -> 0.832 there, while steps 1-5 -> 16-20 rise ~0.58 -> ~0.84); a step trained twice
+    # counts with its first attempt's reward
+    reward: dict[int, float] = {}
+    for e in events:
+        if e["event"] == "step" and "reward" in e:
+            reward.setdefault(int(e["step"]), float(e["reward"]))
+    first5, last5 = (sum(reward[s] for s in steps) / 5 for steps in (range(1, 6), range(STEPS - 4, STEPS + 1)))
+    assert last5 > first5 + 0.1, (first5, last5, reward)  # brevity: ~0.58 -> ~0.85 seen
+    assert summary["reward_last5"] == pytest.approx(last5, abs=1e-3), summary
     final = list_checkpoints(str(ckpt_dir), "verl")
     kept = [c.step for c in final if c.complete]  # verl's own pruning leaves the others' dataloader state: "pruned"
     assert kept == [STEPS - SAVE_EVERY, STEPS], [(c.step, c.state) for c in final]
@@ -114,6 +123,6 @@ def test_verl_survives_a_full_disk_and_the_reward_rises(verl_disk, verl_image, d
                               f"stopped verl after step 5 (needs {kb(stops[0]['need_bytes'])}, "
                               f"{kb(stops[0]['free_bytes'])} free), head exit 3, global_step_4 kept, none "
                               "half-written; ballast removed, `up` resumed from global_step_4 to "
-                              f"{STEPS}/{STEPS} steps, reward {summary['reward_first5']} -> "
-                              f"{summary['reward_last5']}; kept {kept} ({wall:.0f} s for both `up`s)",
+                              f"{STEPS}/{STEPS} steps, reward (steps 1-5 -> {STEPS - 4}-{STEPS}) {first5:.3f} -> "
+                              f"{last5:.3f}; kept {kept} ({wall:.0f} s for both `up`s)",
                      **{"steps lost": 1, "data lost": "none"})

@@ -79,11 +79,7 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
         args = AsyncGRPOConfig(**build_grpo_kwargs(config))
     except TypeError as error:
         raise ConfigError(f"{config.source}: async_grpo: {error}") from None
-    samples_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * config.world_size
-    groups = trl_hooks.score_queue_groups(args.max_staleness, samples_per_step, args.queue_maxsize,
-                                          args.num_generations, args.max_inflight_tasks, args.token_budget or 0)
-    if groups is not None:
-        trl_hooks.bound_score_queue(groups)
+    trl_hooks.bound_score_queue(args, config.world_size)
     trainer = AsyncGRPOTrainer(
         model=config.model,
         reward_funcs=build_reward_funcs(config.rewards, config.max_completion_length),

@@ -2,6 +2,7 @@
 
 import pickle
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -243,11 +244,19 @@ def test_the_rebound_worker_passes_the_bound_to_the_rollout_loop(monkeypatch):
     monkeypatch.setattr(async_rollout_worker, "is_aiohttp_available", lambda: True)
     base = trainer_module.AsyncRolloutWorker
     monkeypatch.setattr(trainer_module, "AsyncRolloutWorker", base)
-    trl_hooks.bound_score_queue(3)
-    trl_hooks.bound_score_queue(2)  # a second trainer in the process rebinds the same base, not a chain
+
+    def args(**changes):  # the cpu rehearsal's settings: one group
+        return SimpleNamespace(**{"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2,
+                                  "max_staleness": 2, "queue_maxsize": 8, "num_generations": 8,
+                                  "max_inflight_tasks": 8, "token_budget": 0, **changes})
+
+    assert trl_hooks.bound_score_queue(args(max_staleness=3), 1) == 3
+    assert trl_hooks.bound_score_queue(args(), 1) == 1  # a second trainer in the process rebinds the same base
     bound = trainer_module.AsyncRolloutWorker
     assert bound is not base and bound.__mro__[1] is base
     worker = bound(queue_maxsize=16, num_generations=8)
-    assert worker._loop_kwargs["score_queue_maxsize"] == 2 and worker._loop_kwargs["queue_maxsize"] == 16
+    assert worker._loop_kwargs["score_queue_maxsize"] == 1 and worker._loop_kwargs["queue_maxsize"] == 16
     assert isinstance(worker, base)  # what the trainer's isinstance checks ask
     assert bound(queue_maxsize=16, score_queue_maxsize=5)._loop_kwargs["score_queue_maxsize"] == 5
+    assert trl_hooks.bound_score_queue(args(token_budget=512), 1) is None  # packing: TRL's own worker again
+    assert trainer_module.AsyncRolloutWorker is base
