@@ -16,6 +16,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,7 @@ def split_run(hosts, tmp_path_factory):
     killed = {}
 
     def kill_server(step: int) -> None:
+        killed["ps"] = process_lists(hosts)  # the trainer, the server and its front all running
         (server,) = hosts["spark2"].run_containers(RUN, "server")  # beside it: its front
         hosts["spark2"].exec(["docker", "kill", server])  # SIGKILL, inside the server's host
         killed.update(step=step, time=time.time())
@@ -62,12 +65,55 @@ def split_run(hosts, tmp_path_factory):
     print(output[-6000:])  # shown with a failing test's report
     status = run_cli("status", "-f", str(spec), "--json", *ssh, cwd=cwd, timeout=300)
     server_logs = run_cli("logs", "-f", str(spec), "--role", "server", "--tail", "5", *ssh, cwd=cwd, timeout=300)
+    door = knock(hosts, cwd)  # the run is over; the server and its front still run (`up` without --down)
     followed = follow_logs(cwd, "logs", "-f", str(spec), "--follow", "--tail", "3", *ssh)
     down = run_cli("down", "-f", str(spec), *ssh, cwd=cwd, timeout=300)
     yield {"code": code, "output": output, "killed": killed, "down": down, "server_logs": server_logs,
-           "followed": followed, "cwd": cwd, "spec": spec,
+           "followed": followed, "cwd": cwd, "spec": spec, "door": door,
            "status": json.loads(status.stdout) if status.returncode == 0 else {},
            "metrics": (cwd / ".grpo-deploy" / RUN / "metrics.jsonl").read_text()}
+
+
+def process_lists(hosts) -> str:
+    """Every process's command line on both hosts (their containers' processes included)."""
+    every = r"for f in /proc/[0-9]*/cmdline; do tr '\0' ' ' < $f 2>/dev/null; echo; done"
+    return "\n".join(hosts[name].exec(["sh", "-c", every]) for name in ("spark1", "spark2"))
+
+
+def knock(hosts, cwd: Path) -> dict:
+    """Requests to the server's published address from outside spark2 (this machine, as another host on the test
+    network would): without the token, with it, a dev-mode call and an adapter load from outside the run's adapter
+    folder; then what vLLM itself logged, and where the token's value shows up."""
+    token = (cwd / ".grpo-deploy" / RUN / "run-token").read_text().strip()
+    base = f"http://{hosts['spark2'].ip}:8000"
+
+    def call(method: str, path: str, body: dict | None = None, auth: str | None = token) -> tuple[int, str]:
+        headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {auth}"} if auth else {})}
+        request = urllib.request.Request(base + path, method=method, headers=headers,
+                                         data=None if body is None else json.dumps(body).encode())
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, answer.read(1 << 16).decode(errors="replace")
+        except urllib.error.HTTPError as error:
+            return error.code, error.read(1 << 16).decode(errors="replace")
+
+    answers = {
+        "models without the token": call("GET", "/v1/models", auth=None),
+        "models with a wrong token": call("GET", "/v1/models", auth=token[:-1] + ("A" if token[-1] != "A" else "B")),
+        "models with the token": call("GET", "/v1/models"),
+        "collective_rpc with the token": call("POST", "/collective_rpc", {"method": "report_device_id"}),
+        "load from outside the adapter folder": call("POST", "/v1/load_lora_adapter",
+                                                     {"lora_name": "trl-policy-v999", "lora_path": "/etc"}),
+    }
+    (server,) = hosts["spark2"].run_containers(RUN, "server")
+    vllm_log = hosts["spark2"].exec(["sh", "-c", f"docker logs {server} 2>&1"])
+    home = f"/home/deploy/.grpo-deploy/{RUN}"
+    rendered = {name: hosts[name].exec(["sh", "-c", f"grep -rlF -- {token} {home} 2>/dev/null || true"]).split()
+                for name in ("spark1", "spark2")}
+    local = [str(p) for p in (cwd / ".grpo-deploy").rglob("*") if p.is_file() and p.name != "run-token"
+             and token in p.read_text(errors="replace")]
+    return {"token": token, "answers": answers, "vllm_log": vllm_log, "on_hosts": rendered, "local": local,
+            "ps": process_lists(hosts)}
 
 
 def follow_logs(cwd: Path, *args: str, seconds: float = 15) -> str:
@@ -154,6 +200,33 @@ def test_server_published_only_on_the_address_the_trainer_uses(split_run, hosts)
     assert "compose.front.yaml" in text  # what spark1 reaches there is the kit's front, asking for the run's token
     mode = hosts["spark2"].exec(["stat", "-c", "%a", f"/home/deploy/.grpo-deploy/{RUN}/secret/run-token.env"])
     assert mode.strip() == "600"
+
+
+def test_the_door_asks_for_the_token_and_lets_only_the_kits_calls_through(split_run):
+    door = split_run["door"]
+    answers = door["answers"]
+    assert answers["models without the token"][0] == 401, answers
+    assert answers["models with a wrong token"][0] == 401, answers
+    status, body = answers["models with the token"]
+    assert status == 200 and "data" in json.loads(body), answers
+    assert answers["collective_rpc with the token"][0] == 404, answers  # not on the allowlist: no replica asked
+    status, body = answers["load from outside the adapter folder"]
+    assert 400 <= status < 500 and "/etc" not in door["vllm_log"], (status, body)
+    # vLLM lists its routes at start-up (/collective_rpc among them); a request that reached it would be logged
+    assert "/collective_rpc HTTP" not in door["vllm_log"] and "trl-policy-v999" not in door["vllm_log"]
+    assert '"GET /v1/models HTTP' in door["vllm_log"]  # the log does record requests: the one with the token
+
+
+def test_the_token_is_in_no_rendered_file_log_or_command_line(split_run):
+    door, token = split_run["door"], split_run["door"]["token"]
+    assert len(token) >= 32
+    assert door["on_hosts"] == {"spark1": [f"/home/deploy/.grpo-deploy/{RUN}/secret/run-token.env"],
+                                "spark2": [f"/home/deploy/.grpo-deploy/{RUN}/secret/run-token.env"]}, door["on_hosts"]
+    assert door["local"] == [], door["local"]
+    texts = {"up": split_run["output"], "logs": split_run["server_logs"].stdout + split_run["server_logs"].stderr,
+             "logs --follow": split_run["followed"], "vLLM's log": door["vllm_log"], "metrics": split_run["metrics"],
+             "ps during the run": split_run["killed"]["ps"], "ps after it": door["ps"]}
+    assert [name for name, text in texts.items() if token in text] == []
 
 
 def test_down_leaves_no_container_of_the_run(split_run, hosts):
