@@ -85,8 +85,9 @@ class Rule:
     """The served-policy rule over one run's checks (pure). A check is judged when its adapter should answer
     differently from the base: its B norm is nonzero, and either an earlier adapter of this run with no larger B norm
     was seen to differ (the server applies adapters, and this one moved at least as far; without norms to compare, an
-    earlier version), or it is version MIN_VERSION or later. `after` judged checks in a row whose answers equal the base's (within TOLERANCE + NOISE_FACTOR x the
-    check's own base-to-base noise) make a finding; an adapter missing from the model list makes one at once."""
+    earlier version), or it is version MIN_VERSION or later. `after` judged checks in a row whose answers equal the
+    base's (within TOLERANCE + NOISE_FACTOR x the check's own base-to-base noise) make a finding; an adapter missing
+    from the model list makes one at once."""
 
     def __init__(self, after: int = AFTER, tolerance: float = TOLERANCE, noise_factor: float = NOISE_FACTOR,
                  min_version: int = MIN_VERSION):
