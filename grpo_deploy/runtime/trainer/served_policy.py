@@ -38,9 +38,13 @@ TOLERANCE = 1e-3
 server shows between two base probes (an fp32 CPU server repeats itself exactly; a bf16 GPU server does not)."""
 NOISE_FACTOR = 3.0
 """The threshold is TOLERANCE + NOISE_FACTOR x the difference between the two base probes of the same check."""
-MIN_VERSION = 8
-"""Before any adapter of this run was seen to differ from the base, versions below this are not judged: an adapter a
-few optimizer steps old may move the probe less than the tolerance (LoRA's B starts at zero)."""
+PROOF_FACTOR = 10.0
+"""An adapter proves that the server applies adapters when it moves the probe by at least this many thresholds: a
+difference just over the threshold may be the server's noise (a bf16 GPU), not the adapter."""
+MIN_VERSION = 20
+"""Before any adapter of this run proved that the server applies adapters, versions below this are not judged: an
+adapter a few optimizer steps old may move the probe less than the tolerance (LoRA's B starts at zero; on the CPU
+rehearsal one step at lr 5e-3 moves it 0.08, at a GPU recipe's lr 1e-5 a few hundred times less)."""
 TIMEOUT_S = 30.0
 """Each request's time bound (the server is busy with rollouts; a probe waits its turn)."""
 BODY_LIMIT = 1024 * 1024
@@ -84,8 +88,9 @@ class Verdict:
 class Rule:
     """The served-policy rule over one run's checks (pure). A check is judged when its adapter should answer
     differently from the base: its B norm is nonzero, and either an earlier adapter of this run with no larger B norm
-    was seen to differ (the server applies adapters, and this one moved at least as far; without norms to compare, an
-    earlier version), or it is version MIN_VERSION or later. `after` judged checks in a row whose answers equal the
+    moved the probe by PROOF_FACTOR thresholds or more (the server applies adapters, and this one moved at least as
+    far, so it should differ by about as much; without norms to compare, an earlier version), or it is version
+    MIN_VERSION or later. `after` judged checks in a row whose answers equal the
     base's (within TOLERANCE + NOISE_FACTOR x the check's own base-to-base noise) make a finding; an adapter missing
     from the model list makes one at once."""
 
@@ -93,8 +98,8 @@ class Rule:
                  min_version: int = MIN_VERSION):
         self.after, self.tolerance, self.noise_factor, self.min_version = after, tolerance, noise_factor, min_version
         self.streak = 0
-        self.proven_b: float | None = None  # the smallest B norm of an adapter seen to differ from the base
-        self.proven_version: int | None = None  # the first version seen to differ
+        self.proven_b: float | None = None  # the smallest B norm of an adapter that proved it (PROOF_FACTOR)
+        self.proven_version: int | None = None  # the first version that proved it
         self.proven = False
         self.active = False
 
@@ -106,11 +111,13 @@ class Rule:
             return Verdict("unknown", None, self.streak)
         threshold = self.tolerance + self.noise_factor * (probe.noise or 0.0)
         if probe.diff > threshold:
-            self.streak, self.proven = 0, True
-            if self.proven_version is None:
-                self.proven_version = probe.version
-            if probe.b_norm is not None:
-                self.proven_b = probe.b_norm if self.proven_b is None else min(self.proven_b, probe.b_norm)
+            self.streak = 0
+            if probe.diff >= PROOF_FACTOR * threshold:
+                self.proven = True
+                if self.proven_version is None:
+                    self.proven_version = probe.version
+                if probe.b_norm is not None:
+                    self.proven_b = probe.b_norm if self.proven_b is None else min(self.proven_b, probe.b_norm)
             clear, self.active = self.active, False
             return Verdict("applied", threshold, 0, clear=clear)
         if not self._expected(probe):

@@ -66,6 +66,14 @@ def test_an_adapter_smaller_than_the_one_that_differed_is_not_judged_before_min_
     assert rule.judge(probe(2, diff=0.0, b=0.4)).verdict == "early"  # it may really move the probe less
 
 
+def test_a_difference_just_over_the_threshold_proves_nothing():
+    rule = sp.Rule()
+    assert rule.judge(probe(1, diff=0.003, b=0.1, noise=0.0005)).verdict == "applied"  # a bf16 server's noise, maybe
+    assert set(verdicts(rule, [probe(v, diff=0.0, b=0.1 * v) for v in range(2, 6)])) == {"early"}
+    assert rule.judge(probe(6, diff=0.03, b=0.6)).verdict == "applied"  # ten thresholds: the server applies adapters
+    assert rule.judge(probe(7, diff=0.0, b=0.7)).verdict == "base"
+
+
 def test_the_servers_own_noise_raises_the_threshold():
     rule = sp.Rule()
     rule.judge(probe(1, diff=0.4, b=0.1))
