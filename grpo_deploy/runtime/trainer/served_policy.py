@@ -90,9 +90,9 @@ class Rule:
     differently from the base: its B norm is nonzero, and either an earlier adapter of this run with no larger B norm
     moved the probe by PROOF_FACTOR thresholds or more (the server applies adapters, and this one moved at least as
     far, so it should differ by about as much; without norms to compare, an earlier version), or it is version
-    MIN_VERSION or later. `after` judged checks in a row whose answers equal the
-    base's (within TOLERANCE + NOISE_FACTOR x the check's own base-to-base noise) make a finding; an adapter missing
-    from the model list makes one at once."""
+    MIN_VERSION or later. `after` judged checks in a row whose answers equal the base's (within TOLERANCE +
+    NOISE_FACTOR x the check's own base-to-base noise) make a finding; an adapter missing from the model list makes
+    one at once."""
 
     def __init__(self, after: int = AFTER, tolerance: float = TOLERANCE, noise_factor: float = NOISE_FACTOR,
                  min_version: int = MIN_VERSION):
@@ -134,7 +134,7 @@ class Rule:
             if probe.b_norm >= self.proven_b:
                 return True
         elif self.proven and probe.version > self.proven_version:
-            return True  # no norm to compare: a later version than one that differed
+            return True  # no norm to compare: a later version than one that proved it
         return probe.version >= self.min_version
 
     def _found(self, verdict: str, threshold: float | None, probe: Probe) -> Verdict:
