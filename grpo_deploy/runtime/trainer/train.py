@@ -91,8 +91,9 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
     )
     processes.check_group(trainer, config.world_size)
     main = processes.is_main_rank()
+    watch = watch_of(config, sink) if main and config.watch is not None else None
     if config.watch is not None:  # before the disk watchdog and the share guard: they judge the save it asks for
-        trainer.add_callback(WatcherCallback(watch_of(config, sink) if main else None))
+        trainer.add_callback(WatcherCallback(watch))
     if config.disk_watchdog is not None:
         trainer.add_callback(DiskWatchdog(config.output_dir, config.disk_watchdog, sink.emit))
     # rank 0 alone checks the share (its failure ends the group: the launcher stops the other ranks); the guard
@@ -103,7 +104,7 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
         trainer.add_callback(ShareGuardCallback(guard.check))
     publisher = AdapterPublisher(sink.emit, config.lora_dir, safe_keep(config.adapters.keep, config.max_staleness),
                                  before_save=guard.check if guard is not None else None)
-    trl_hooks.instrument_adapter_sync(trainer, publisher)
+    trl_hooks.instrument_adapter_sync(trainer, publisher, served_check(config, sink, watch) if main else None)
     trl_hooks.token_for_rollouts(trainer)
     if main:
         trl_hooks.install_failpoints(trainer, config.output_dir, sink.emit)
@@ -124,6 +125,15 @@ def watch_of(config: RunConfig, sink: MetricsSink):
     from grpo_deploy.runtime.watch.run_watch import RunWatch, read_history
 
     return RunWatch(config.watch, sink.emit, read_history(config.metrics_path))
+
+
+def served_check(config: RunConfig, sink: MetricsSink, watch):
+    """Rank 0's served-policy check (served_policy.py): its findings go to the run watcher's inbox, or to the log
+    when the run has no watcher (or watch.enabled is off)."""
+    from grpo_deploy.runtime.trainer.served_policy import ServedPolicyCheck
+
+    watching = watch is not None and watch.config.settings.enabled
+    return ServedPolicyCheck(config.server_url, sink.emit, watch.report if watching else None)
 
 
 def watcher_stop(trainer) -> tuple[str, str] | None:

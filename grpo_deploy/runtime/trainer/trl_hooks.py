@@ -163,9 +163,10 @@ class InstrumentedVLLMClient(client_module.VLLMClient):
     the fix instead of TRL's "does not expose /v1/load_lora_adapter".
     """
 
-    def __init__(self, server_url: str, server_timeout: float, publisher: AdapterPublisher):
+    def __init__(self, server_url: str, server_timeout: float, publisher: AdapterPublisher, served_check=None):
         super().__init__(server_url, server_timeout)
         self.publisher = publisher
+        self.served_check = served_check  # served_policy.ServedPolicyCheck (rank 0), or None
         self.last_failure: str | None = None
         self.warmed = False
 
@@ -198,6 +199,8 @@ class InstrumentedVLLMClient(client_module.VLLMClient):
                 fault = storage_faults.Fault("adapter-unreadable", lora_path, message)
                 raise storage_faults.StorageFault(fault) from raised
             raise raised
+        if self.served_check is not None:  # checked in its own thread: the server stays paused until TRL resumes it
+            self.served_check.submit(lora_name, lora_path)
         if not self.warmed:
             self.warmed = True
             threading.Thread(target=self._warm_up, args=(lora_name,), name="lora-warm-up", daemon=True).start()
@@ -217,13 +220,14 @@ class InstrumentedVLLMClient(client_module.VLLMClient):
             log.warning(f"LoRA warm-up with {lora_name} failed: {error}")
 
 
-def instrument_adapter_sync(trainer, publisher: AdapterPublisher) -> None:
-    """Publish adapters in `publisher.lora_dir`, fsync them before each load, and record every load."""
+def instrument_adapter_sync(trainer, publisher: AdapterPublisher, served_check=None) -> None:
+    """Publish adapters in `publisher.lora_dir`, fsync them before each load, and record every load; with
+    *served_check* (served_policy.ServedPolicyCheck), check after each load that the server serves the adapter."""
     trainer_module.save_lora_adapter = publisher.wrap_save(trainer_module.save_lora_adapter)
     trainer._lora_dir = os.path.abspath(publisher.lora_dir)
     if trainer.vllm_client is not None:
         trainer.vllm_client = InstrumentedVLLMClient(
-            trainer.vllm_client.server_url, trainer.vllm_client.server_timeout, publisher
+            trainer.vllm_client.server_url, trainer.vllm_client.server_timeout, publisher, served_check
         )
 
 

@@ -107,6 +107,24 @@ def test_first_successful_load_warms_the_lora_path_once(tmp_path):
     assert warm[0][2]["model"] == "trl-policy-v1" and warm[0][2]["max_tokens"] == 1
 
 
+def test_an_acknowledged_load_and_only_that_is_handed_to_the_served_policy_check(tmp_path):
+    submitted = []
+    check = SimpleNamespace(submit=lambda name, path: submitted.append((name, path)))
+    with StubServer({("POST", "/v1/load_lora_adapter"): (200, "Success")}) as server:
+        client = trl_hooks.InstrumentedVLLMClient(server.url, 5, publisher(tmp_path, []), check)
+        client.warmed = True
+        client.load_lora_adapter("trl-policy-v1", "/x/trl-policy-v1")
+    with StubServer({("POST", "/v1/load_lora_adapter"): (500, "no")}) as server:
+        client = trl_hooks.InstrumentedVLLMClient(server.url, 5, publisher(tmp_path, []), check)
+        with pytest.raises(Exception):  # noqa: B017 - TRL's own error for a refused load
+            client.load_lora_adapter("trl-policy-v2", "/x/trl-policy-v2")
+    assert submitted == [("trl-policy-v1", "/x/trl-policy-v1")]
+    trainer = type("T", (), {})()
+    trainer.vllm_client = client_module.VLLMClient("http://h:1", 3)
+    trl_hooks.instrument_adapter_sync(trainer, publisher(tmp_path, []), check)
+    assert trainer.vllm_client.served_check is check
+
+
 # ------------------------------------------------------------------ failpoints (fault suite hooks)
 
 class SavingTrainer:
