@@ -30,11 +30,21 @@ COMPOSE_VERL_CLUSTER = "compose.verl-cluster.yaml"
 COMPOSE_INFINIBAND = "compose.infiniband.yaml"
 COMPOSE_TRAINER_HOSTS = "compose.trainer-hosts.yaml"
 COMPOSE_TRAINER_INFINIBAND = "compose.trainer-infiniband.yaml"
+COMPOSE_FRONT = "compose.front.yaml"
 COMPOSE_FILES = (COMPOSE_BASE, COMPOSE_NFS, COMPOSE_BIND, COMPOSE_VERL, COMPOSE_VERL_CLUSTER, COMPOSE_INFINIBAND,
-                 COMPOSE_TRAINER_HOSTS, COMPOSE_TRAINER_INFINIBAND)
+                 COMPOSE_TRAINER_HOSTS, COMPOSE_TRAINER_INFINIBAND, COMPOSE_FRONT)
 
 PROXY_SERVICE = "proxy"
 """The compose service of the replica proxy (beside the trainer when a run has several vLLM server replicas)."""
+
+FRONT_SERVICE = "front"
+"""The compose service of the kit's front before a server host's first vLLM replica (front-2, ... before the others),
+on every server host apart from the trainer's: what other hosts reach there, asking for the run's token."""
+FRONT_ARGS = "front.args"
+"""The fronts' shared arguments in config/ (each front adds its own --replica on its command line)."""
+RUN_TOKEN_FILE = "secret/run-token.env"
+"""The run's token as GRPO_RUN_TOKEN=..., a 0600 file in a 0700 folder of the run's folder on each host (beside
+render/), written by `up` and read by compose for the roles that send or check it; never part of the render."""
 
 STATE_DIR = ".grpo-deploy"
 """The deployer's state folder: in the working directory for local runs, in the login user's HOME on remote hosts."""

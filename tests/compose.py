@@ -8,6 +8,12 @@ import tarfile
 
 from grpo_deploy.names import RUN_LABEL
 
+PROXY_STATS = ("import urllib.request; from grpo_deploy.runtime import run_token; print(urllib.request"
+               ".urlopen(urllib.request.Request('http://127.0.0.1:8000/proxy/stats', headers=run_token.env_headers()),"
+               " timeout=10).read().decode())")
+"""`python3 -c` in a replica proxy's container: its /proxy/stats, with the run's token from the container's
+environment (a proxy that has one asks for it)."""
+
 
 def containers(client, run: str, role: str | None = None, all_: bool = True):
     labels = [f"{RUN_LABEL}={run}"] + ([f"com.docker.compose.service={role}"] if role else [])

@@ -207,9 +207,11 @@ class TestHost:
         out = self.exec(["docker", "image", "inspect", "--format", "{{.Id}}", tag], check=False).strip()
         return out or None
 
-    def run_containers(self, run: str) -> list[str]:
-        """Ids of this host's containers (any state) labelled with deployer run *run*."""
-        out = self.exec(["docker", "ps", "-a", "-q", "--filter", f"label=org.grpo-deploy.run={run}"], check=False)
+    def run_containers(self, run: str, role: str | None = None) -> list[str]:
+        """Ids of this host's containers (any state) labelled with deployer run *run* (and *role*, when given)."""
+        role_filter = ["--filter", f"label=org.grpo-deploy.role={role}"] if role else []
+        out = self.exec(["docker", "ps", "-a", "-q", "--filter", f"label=org.grpo-deploy.run={run}", *role_filter],
+                        check=False)
         return out.split()
 
 

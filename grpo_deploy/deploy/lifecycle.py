@@ -82,11 +82,13 @@ def _ship_all(dep: Deployment, log: Callable[[str], None]) -> list[Shipped]:
 
 
 def put_render(dep: Deployment, ips: dict[str, str], hosts: list[Host] | None = None) -> None:
-    """The compose files and each host's render into the run's folder there."""
+    """The compose files and each host's render into the run's folder there, with the run's token in its 0600 file
+    (hosts/project.py)."""
     def put(host: Host) -> int:
         project = dep.project(host.name)
-        return project.put(render_files(dep.res, config_dir=project.config_dir, publish_ips=ips))
+        return project.put(render_files(dep.res, config_dir=project.config_dir, publish_ips=ips), token)
 
+    token = dep.state.token()  # the run's, kept across `up`s: a restarted role and a resumed run pass the same
     for result in on_all(hosts if hosts is not None else list(dep.hosts.values()), put).values():
         if isinstance(result, HostError):
             raise result

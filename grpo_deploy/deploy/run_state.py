@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from pathlib import Path
 from grpo_deploy.common.metrics import event_line, event_record, read_events
 from grpo_deploy.kit_data import FOLDERS, KitDataMissing, kit_dir
 from grpo_deploy.names import STATE_DIR
+from grpo_deploy.runtime import run_token
 from grpo_deploy.spec.resolve import Resolved
 
 STATE_ROOT = Path(STATE_DIR)
@@ -65,6 +67,42 @@ class RunState:
         starts = [e["time"] for e in events if e["event"] == "up_start" and isinstance(e.get("time"), int | float)]
         return [e for e in events if isinstance(e.get("time"), int | float) and e["time"] >= starts[-1]] \
             if starts else events
+
+    @property
+    def token_file(self) -> Path:
+        return self.dir / "run-token"
+
+    def token(self) -> str:
+        """The run's token (runtime/run_token.py): made at the run's first `up` and kept in a 0600 file here,
+        so a restarted role, a second `up` resuming the run and `down` pass the same one. A file that is not one the
+        kit wrote (a link, another form, readable by others) is replaced by a new token, said in one line without its
+        content."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(self.token_file, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            return self._new_token()
+        except OSError:  # a link (ELOOP) or unreadable
+            return self._new_token(replacing=True)
+        try:
+            info = os.fstat(fd)
+            text = os.read(fd, 300).decode("ascii", "replace").strip()
+        finally:
+            os.close(fd)
+        if info.st_mode & 0o077 or info.st_uid != os.getuid() or not run_token.well_formed(text):
+            return self._new_token(replacing=True)
+        return text
+
+    def _new_token(self, replacing: bool = False) -> str:
+        if replacing:
+            print(f"warning: {self.token_file} was not the run's token as the kit writes it (a 0600 file of this user "
+                  "holding one token): replaced by a new one", file=sys.stderr)
+            self.token_file.unlink(missing_ok=True)
+        token = run_token.make()
+        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as handle:
+            handle.write(token + "\n")
+        return token
 
     @contextlib.contextmanager
     def up_lock(self) -> Iterator[None]:

@@ -8,6 +8,7 @@ fraction, the trainer the rest; grpo_deploy.engines.trl_memory), TRL's checkpoin
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 from grpo_deploy.architecture import Architecture
@@ -16,7 +17,10 @@ from grpo_deploy.diagnose import trl_async as diagnose
 from grpo_deploy.engines import trl_files, trl_knobs, trl_memory, trl_replicas, trl_sizes
 from grpo_deploy.engines.base import COMMON_SECTIONS, ClusterPorts, Engine, Resolved, RestartWords, human
 from grpo_deploy.engines.trl_replicas import (
+    any_front,
     check_replicas,
+    front_args,
+    fronted,
     host_services,
     proxy_args,
     publish_address,
@@ -37,9 +41,12 @@ from grpo_deploy.engines.trl_trainers import (
 )
 from grpo_deploy.names import (
     COMPOSE_BASE,
+    COMPOSE_FRONT,
     COMPOSE_TRAINER_HOSTS,
     COMPOSE_TRAINER_INFINIBAND,
+    FRONT_ARGS,
     PROXY_SERVICE,
+    RUN_TOKEN_FILE,
     project_name,
 )
 from grpo_deploy.runtime.storage.adapters import POLICY_PREFIX
@@ -139,6 +146,8 @@ class TrlAsync(Engine):
                       vllm=trl_files.vllm_context(res), device=s.runtime.device)
         proxy = {"config/proxy.args": template("proxy.args.j2", args=proxy_args(res, publish_ips), **common)} \
             if replica_count(res) > 1 else {}
+        if any_front(res):
+            proxy[f"config/{FRONT_ARGS}"] = template("front.args.j2", args=front_args(res), **common)
         return {
             **proxy,
             "config/server.args": template("server.args.j2", args=trl_files.server_arg_lines(res), **common),
@@ -161,6 +170,8 @@ class TrlAsync(Engine):
         if gpu:
             compose_files.append(f"{config_dir.rsplit('/config', 1)[0]}/hosts/{host.name}.gpu.yaml")
             files[f"hosts/{host.name}.gpu.yaml"] = self._gpuoverride_key(res, host)
+        if fronted(res, host):
+            compose_files.append(COMPOSE_FRONT)
         if (host.replicas or 1) > 1:
             compose_files.append(f"{config_dir.rsplit('/config', 1)[0]}/hosts/{host.name}.replicas.yaml")
             files[f"hosts/{host.name}.replicas.yaml"] = replicas_override(res, host)
@@ -176,6 +187,7 @@ class TrlAsync(Engine):
             publish=publish_address(res, host if "server" in host.roles else res.host_for("server"), publish_ips),
             shm_size="16g" if gpu else "1g", nfs=spec.storage.nfs, shared_dir=host.shared_dir,
             proxy=PROXY_SERVICE in services, machine=machine,
+            token_file=posixpath.join(posixpath.dirname(config_dir.rsplit("/config", 1)[0]), RUN_TOKEN_FILE),
         )
         return files
 

@@ -1,6 +1,7 @@
 """The trl-async engine's vLLM servers: the GPU split of a host (server and trainer), each replica (its host, compose
 service, place and GPUs), the URLs the trainer and the replica proxy reach them by, the proxy's arguments, each host's
-replica services and where the server's port is published."""
+replica services, where the server's port is published and the kit's front before a server that faces other hosts
+(its services and arguments)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import dataclass
 from grpo_deploy.common.values import host_part, ip_literal
 from grpo_deploy.engines.base import Engine, Resolved
 from grpo_deploy.engines.trl_trainers import trainer_machines
-from grpo_deploy.names import COMPOSE_BASE, PROXY_SERVICE, REPLICA_LABEL
+from grpo_deploy.names import COMPOSE_BASE, COMPOSE_FRONT, FRONT_SERVICE, PROXY_SERVICE, REPLICA_LABEL, ROLE_LABEL
 from grpo_deploy.runtime.storage.adapters import LORA_SUBDIR
 from grpo_deploy.templating import dump_yaml
 
@@ -76,10 +77,44 @@ def server_url(res: Resolved, resolved: dict[str, str] | None = None) -> str:
     return urls[0] if urls else ""
 
 
+def fronted(res: Resolved, host) -> bool:
+    """Whether *host*'s vLLM servers face other hosts (a server host apart from the trainer's: the trainer reaches
+    them by the host's address), so that each gets the kit's front: the replica proxy asking for the run's token,
+    published where the server was, the server itself published nowhere. A server beside the trainer is reached on
+    the host's own compose network (or loopback) and keeps the direct path: no front, no extra hop."""
+    trainer = res.host_for("trainer")
+    return "server" in host.roles and (trainer is None or host.name != trainer.name)
+
+
+def front_service(place: int) -> str:
+    """The compose service of the front before a host's replica at *place*: `front`, then `front-2`, ..."""
+    return FRONT_SERVICE if place == 0 else f"{FRONT_SERVICE}-{place + 1}"
+
+
+def front_services(res: Resolved, host_name: str, services: list[str]) -> list[str]:
+    """The fronts of the replica *services* of host *host_name* ([] when that host has none)."""
+    host = next(h for h in res.spec.hosts if h.name == host_name)
+    if not fronted(res, host):
+        return []
+    return [front_service(r.place) for r in server_replicas(res) if r.host == host_name and r.service in services]
+
+
+def any_front(res: Resolved) -> bool:
+    return any(fronted(res, host) for host in res.spec.hosts)
+
+
+def front_args(res: Resolved) -> list[str]:
+    """The fronts' shared command line (config/front.args; each front's compose command adds its --replica): it
+    listens on vLLM's port in its own container, published where the server was, refuses to start without the run's
+    token and passes on an adapter load only from the run's adapter folder."""
+    return ["--listen", f"0.0.0.0:{res.settings.vllm.port}", "--adapter-dir", adapter_dir(res), "--require-token"]
+
+
 def host_services(res: Resolved, host) -> list[str]:
-    """The compose services *host* runs, in start order: its server replicas, then the replica proxy (beside the
-    trainer, when the run has several replicas) and the trainer."""
-    out = [r.service for r in server_replicas(res) if r.host == host.name]
+    """The compose services *host* runs, in start order: its server replicas (each with its front when they face
+    other hosts), then the replica proxy (beside the trainer, when the run has several replicas) and the trainer."""
+    mine = [r.service for r in server_replicas(res) if r.host == host.name]
+    out = mine + front_services(res, host.name, mine)
     if "trainer" in host.roles:
         out += [PROXY_SERVICE, "trainer"] if replica_count(res) > 1 else ["trainer"]
     return out
@@ -112,22 +147,34 @@ def proxy_args(res: Resolved, resolved: dict[str, str] | None = None) -> list[st
     listens on vLLM's port in its own container, where the trainer's base URL points, and passes on an adapter load
     only from the run's adapter folder."""
     return ["--listen", f"0.0.0.0:{res.settings.vllm.port}", "--adapter-dir", adapter_dir(res),
+            *(["--require-token"] if any_front(res) else []),  # it reaches the fronts with the run's token
             *(arg for url in replica_urls(res, resolved) for arg in ("--replica", url))]
 
 
 def replicas_override(res: Resolved, host) -> str:
     """hosts/<host>.replicas.yaml: each replica after the first a service like `server` (compose's extends), with
-    its own published port and labels."""
-    port, services = res.settings.vllm.port, {}
+    its own published port and labels; on a fronted host the replica publishes nothing and its front (like `front`)
+    takes the port and points at it."""
+    port, services, front = res.settings.vllm.port, {}, fronted(res, host)
     for r in (r for r in server_replicas(res) if r.host == host.name and r.place):
+        published = [f"${{GRPO_SERVER_PUBLISH:-127.0.0.1}}:{port + r.place}:{port}"]
         services[r.service] = {
             "extends": {"file": COMPOSE_BASE, "service": "server"},
-            "ports": [f"${{GRPO_SERVER_PUBLISH:-127.0.0.1}}:{port + r.place}:{port}"],
+            "ports": [] if front else published,
             "labels": {REPLICA_LABEL: str(r.place + 1)},
         }
+        if front:
+            services[front_service(r.place)] = {
+                "extends": {"file": COMPOSE_FRONT, "service": FRONT_SERVICE},
+                "command": ["python3", "-m", "grpo_deploy.runtime.serving.proxy", "@/etc/grpo-deploy/front.args",
+                            "--replica", f"http://{r.service}:{port}"],
+                "ports": published,
+                "labels": {REPLICA_LABEL: str(r.place + 1), ROLE_LABEL: "front"},
+            }
     header = (f"# vLLM server replicas of host {host.name} beyond the first, rendered by grpo-deploy: each like "
-              "`server`, on its own published port.\n")
-    return dump_yaml(header, {"services": services}).replace("ports:\n", "ports: !override\n")
+              f"`server`, on its own published port{' (through its front, like `front`)' if front else ''}.\n")
+    return dump_yaml(header, {"services": services}).replace("ports:\n", "ports: !override\n") \
+        .replace("ports: []\n", "ports: !reset []\n")
 
 
 

@@ -37,13 +37,15 @@ def share_args(res, host) -> list[str]:
 
 
 def run(conn: Host, image: str, argv: list[str], *, ident=None, share: tuple | None = None, network: str = "none",
-        timeout: float = 300) -> Result:
+        timeout: float = 300, env_file: str | None = None) -> Result:
     """Run argv in a throw-away container of *image* on *conn*'s host; as *ident* (a run identity: its user and
-    umask) when given; with the run's share when *share* is (resolved run, spec host)."""
+    umask) when given; with the run's share when *share* is (resolved run, spec host); with the variables of
+    *env_file* on that host (the run's token: its path on the command line, never its value)."""
     who = ["--user", ident.user, "-e", f"GRPO_UMASK={ident.umask}"] if ident is not None else []
     mounts = share_args(*share) if share is not None else []
-    return conn.run(["docker", "run", "--rm", "--network", network, *who, "--label", MANAGED, *mounts, image, *argv],
-                    timeout=timeout)
+    env = ["--env-file", env_file] if env_file else []
+    return conn.run(["docker", "run", "--rm", "--network", network, *who, *env, "--label", MANAGED, *mounts, image,
+                     *argv], timeout=timeout)
 
 
 def engine_error(result: Result) -> str | None:

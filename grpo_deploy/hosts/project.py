@@ -12,7 +12,8 @@ from grpo_deploy.common.metrics import METRICS_READ_LIMIT
 from grpo_deploy.common.readback import ReadRefused
 from grpo_deploy.hosts.connect import Host, HostError, Result
 from grpo_deploy.kit_data import kit_dir
-from grpo_deploy.names import COMPOSE_FILES, ROLE_LABEL, RUN_LABEL, project_name
+from grpo_deploy.names import COMPOSE_FILES, ROLE_LABEL, RUN_LABEL, RUN_TOKEN_FILE, project_name
+from grpo_deploy.runtime import run_token
 
 ENV_FILE_LABEL = "com.docker.compose.project.environment_file"  # compose's label: the env file a container came from
 SERVICE_LABEL = "com.docker.compose.service"  # compose's label: the service a container runs
@@ -40,10 +41,24 @@ class RemoteProject:
     def config_dir(self) -> str:
         return f"{self.root}/render/config"
 
-    def put(self, render: dict[str, str]) -> int:
-        """Write the compose files and the render (config/ and this host's files) under root; bytes written.
-        Config files are 0644 (containers read them as the run user; they hold no secrets), the rest 0600."""
+    @property
+    def token_file(self) -> str:
+        """The run's token on this host (GRPO_RUN_TOKEN=..., 0600), beside render/: compose reads it (as the login
+        user) for the roles that send or check it (hosts/<host>.env names it as GRPO_RUN_TOKEN_FILE)."""
+        return f"{self.root}/{RUN_TOKEN_FILE}"
+
+    def put(self, render: dict[str, str], token: str | None = None) -> int:
+        """Write the compose files and the render (config/ and this host's files) under root, and the run's *token*
+        in its 0600 file; bytes written. Config files are 0644 (containers read them as the run user; they hold no
+        secrets), the rest 0600."""
         total = 0
+        if token is not None:  # into a 0700 folder first: no moment where another user could open it
+            folder = self.token_file.rsplit("/", 1)[0]
+            made = self.host.run(["sh", "-c", 'mkdir -p -m 0700 "$1" && chmod 0700 "$1"', "sh", folder])
+            if not made.ok:
+                raise HostError(self.host.name, f"cannot make {folder} for the run's token: {made.line()}",
+                                "check that the login user owns the run's folder there")
+            self.host.write_file(self.token_file, f"{run_token.ENV}={token}\n".encode(), 0o600)
         for name, text in compose_files().items():
             total += self._write(f"{self.root}/compose/{name}", text, 0o600)
         mine = {rel: (text, 0o644 if rel.startswith("config/") else 0o600) for rel, text in render.items()

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 
 from grpo_deploy.common.readback import ReadRefused, read_text
+from grpo_deploy.runtime import run_token
 
 DEFAULT_HEARTBEAT = "/tmp/grpo-deploy-trainer.heartbeat"
 HEARTBEAT_ENV = "GRPO_HEARTBEAT_FILE"
@@ -65,10 +66,12 @@ class Heartbeat:
 
 
 def server_healthy(port: int, model: str, timeout: float = 3.0, host: str = "127.0.0.1") -> tuple[bool, str]:
-    """Whether `GET /v1/models` on host:port lists `model` (readiness, not just a live socket)."""
+    """Whether `GET /v1/models` on host:port lists `model` (readiness, not just a live socket); the run's token sent
+    when this process has one (the kit's front asks for it)."""
     url = f"http://{_bracketed(host)}:{port}/v1/models"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=run_token.env_headers()),
+                                    timeout=timeout) as response:
             payload = json.load(response)
     except (urllib.error.URLError, OSError, ValueError) as error:
         return False, f"{url}: {error}"
@@ -86,7 +89,8 @@ def first_token(port: int, model: str, timeout: float = 300.0, host: str = "127.
     """Whether a one-token completion of `model` answers (the server generates, not only lists the model)."""
     url = f"http://{_bracketed(host)}:{port}/v1/completions"
     body = json.dumps({"model": model, "prompt": "ok", "max_tokens": 1}).encode()
-    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=body,
+                                     headers={"Content-Type": "application/json", **run_token.env_headers()})
     start = time.time()
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:

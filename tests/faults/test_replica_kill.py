@@ -21,10 +21,10 @@ RETURN_WAIT_S = 600  # the replica's own start on a loaded 2-core machine took 2
 
 
 def _stats(docker_client) -> dict:
-    """The proxy's /proxy/stats, asked from inside its container (it is published nowhere)."""
+    """The proxy's /proxy/stats, asked from inside its container (it is published nowhere), with the run's token from
+    the container's environment (the proxy asks for it when it has one)."""
     (proxy,) = compose.containers(docker_client, RUN, "proxy")
-    code, out = proxy.exec_run(["python3", "-c", "import urllib.request; print(urllib.request.urlopen("
-                                "'http://127.0.0.1:8000/proxy/stats', timeout=10).read().decode())"])
+    code, out = proxy.exec_run(["python3", "-c", compose.PROXY_STATS])
     assert code == 0, out
     return json.loads(out)
 

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from tests.clirun import run_cli as cli
+from tests.compose import PROXY_STATS
 from tests.specs import split_spec
 from tests.testhosts import test_hosts
 
@@ -32,8 +33,7 @@ def run(tmp_path_factory, cpu_image):
         spark1 = hosts["spark1"]
         (proxy,) = spark1.exec(["docker", "ps", "-q", "--filter", f"label=org.grpo-deploy.run={RUN}", "--filter",
                                 "label=com.docker.compose.service=proxy"]).split()
-        stats = spark1.exec(["docker", "exec", proxy, "python3", "-c", "import urllib.request; print(urllib.request"
-                             ".urlopen('http://127.0.0.1:8000/proxy/stats', timeout=10).read().decode())"])
+        stats = spark1.exec(["docker", "exec", proxy, "python3", "-c", PROXY_STATS])  # with the run's token
         cli("down", "-f", str(spec), *ssh, cwd=cwd, timeout=300)
         yield {"up": up, "status": json.loads(status.stdout) if status.returncode == 0 else {},
                "stats": json.loads(stats)}
@@ -64,4 +64,5 @@ def test_both_replicas_took_every_adapter_and_served_rollouts(run):
 
 def test_status_shows_each_replica_on_its_host(run):
     rows = {(h["host"], h["service"]) for h in run["status"]["hosts"]}
-    assert {("spark1", "server"), ("spark1", "proxy"), ("spark1", "trainer"), ("spark2", "server")} <= rows, rows
+    assert {("spark1", "server"), ("spark1", "proxy"), ("spark1", "trainer"), ("spark2", "server"),
+            ("spark2", "front")} <= rows, rows  # spark2's server faces spark1: the kit's front before it

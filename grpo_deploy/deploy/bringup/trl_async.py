@@ -26,7 +26,14 @@ from grpo_deploy.deploy.deployment import Deployment
 from grpo_deploy.deploy.run_state import LaunchError
 from grpo_deploy.deploy.supervise import KILLED, EnginePatience, RoleDied, view_words
 from grpo_deploy.engines.trl_async import TRL_ASYNC
-from grpo_deploy.engines.trl_replicas import ServerReplica, host_services, replica_urls, server_replicas, server_url
+from grpo_deploy.engines.trl_replicas import (
+    ServerReplica,
+    front_services,
+    host_services,
+    replica_urls,
+    server_replicas,
+    server_url,
+)
 from grpo_deploy.engines.trl_trainers import trainer_hosts
 from grpo_deploy.hosts import facts as host_facts
 from grpo_deploy.hosts import oneoff
@@ -103,9 +110,10 @@ def _by_host(replicas: list[ServerReplica]) -> dict[str, list[str]]:
 
 
 def _up_servers(dep: Deployment, replicas: list[ServerReplica]) -> None:
-    """Start *replicas*, one compose call per host."""
+    """Start *replicas* with their fronts where they face other hosts (a front still running: compose leaves it),
+    one compose call per host."""
     for host, services in _by_host(replicas).items():
-        dep.project(host).up(*services)
+        dep.project(host).up(*services, *front_services(dep.res, host, services))
 
 
 def _up_trainer(dep: Deployment) -> None:
@@ -228,16 +236,24 @@ def _stopped(dep: Deployment, r: ServerReplica) -> bool:
 
 
 def _server_ready(dep: Deployment, replicas: list[ServerReplica] | None = None) -> bool:
-    """True once every replica's health check passes (model listed); LaunchError when one exited, or the trainer
-    exited with an error while the servers were loading (a bad config fails at once, not after they are up)."""
+    """True once every replica's health check passes (model listed), and its front's where it faces other hosts (the
+    model listed through the front); LaunchError when one exited (a front also when it restarts: it refused to
+    start), or the trainer exited with an error while the servers were loading (a bad config fails at once, not after
+    they are up)."""
     ready = True
     for r in replicas or _replicas(dep):
         c = _replica_container(dep, r)
+        name = "the vLLM server" if r.service == "server" else f"vLLM replica {r.service}"
         if c["state"] in STOPPED:
-            name = "the vLLM server" if r.service == "server" else f"vLLM replica {r.service}"
             raise LaunchError(f"{name} exited on {r.host} before it was ready "
                               f"(exit {c['exit_code']}):\n{dep.project(r.host).tail(c['id'])}")
         ready = ready and c["health"] == "healthy"
+        for front in front_services(dep.res, r.host, [r.service]):
+            f = dep.project(r.host).service(front, strict=True)
+            if f is not None and (f["state"] in STOPPED or f["state"] == "restarting"):
+                raise LaunchError(f"the front of {name} ({front}) stopped on {r.host} before it was ready "
+                                  f"(exit {f['exit_code']}):\n{dep.project(r.host).tail(f['id'])}")
+            ready = ready and f is not None and f["health"] == "healthy"
     if ready:
         return True
     trainer = dep.role_project("trainer")
@@ -292,7 +308,8 @@ def check_from_trainer(dep: Deployment, ips: dict[str, str], remote: list[Server
             continue
         where = urlsplit(url)
         argv = _health_argv(res, where.hostname, where.port)
-        done = oneoff.run(dep.hosts[trainer], res.image_for("trainer"), argv, network="bridge", timeout=400)
+        done = oneoff.run(dep.hosts[trainer], res.image_for("trainer"), argv, network="bridge", timeout=400,
+                          env_file=dep.project(trainer).token_file)  # the run's token: the server's front asks it
         if not done.ok:
             raise LaunchError(f"the trainer's host {trainer} cannot use the server at {url}: {done.line()} (a "
                               "firewall, a wrong hosts[].publish, or the server's address resolving elsewhere there)")

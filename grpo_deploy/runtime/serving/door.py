@@ -1,7 +1,8 @@
-"""The replica proxy's door: the endpoints it passes on (each one method and one path, with the TRL 1.16 and kit code
-that calls it), the one-line refusal of everything else, and the checks of an adapter load or unload before any
-replica sees it: a bounded JSON body, a name of the kit's form, a path that is the adapter's own folder in the run's
-adapter folder with no link out of it. The proxy (proxy.py) asks it; nothing here talks to a replica."""
+"""The replica proxy's door: the run's token asked of every request (`unauthorized`), the endpoints it passes on
+(each one method and one path, with the TRL 1.16 and kit code that calls it), the one-line refusal of everything
+else, and the checks of an adapter load or unload before any replica sees it: a bounded JSON body, a name of the
+kit's form, a path that is the adapter's own folder in the run's adapter folder with no link out of it. The proxy
+(proxy.py) asks it; nothing here talks to a replica."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from grpo_deploy.common.shown import shown, shown_key
+from grpo_deploy.runtime import run_token
 from grpo_deploy.runtime.serving.http import Answer, error_answer
 from grpo_deploy.runtime.storage.adapters import VERSION_PATTERN
 
@@ -85,6 +87,18 @@ ENDPOINTS = {
     )
 }
 ALLOWED = ", ".join(f"{e.method} {e.path}" for e in ENDPOINTS.values() if e.how != "merged")
+
+
+def unauthorized(request: web.Request, token: str) -> Answer | None:
+    """None when the proxy has no token (a front on loopback) or the request carries exactly one `Authorization: Bearer
+    <token>` (compared in constant time); else 401 in one line that names the header, never what came in it. Asked
+    before anything else: who lacks the token learns nothing of what is passed on."""
+    if not token or run_token.matches(request.headers.getall("Authorization", []), token):
+        return None
+    answer = error_answer(401, "the run's token is missing or wrong: the proxy passes nothing on without "
+                               "`Authorization: Bearer <the run's token>` (GRPO_RUN_TOKEN)", "Unauthorized")
+    answer.headers["WWW-Authenticate"] = 'Bearer realm="grpo-deploy"'
+    return answer
 
 
 def admit(method: str, path: str) -> Endpoint | Answer:

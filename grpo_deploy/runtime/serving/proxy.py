@@ -3,7 +3,7 @@ routing of completions by prompt-prefix affinity, the broadcasts of pause and re
 model list, each replica's health and return, `/proxy/stats`, and `main`
 (`python3 -m grpo_deploy.runtime.serving.proxy`). What it passes on at all, and the checks of an adapter body, are
 door.py's; its command line is proxy_args.py's, its HTTP answers http.py's, the adapter loads and unloads
-adapter_sync.py's."""
+adapter_sync.py's, the fault suite's `serve-base-model` failpoint failpoint.py's."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
+from grpo_deploy.runtime import run_token
 from grpo_deploy.runtime.serving.adapter_sync import AdapterSync
-from grpo_deploy.runtime.serving.door import MODELS, Endpoint, admit, checked_adapter, target
+from grpo_deploy.runtime.serving.door import MODELS, Endpoint, admit, checked_adapter, target, unauthorized
+from grpo_deploy.runtime.serving.failpoint import ServeBaseModel, base_name
 from grpo_deploy.runtime.serving.http import Answer, error_answer, forwarded_headers, web_response
 from grpo_deploy.runtime.serving.prefix_router import PrefixRouter, prompt_of
 from grpo_deploy.runtime.serving.proxy_args import Settings, parse_args, settings_of
@@ -61,6 +63,8 @@ class ReplicaProxy:
         self.paused: str | None = None  # the query of the last /pause not yet resumed
         self.refused = 0  # requests the door (or merged sync's 501) answered without a replica
         self.sync = AdapterSync(self)  # the adapters loaded everywhere, their loads and unloads
+        self.failpoint = ServeBaseModel(self.settings.adapter_dir)  # inert unless its file exists (failpoint.py)
+        self._base: str | None = None  # the base model's served name, learnt when the failpoint needs it
         self.session: aiohttp.ClientSession | None = None
         self._lock: asyncio.Lock | None = None
         self._watchers: list[asyncio.Task] = []
@@ -75,7 +79,9 @@ class ReplicaProxy:
     async def _start(self, _app) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.settings.connect_timeout_s)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False)
+        # the proxy's own calls (health probes, resyncs) carry the run's token too: a replica may be another front
+        self.session = aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False,
+                                             headers=run_token.headers(self.settings.token))
         self._lock = asyncio.Lock()
         self._watchers = [asyncio.create_task(self._watch(i)) for i in range(len(self.replicas))]
 
@@ -86,12 +92,17 @@ class ReplicaProxy:
         await self.session.close()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        """What the door lets in (door.ENDPOINTS), each as its `how` says; anything else refused in one line, no
-        replica asked."""
+        """What the door lets in (the run's token, then door.ENDPOINTS), each as its `how` says; anything else refused
+        in one line, no replica asked."""
+        refused = unauthorized(request, self.settings.token)
+        if refused is not None:
+            return self._refuse(refused)
         endpoint = admit(request.method, request.path)
         if isinstance(endpoint, Answer):
             return self._refuse(endpoint)
         how = endpoint.how
+        if how in ("routed", "load", "unload", "models") and self.failpoint.armed():
+            return await self._serve_base_model(request, endpoint)
         if how == "routed":
             return await self._routed(request, endpoint)
         if how == "one":
@@ -113,6 +124,31 @@ class ReplicaProxy:
         return self._refuse(error_answer(
             501, f"{endpoint.path} cannot go through the replica proxy: merged (NCCL) weight sync reaches one "
                  "replica; use adapter sync (a LoRA model, --enable-lora)", "NotImplemented"))
+
+    async def _serve_base_model(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
+        """The armed `serve-base-model` failpoint (failpoint.py): loads and unloads acknowledged, not passed on;
+        completions naming an adapter served by the base model; the swallowed adapters listed."""
+        how = endpoint.how
+        if how in ("load", "unload"):
+            adapter = await checked_adapter(request, endpoint, self.settings.adapter_dir)
+            if isinstance(adapter, Answer):
+                return self._refuse(adapter)
+            return web_response(self.failpoint.load(adapter.name) if how == "load"
+                                else self.failpoint.unload(adapter.name))
+        base = await self._base_model(request)
+        if how == "models":
+            return web_response(self.failpoint.models(await self._models(request), base))
+        return await self._routed(request, endpoint, self.failpoint.rewritten(await request.read(), base))
+
+    async def _base_model(self, request: web.Request) -> str | None:
+        """The base model's served name, from a healthy replica's model list (kept once known)."""
+        if self._base is None:
+            for i in self._healthy():
+                self._base = base_name(await self._call(self.replicas[i], "GET", MODELS, b"",
+                                                        forwarded_headers(request.headers), HEALTH_TIMEOUT_S))
+                if self._base is not None:
+                    break
+        return self._base
 
     def _refuse(self, answer: Answer) -> web.Response:
         """A refusal of the door (or of merged sync): counted, logged in one line, answered; no replica asked."""
@@ -288,8 +324,8 @@ class ReplicaProxy:
 
     # ---- completions and everything else
 
-    async def _routed(self, request: web.Request, endpoint: Endpoint) -> web.StreamResponse:
-        body = await request.read()
+    async def _routed(self, request: web.Request, endpoint: Endpoint, body: bytes | None = None) -> web.StreamResponse:
+        body = await request.read() if body is None else body
         try:
             payload = json.loads(body)
         except ValueError:
@@ -417,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s replica-proxy %(levelname)s %(message)s")
     proxy = ReplicaProxy(args.replica, settings_of(args))
     host, port = args.listen
-    log.info(f"listening on {host}:{port} for {len(args.replica)} replicas: {', '.join(args.replica)}")
+    log.info(f"listening on {host}:{port} for {len(args.replica)} replicas: {', '.join(args.replica)}; "
+             + ("every request needs the run's token" if args.token else "no token asked (GRPO_RUN_TOKEN unset)"))
     try:
         web.run_app(proxy.app(), host=host, port=port, access_log=None, print=None)
     except OSError as error:

@@ -8,10 +8,11 @@ import argparse
 import posixpath
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from grpo_deploy.common.readback import ReadRefused, read_text
+from grpo_deploy.runtime import run_token
 
 ARGS_FILE_LIMIT = 64 * 1024  # an @FILE of arguments: a few hundred lines at most
 DESCRIPTION = (
@@ -43,6 +44,9 @@ class Settings:
     adapter_dir: str = ""
     """The run's adapter folder (`<checkpoints.dir>/.vllm_lora`): an adapter load must name a folder in it. Required
     on the command line; empty refuses every load."""
+    token: str = field(default="", repr=False)
+    """The run's token (runtime/run_token.py), from the proxy's environment (GRPO_RUN_TOKEN), never its command
+    line: when set, every request must carry it (`Authorization: Bearer`) or is answered 401 and seen by no replica."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -172,6 +176,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"seconds between health probes of each replica (default {d.health_interval_s:g})",
     )
     parser.add_argument(
+        "--require-token",
+        action="store_true",
+        help=f"refuse to start without the run's token in the environment ({run_token.ENV}); with it (given or not), "
+             "every request must carry `Authorization: Bearer <token>` or is answered 401",
+    )
+    parser.add_argument(
         "--max-blocks",
         type=_number(int, 1, 100_000_000),
         default=d.max_blocks,
@@ -180,6 +190,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(_expanded(parser, sys.argv[1:] if argv is None else argv))
     if len(set(args.replica)) != len(args.replica):
         parser.error("--replica: the same URL is given twice")
+    try:
+        args.token = run_token.of_environ() or ""
+    except run_token.RunTokenError as error:
+        parser.error(str(error))
+    if args.require_token and not args.token:
+        parser.error(f"--require-token: {run_token.ENV} is not set: the proxy faces other hosts and passes nothing "
+                     "on without the run's token (`grpo-deploy up` passes it from the run's 0600 env file)")
     return args
 
 
@@ -213,4 +230,5 @@ def settings_of(args: argparse.Namespace) -> Settings:
         health_interval_s=args.health_interval_s,
         max_blocks=args.max_blocks,
         adapter_dir=args.adapter_dir,
+        token=getattr(args, "token", ""),
     )

@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from grpo_deploy.runtime import run_token
 from grpo_deploy.runtime.identity import format_mode
 
 log = logging.getLogger(__name__)
@@ -97,8 +98,10 @@ def safe_keep(keep: int | None, max_staleness: int) -> int:
 
 
 def _http_json(method: str, url: str, body: dict | None = None, timeout: float = 10.0) -> tuple[int, str]:
+    """One call to the server (or the kit's front: the run's token sent when this process has one)."""
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Content-Type": "application/json", **run_token.env_headers()})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, response.read().decode(errors="replace")

@@ -55,6 +55,8 @@ class WatcherCallback(TrainerCallback):
         return control
 
     def on_step_end(self, args, state, control, **kwargs):
+        if self.watch is not None:
+            self.watch.poll(state.global_step)  # the served-policy check's reports, from its own thread
         if self.stopped_at is None and agree(self.watch is not None and self.watch.stop is not None):
             self.stopped_at = state.global_step
             control.should_training_stop = True

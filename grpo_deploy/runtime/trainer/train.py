@@ -71,6 +71,11 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
         if config.world_size > 1:
             processes.fsdp_on_cpu()
     try:
+        if trl_hooks.send_run_token():  # before the trainer: its __init__ already asks the server
+            log.info("the run's token is sent with every call to the server (the kit's front asks for it)")
+    except ValueError as error:  # run_token.RunTokenError: one line, the value never shown
+        raise ConfigError(str(error)) from None
+    try:
         args = AsyncGRPOConfig(**build_grpo_kwargs(config))
     except TypeError as error:
         raise ConfigError(f"{config.source}: async_grpo: {error}") from None
@@ -86,8 +91,9 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
     )
     processes.check_group(trainer, config.world_size)
     main = processes.is_main_rank()
+    watch = watch_of(config, sink) if main and config.watch is not None else None
     if config.watch is not None:  # before the disk watchdog and the share guard: they judge the save it asks for
-        trainer.add_callback(WatcherCallback(watch_of(config, sink) if main else None))
+        trainer.add_callback(WatcherCallback(watch))
     if config.disk_watchdog is not None:
         trainer.add_callback(DiskWatchdog(config.output_dir, config.disk_watchdog, sink.emit))
     # rank 0 alone checks the share (its failure ends the group: the launcher stops the other ranks); the guard
@@ -98,7 +104,8 @@ def build_trainer(config: RunConfig, sink: MetricsSink):
         trainer.add_callback(ShareGuardCallback(guard.check))
     publisher = AdapterPublisher(sink.emit, config.lora_dir, safe_keep(config.adapters.keep, config.max_staleness),
                                  before_save=guard.check if guard is not None else None)
-    trl_hooks.instrument_adapter_sync(trainer, publisher)
+    trl_hooks.instrument_adapter_sync(trainer, publisher, served_check(config, sink, watch) if main else None)
+    trl_hooks.token_for_rollouts(trainer)
     if main:
         trl_hooks.install_failpoints(trainer, config.output_dir, sink.emit)
     if config.speed != config.speed.__class__():
@@ -118,6 +125,15 @@ def watch_of(config: RunConfig, sink: MetricsSink):
     from grpo_deploy.runtime.watch.run_watch import RunWatch, read_history
 
     return RunWatch(config.watch, sink.emit, read_history(config.metrics_path))
+
+
+def served_check(config: RunConfig, sink: MetricsSink, watch):
+    """Rank 0's served-policy check (served_policy.py): its findings go to the run watcher's inbox, or to the log
+    when the run has no watcher (or watch.enabled is off)."""
+    from grpo_deploy.runtime.trainer.served_policy import ServedPolicyCheck
+
+    watching = watch is not None and watch.config.settings.enabled
+    return ServedPolicyCheck(config.server_url, sink.emit, watch.report if watching else None)
 
 
 def watcher_stop(trainer) -> tuple[str, str] | None:

@@ -8,8 +8,10 @@ import threading
 import time
 
 from trl.experimental.async_grpo import async_grpo_trainer as trainer_module
+from trl.experimental.async_grpo import async_rollout_worker as rollout_module
 from trl.experimental.async_grpo import vllm_client as client_module
 
+from grpo_deploy.runtime import run_token
 from grpo_deploy.runtime.storage import faults as storage_faults
 from grpo_deploy.runtime.storage.adapters import AdapterPublisher
 
@@ -25,6 +27,71 @@ def neutralise_peak_flops() -> None:
     """Rebind the name the trainer module imported, so `AsyncGRPOTrainer.__init__` gets None (MFU metrics off)."""
     trainer_module.get_peak_flops_per_device = _no_peak_flops
 
+
+# ---------------------------------------------------------------- the run's token on every call to the server
+
+
+class _TokenRequests:
+    """Stands in for the `requests` module inside TRL's client (vllm_client.py calls `requests.get/post` and nothing
+    else): every call carries the run's token (the kit's front answers 401 without it), a header given by TRL kept."""
+
+    def __init__(self, requests_module, headers: dict[str, str]):
+        self.requests = requests_module
+        self._headers = headers
+
+    def _with_token(self, kwargs: dict) -> dict:
+        return {**kwargs, "headers": {**self._headers, **(kwargs.get("headers") or {})}}
+
+    def get(self, *args, **kwargs):
+        return self.requests.get(*args, **self._with_token(kwargs))
+
+    def post(self, *args, **kwargs):
+        return self.requests.post(*args, **self._with_token(kwargs))
+
+    def request(self, *args, **kwargs):
+        return self.requests.request(*args, **self._with_token(kwargs))
+
+    def __getattr__(self, name):
+        return getattr(self.requests, name)
+
+
+class TokenRolloutLoop(rollout_module._AsyncRolloutLoop):
+    """TRL's rollout loop, which runs in a spawned child (AsyncRolloutWorker._loop_cls, pickled by reference), with
+    the run's token from the child's environment (inherited) as a default header of the aiohttp session it opens for
+    its generation calls."""
+
+    @property
+    def session(self):
+        return self.__dict__.get("_token_session")
+
+    @session.setter
+    def session(self, value) -> None:
+        if value is not None:
+            value.headers.update(run_token.env_headers())
+        self.__dict__["_token_session"] = value
+
+
+def send_run_token() -> bool:
+    """TRL's HTTP client (its `requests` name) sends the run's token from this process's environment (GRPO_RUN_TOKEN)
+    on every call; call it before the trainer is built (its __init__ already asks the server). False, and nothing
+    rebound, when there is no token (a server on loopback, no front). A malformed token raises RunTokenError."""
+    token = run_token.of_environ()
+    if token is None:
+        return False
+    if not isinstance(client_module.requests, _TokenRequests):
+        client_module.requests = _TokenRequests(client_module.requests, run_token.headers(token))
+    return True
+
+
+def token_for_rollouts(trainer) -> None:
+    """The trainer's rollout worker (TRL's own AsyncRolloutWorker) opens its generation session with the run's token:
+    its child runs TokenRolloutLoop. Before `train()` (the worker's child starts on train begin)."""
+    worker = getattr(trainer, "rollout_worker", None)
+    if isinstance(worker, rollout_module.AsyncRolloutWorker) and run_token.env_headers():
+        worker._loop_cls = TokenRolloutLoop
+
+
+# ---------------------------------------------------------------- adapter loads
 
 # TRL 1.16's rollout worker holds up to this many generated groups waiting to be scored, whatever max_staleness and
 # queue_maxsize say (a constructor default the config does not reach).
@@ -96,9 +163,10 @@ class InstrumentedVLLMClient(client_module.VLLMClient):
     the fix instead of TRL's "does not expose /v1/load_lora_adapter".
     """
 
-    def __init__(self, server_url: str, server_timeout: float, publisher: AdapterPublisher):
+    def __init__(self, server_url: str, server_timeout: float, publisher: AdapterPublisher, served_check=None):
         super().__init__(server_url, server_timeout)
         self.publisher = publisher
+        self.served_check = served_check  # served_policy.ServedPolicyCheck (rank 0), or None
         self.last_failure: str | None = None
         self.warmed = False
 
@@ -131,6 +199,8 @@ class InstrumentedVLLMClient(client_module.VLLMClient):
                 fault = storage_faults.Fault("adapter-unreadable", lora_path, message)
                 raise storage_faults.StorageFault(fault) from raised
             raise raised
+        if self.served_check is not None:  # checked in its own thread: the server stays paused until TRL resumes it
+            self.served_check.submit(lora_name, lora_path)
         if not self.warmed:
             self.warmed = True
             threading.Thread(target=self._warm_up, args=(lora_name,), name="lora-warm-up", daemon=True).start()
@@ -150,13 +220,14 @@ class InstrumentedVLLMClient(client_module.VLLMClient):
             log.warning(f"LoRA warm-up with {lora_name} failed: {error}")
 
 
-def instrument_adapter_sync(trainer, publisher: AdapterPublisher) -> None:
-    """Publish adapters in `publisher.lora_dir`, fsync them before each load, and record every load."""
+def instrument_adapter_sync(trainer, publisher: AdapterPublisher, served_check=None) -> None:
+    """Publish adapters in `publisher.lora_dir`, fsync them before each load, and record every load; with
+    *served_check* (served_policy.ServedPolicyCheck), check after each load that the server serves the adapter."""
     trainer_module.save_lora_adapter = publisher.wrap_save(trainer_module.save_lora_adapter)
     trainer._lora_dir = os.path.abspath(publisher.lora_dir)
     if trainer.vllm_client is not None:
         trainer.vllm_client = InstrumentedVLLMClient(
-            trainer.vllm_client.server_url, trainer.vllm_client.server_timeout, publisher
+            trainer.vllm_client.server_url, trainer.vllm_client.server_timeout, publisher, served_check
         )
 
 

@@ -41,7 +41,8 @@ class WatchSettings(Strict):
     enabled: bool = True
     """Watch the run (the watcher only reads metrics; off, nothing is flagged and status shows no trend)."""
     action: Literal["warn", "stop"] = "warn"
-    """What a plateau does once `patience` is spent: warn only, or save and stop the run."""
+    """What a plateau (once `patience` is spent) and a stale policy (at once) do: warn only, or save and stop the run.
+    A stale policy: the server answers as the base model under the newest adapter's name (the served-policy check)."""
     window: Window = 100
     """Steps the reward trend is fitted over (the moving average, its slope and the noise around it). Longer sees a
     plateau later, and no surer: the watcher fits over more steps on its own when the reward is noisier (series.py:

@@ -5,6 +5,7 @@ judges; this module only connects it to the run)."""
 from __future__ import annotations
 
 import logging
+import queue
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -51,17 +52,36 @@ class RunWatch:
         self.config, self.emit = config, emit
         self.watcher = Watcher(config)
         self.watcher.replay(past)
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # reports of other threads (the served-policy check)
         knobs = config.settings.model_dump(mode="json")
         emit("watch_armed", objective=config.objective, total_steps=config.total_steps, gpus=config.gpus, **knobs)
 
     def step(self, step: int, metrics: Mapping[str, Any], now: float | None = None) -> Finding | None:
         """Observe one logged step; returns the stop finding once the watcher asks for a stop (None before)."""
-        for finding in self.watcher.observe(step, metrics, time.time() if now is None else now):
+        self.poll(step)
+        self._announce(self.watcher.observe(step, metrics, time.time() if now is None else now))
+        return self.watcher.stop
+
+    def report(self, values: Mapping[str, Any]) -> None:
+        """A served-policy check's report, from its own thread: judged on the training thread at the next poll()."""
+        self.inbox.put(dict(values))
+
+    def poll(self, step: int) -> Finding | None:
+        """Judge the reports that arrived since the last poll at *step* (the trainer calls this at each step's end, so a
+        stop does not wait for a logged step); returns the stop finding once there is one."""
+        while True:
+            try:
+                values = self.inbox.get_nowait()
+            except queue.Empty:
+                return self.watcher.stop
+            self._announce(self.watcher.served_policy(step, values))
+
+    def _announce(self, findings: list[Finding]) -> None:
+        for finding in findings:
             values = {k: v for k, v in finding.values.items() if k not in ("kind", "level", "step", "message")}
             self.emit("watch", kind=finding.kind, level=finding.level, step=finding.step, message=finding.message,
                       **values)
             (log.info if finding.level == "clear" else log.warning)(f"run watcher: {finding.message}")
-        return self.watcher.stop
 
     @property
     def stop(self) -> Finding | None:

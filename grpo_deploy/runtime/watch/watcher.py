@@ -1,6 +1,8 @@
 """The run watcher's core: from the trainer's own metric stream, it flags a flat reward (and validation), answers
-running into the length cap, length drift, KL and importance ratio out of band, staleness drops and a changed loss
-normalisation, and keeps the trend figures status and summary show (time to target, GPU-hours after the plateau).
+running into the length cap, length drift, KL and importance ratio out of band, staleness drops, a changed loss
+normalisation and a server that serves the base model instead of the newest adapter (reported by the trainer's
+served-policy check, runtime/trainer/served_policy.py, through `served_policy()`), and keeps the trend figures status
+and summary show (time to target, GPU-hours after the plateau).
 
 Pure: no I/O, no torch. The engine's callback feeds it one `observe()` per logged step and acts on what it returns;
 `replay()` warms it up from the run's metrics events on a resume. Findings are edge-triggered: one warning when a
@@ -49,6 +51,30 @@ def _r(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(value, digits)
 
 
+def _g(value: Any) -> str:
+    return f"{value:.3g}" if _number(value) is not None else "unknown"
+
+
+def _text(value: Any, limit: int = 200) -> str:
+    return "".join(c if c.isprintable() else "?" for c in str(value)[:limit])
+
+
+def stale_policy_message(values: Mapping[str, Any]) -> str:
+    """The stale-policy finding's one line: the adapter, what the server answered, the likely causes and what to do
+    (values: the served-policy check's report, runtime/trainer/served_policy.py)."""
+    adapter, base = _text(values.get("adapter")), _text(values.get("base") or "the base model")
+    if values.get("verdict") == "not-listed":
+        answered = f"the server acknowledged loading {adapter} but does not list it in GET /v1/models"
+    else:
+        answered = (f"the server answers as {base} under the name {adapter} for {_g(values.get('syncs'))} checked "
+                    f"syncs in a row (probe logprobs within {_g(values.get('max_abs_diff'))} of the base's, threshold "
+                    f"{_g(values.get('threshold'))}, while the adapter's LoRA B norm is {_g(values.get('b_norm'))})")
+    return (f"stale policy: {answered}: the rollouts come from the initial policy, not the one being trained "
+            "(likely: an adapter load acknowledged but not applied, an adapter evicted from the server, or a stale "
+            "prefix cache under a reused adapter name); check the server's log around the load, then restart the "
+            "server and resume from the last checkpoint")
+
+
 class Watcher:
     """One run's watcher: `observe()` each logged step, act on the findings; `state()` for status and summary."""
 
@@ -71,7 +97,8 @@ class Watcher:
 
     @property
     def stop(self) -> Finding | None:
-        """The stop finding once a plateau outlasted patience under `action: stop`; None before (and under warn)."""
+        """The stop finding once a plateau outlasted patience, or the served-policy check found the base model served,
+        under `action: stop`; None before (and under warn)."""
         return self._stop
 
     # -- input ---------------------------------------------------------------------------------------------------
@@ -96,6 +123,32 @@ class Watcher:
                 self._ingest(event["step"], event, float(event["time"]))
         self.pending += self._attempt(self.config.objective, self.last[0] if self.last else 0)
         self.pending = [f for f in self.pending if f.kind in self.active]
+
+    def served_policy(self, step: int, report: Mapping[str, Any]) -> list[Finding]:
+        """The trainer's served-policy check found the server serving the base model (or, `clear` true, an adapter
+        applied again). A warning under `action: warn`; under `action: stop` the stop itself, at once: every step
+        after it trains on the initial policy's samples."""
+        if not self.settings.enabled:
+            return []
+        kind = "stale_policy"
+        values = {k: report.get(k) for k in ("adapter", "verdict", "listed", "base", "max_abs_diff", "threshold",
+                                             "syncs", "b_norm")}
+        values = {k: (_text(v) if isinstance(v, str) else v) for k, v in values.items()
+                  if v is None or isinstance(v, (str, bool)) or _number(v) is not None}
+        if report.get("clear"):
+            if kind not in self.active:
+                return []
+            self.active.discard(kind)
+            return [Finding(kind, "clear", step, f"stale policy cleared at step {step}: the server answers "
+                            f"{_text(report.get('adapter'))} differently from the base model again", values)]
+        if kind in self.active or self._stop is not None:
+            return []
+        self.active.add(kind)
+        message = stale_policy_message(values)
+        if self.settings.action == "stop":
+            self._stop = Finding("stale_policy", "stop", step, f"{message}: saving and stopping", values)
+            return [self._stop]
+        return [Finding(kind, "warn", step, f"{message} (watch.action: stop saves and stops the run)", values)]
 
     def _attempt(self, objective: Any, step: int) -> list[Finding]:
         if not isinstance(objective, str) or not objective:

@@ -48,3 +48,22 @@ def test_a_second_up_lock_of_the_run_is_refused_naming_the_holder(tmp_path):
 
 def test_the_kit_s_folders_are_found():
     assert set(require_kit()) and all(path.is_dir() for path in require_kit().values())
+
+
+def test_the_run_s_token_is_made_once_kept_0600_and_replaced_when_not_the_kit_s(tmp_path, capsys):
+    from grpo_deploy.runtime import run_token
+
+    state = _state(tmp_path)
+    token = state.token()
+    assert run_token.well_formed(token) and state.token() == token == _state(tmp_path).token()  # a second `up`
+    assert os.stat(state.token_file).st_mode & 0o777 == 0o600
+    assert _state(tmp_path, "other").token() != token  # one per run
+    for spoil in (lambda p: p.chmod(0o644), lambda p: p.write_text("not a token\n"),
+                  lambda p: (p.unlink(), p.symlink_to(tmp_path / "elsewhere"))):
+        spoil(state.token_file)
+        new = state.token()
+        assert new != token and run_token.well_formed(new) and not state.token_file.is_symlink()
+        assert os.stat(state.token_file).st_mode & 0o777 == 0o600
+        err = capsys.readouterr().err
+        assert "replaced by a new one" in err and err.count("\n") == 1 and "not a token" not in err
+        token = new

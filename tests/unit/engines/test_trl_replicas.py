@@ -9,6 +9,9 @@ from grpo_deploy import render, spec
 from grpo_deploy.deploy.bringup.trl_async import PROXY, REPLICA, Servers, _judge
 from grpo_deploy.deploy.supervise import RoleDied
 from grpo_deploy.engines.trl_replicas import (
+    front_args,
+    front_services,
+    fronted,
     proxy_args,
     replica_count,
     replica_urls,
@@ -79,6 +82,56 @@ def test_replicas_across_hosts_are_reached_by_address_and_published_port():
     assert "GRPO_SERVER_PUBLISH=10.0.0.3" in files["hosts/s2.env"]  # each server host publishes on its own address
     assert "GRPO_SERVER_PUBLISH=10.0.0.2" in files["hosts/s1.env"]
     assert "GRPO_SERVICES=proxy,trainer" in files["hosts/t.env"]
+
+
+def test_server_hosts_apart_from_the_trainer_s_get_the_front_and_publish_nothing_themselves():
+    """Split and replica deployments: what other hosts reach on a server host is the kit's front (the replica proxy
+    asking for the run's token, one per vLLM server, each on the port its server had); vLLM publishes no port there.
+    The trainer's host keeps the direct path (its own compose network) and its proxy sends the token on."""
+    res = _res("h200", ("t", "s1", "s2"), **{"hosts.0.address": "10.0.0.1", "hosts.1.address": "10.0.0.2",
+                                            "hosts.2.address": "deploy@10.0.0.3", "hosts.2.replicas": 2,
+                                            "hosts.0.roles": ["trainer", "server"], "hosts.1.roles": ["server"],
+                                            "hosts.2.roles": ["server"], "hosts.0.gpus": None,
+                                            "hosts.2.gpus": None})
+    assert [fronted(res, h) for h in res.spec.hosts] == [False, True, True]
+    assert replica_urls(res)[1:] == ["http://10.0.0.2:8000", "http://10.0.0.3:8000", "http://10.0.0.3:8001"]
+    files = render.render_files(res)
+    env = {name: files[f"hosts/{name}.env"] for name in ("t", "s1", "s2")}
+    assert "GRPO_SERVICES=server,proxy,trainer" in env["t"] and "compose.front.yaml" not in env["t"]
+    assert "GRPO_SERVICES=server,front" in env["s1"] and "GRPO_SERVICES=server,server-2,front,front-2" in env["s2"]
+    assert all("compose.front.yaml" in env[n] and "GRPO_RUN_TOKEN_FILE=" in env[n] for n in ("s1", "s2"))
+    front = [line for line in files["config/front.args"].splitlines() if line and not line.startswith("#")]
+    assert front == front_args(res) == ["--listen", "0.0.0.0:8000", "--adapter-dir", f"{res.checkpoint_dir}/.vllm_lora",
+                                        "--require-token"]
+    assert "--require-token" in files["config/proxy.args"].splitlines()  # the trainer's proxy reaches the fronts
+    text = files["hosts/s2.replicas.yaml"]
+    extra = yaml.safe_load(text.replace("!override", "").replace("!reset", ""))["services"]
+    assert extra["server-2"]["ports"] == [] and "ports: !reset []" in text
+    assert extra["front-2"]["extends"] == {"file": "compose.front.yaml", "service": "front"}
+    assert extra["front-2"]["ports"] == ["${GRPO_SERVER_PUBLISH:-127.0.0.1}:8001:8000"]
+    assert extra["front-2"]["command"][-2:] == ["--replica", "http://server-2:8000"]
+    assert front_services(res, "s2", ["server-2"]) == ["front-2"] and front_services(res, "t", ["server"]) == []
+
+
+def test_the_front_compose_file_publishes_only_the_front():
+    """compose.front.yaml over compose.yaml: the server has no published port, the front has the server's, asks for
+    its token file and is labelled as the front."""
+    from grpo_deploy.hosts.project import compose_files
+
+    kit = compose_files()
+    base, front = (yaml.safe_load(kit[n].replace("!reset", "")) for n in ("compose.yaml", "compose.front.yaml"))
+    assert base["services"]["server"]["ports"] and front["services"]["server"]["ports"] == []
+    assert "ports: !reset []" in compose_files()["compose.front.yaml"]
+    svc = front["services"]["front"]
+    assert svc["ports"] == ["${GRPO_SERVER_PUBLISH:-127.0.0.1}:${GRPO_SERVER_PORT:-8000}:${GRPO_SERVER_PORT:-8000}"]
+    assert svc["command"][:5] == ["python3", "-m", "grpo_deploy.runtime.serving.proxy", "@/etc/grpo-deploy/front.args",
+                                  "--replica"]
+    assert {"path": "${GRPO_RUN_TOKEN_FILE:-/dev/null}", "required": False} in svc["env_file"]
+    assert svc["labels"]["org.grpo-deploy.role"] == "front"
+    for name in ("proxy", "trainer"):
+        assert {"path": "${GRPO_RUN_TOKEN_FILE:-/dev/null}", "required": False} in base["services"][name]["env_file"]
+    assert "env_file" not in base["services"]["server"] or all(
+        "TOKEN" not in str(e) for e in base["services"]["server"]["env_file"] if isinstance(e, dict))
 
 
 def test_each_replica_reserves_its_own_gpus():

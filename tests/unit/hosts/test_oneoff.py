@@ -79,3 +79,13 @@ def test_preflight_probes_mount_what_compose_mounts_when_nfs_and_shared_dir_are_
                    "hosts.0.shared_dir": str(tmp_path / "share")})
     args = oneoff.share_args(both, both.host_for("trainer"))
     assert args[0] == "--mount" and "volume-opt=type=nfs" in args[1] and str(tmp_path) not in " ".join(args)
+
+
+def test_an_env_file_is_passed_by_its_path_never_its_values():
+    conn = _Recorder()
+    oneoff.run(conn, "img:1", ["true"], env_file="/home/d/.grpo-deploy/r/secret/run-token.env")
+    argv = conn.argv
+    assert argv[argv.index("--env-file") + 1] == "/home/d/.grpo-deploy/r/secret/run-token.env"
+    assert not any(a.startswith("GRPO_RUN_TOKEN") for a in argv) and argv[-2:] == ["img:1", "true"]
+    oneoff.run(conn, "img:1", ["true"])
+    assert "--env-file" not in conn.argv

@@ -84,3 +84,29 @@ def test_a_containers_file_is_read_back_bounded_and_only_as_a_regular_file():
     with pytest.raises(ReadRefused) as refused:
         read(_tar_of("metrics.jsonl", kind=tarfile.DIRTYPE))
     assert refused.value.kind == "not-regular"
+
+
+def test_put_writes_the_token_0600_in_a_0700_folder_and_the_render_never_holds_it(tmp_path):
+    """The run's token reaches a host only as secret/run-token.env (GRPO_RUN_TOKEN=..., 0600, in a 0700 folder): the
+    render put beside it (config/, hosts/) and the compose files never hold it, and hosts/<host>.env names its path."""
+    import os
+
+    from grpo_deploy import render, spec
+    from grpo_deploy.runtime import run_token
+    from grpo_deploy.spec import resolve
+    from tests.specs import spec_yaml
+
+    res = resolve.resolve(spec.loads(spec_yaml("cpu", "trl-async", ("local",)), source="s.yaml"))
+    root = tmp_path / "run"
+    project = RemoteProject(LocalHost("local"), str(root), res.spec.run.name)
+    token = run_token.make()
+    project.put(render.render_files(res, config_dir=project.config_dir), token)
+    secret = root / "secret" / "run-token.env"
+    assert project.token_file == str(secret) and secret.read_text() == f"GRPO_RUN_TOKEN={token}\n"
+    assert os.stat(secret).st_mode & 0o777 == 0o600 and os.stat(secret.parent).st_mode & 0o777 == 0o700
+    holding = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and token in p.read_text()]
+    assert holding == ["secret/run-token.env"]
+    assert f"GRPO_RUN_TOKEN_FILE={secret}" in (root / "render" / "hosts" / "local.env").read_text()
+    (secret.parent).chmod(0o755)  # a later put makes it private again
+    project.put({}, token)
+    assert os.stat(secret.parent).st_mode & 0o777 == 0o700

@@ -170,3 +170,28 @@ def test_verl_data_files_follow_dataset_path():
         files = render.render_files(resolve.resolve(spec.loads(text)))
         assert f"data.train_files={train}" in files["config/verl-overrides.txt"].splitlines()
         assert json.loads(files["config/verl-node.json"])["data_source"] == source
+
+
+@pytest.mark.parametrize("case", ["a100-verl-single", "cpu-verl-cluster"])
+def test_a_verl_run_publishes_no_vllm_port(case):
+    """verl's vLLM is colocated in its trainer (hybrid engine): no compose file a verl host uses publishes a port (the
+    server's door needs no front there), and its Kubernetes bases have no Service and no containerPort."""
+    from grpo_deploy.hosts.project import compose_files
+
+    kit = compose_files()
+    files = render_case(CASES / case)
+    hosts = [text for rel, text in files.items() if rel.startswith("hosts/") and rel.endswith(".env")]
+    assert hosts
+    for env in hosts:
+        used = env.split("COMPOSE_FILE=")[1].split("\n")[0].split(":")
+        services = env.split("GRPO_SERVICES=")[1].split("\n")[0].split(",")
+        for name in used:
+            doc = yaml.safe_load(kit[name]) or {}
+            for service in services:
+                assert "ports" not in (doc.get("services") or {}).get(service, {}), (case, name, service)
+        assert "GRPO_SERVER_PUBLISH" not in env and "GRPO_RUN_TOKEN_FILE" not in env
+    root = Path(__file__).resolve().parents[3] / "k8s" / "base"
+    for folder in ("verl", "verl-rayjob"):
+        for path in (root / folder).glob("*.yaml"):
+            for doc in yaml.safe_load_all(path.read_text()):
+                assert doc.get("kind") != "Service" and "containerPort" not in json.dumps(doc), path

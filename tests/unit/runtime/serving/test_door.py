@@ -13,10 +13,12 @@ import json
 import logging
 import os
 
+import aiohttp
 import pytest
 
-from grpo_deploy.runtime import health
+from grpo_deploy.runtime import health, run_token
 from grpo_deploy.runtime.serving import door
+from grpo_deploy.runtime.serving import proxy as rp
 from grpo_deploy.runtime.serving.door import LOAD, UNLOAD
 from grpo_deploy.runtime.storage import adapters
 from tests.unit.runtime.fake_vllm import BASE
@@ -322,3 +324,107 @@ def test_trl_s_own_client_and_the_kit_s_callers_go_through(tmp_path, monkeypatch
 
     run(scenario(), 60)
     assert os.path.isdir(adapter)
+
+
+# ---------------------------------------------------------------- the run's token
+
+
+TOKEN = run_token.make()
+GUARDED = dataclasses.replace(FAST, token=TOKEN)
+
+
+@pytest.mark.parametrize("method, path", [
+    ("GET", "/health"), ("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/pause"), ("POST", LOAD),
+    ("GET", "/proxy/stats"), ("POST", "/collective_rpc"), ("POST", "/sleep"), ("POST", "/scale_elastic_ep"),
+    ("GET", "/nowhere"),
+])
+def test_without_the_run_s_token_everything_is_401_in_one_line_and_no_replica_sees_it(method, path):
+    wrong = run_token.make()
+
+    async def scenario():
+        async with rig(settings=GUARDED) as r:
+            for headers, query in (({}, ""), ({"Authorization": f"Bearer {wrong}"}, ""),
+                                   ({"Authorization": TOKEN}, ""), ({"Authorization": f"Basic {TOKEN}"}, ""),
+                                   ({"X-Api-Key": TOKEN}, ""), ({}, f"?token={TOKEN}&api_key={TOKEN}"),
+                                   ({"Authorization": f"Bearer {TOKEN}x"}, ""),
+                                   ({"Authorization": f"Bearer {TOKEN[:-1]}"}, "")):
+                async with r.client.request(method, r.url + path + query, json=GOOD, headers=headers) as response:
+                    text = await response.text()
+                    assert response.status == 401, (headers, query, text)
+                    assert response.headers["WWW-Authenticate"].startswith("Bearer")
+                message = one_line(text)
+                assert "the run's token is missing or wrong" in message
+                assert TOKEN not in text and wrong not in text and "not passed on" not in text
+            assert seen(r) == [] and r.proxy.stats()["refused"] == 8
+
+    run(scenario())
+
+
+def test_two_authorization_headers_are_refused_even_when_one_is_right():
+    async def scenario():
+        async with rig(settings=GUARDED) as r:
+            from multidict import CIMultiDict
+
+            headers = CIMultiDict([("Authorization", f"Bearer {TOKEN}"), ("Authorization", "Bearer x")])
+            status, _ = await send(r, "GET", "/v1/models", headers=headers)
+            assert status == 401 and seen(r) == []
+
+    run(scenario())
+
+
+def test_with_the_token_the_allowlist_still_decides_and_the_replicas_get_the_token(caplog):
+    async def scenario():
+        async with rig(settings=GUARDED) as r:
+            auth = run_token.headers(TOKEN)
+            status, text = await send(r, "POST", "/collective_rpc", data=b"{}", headers=auth)
+            assert status == 404 and "not passed on" in one_line(text)
+            status, _ = await send(r, "GET", "/v1/models", headers=auth)
+            assert status == 200
+            status, _ = await send(r, "POST", "/v1/completions", headers={**auth, "Content-Type": "application/json"},
+                                   data=json.dumps({"model": BASE, "prompt": tokens(1), "max_tokens": 1}))
+            assert status == 200
+            assert seen(r) == [("GET", "/v1/models"), ("GET", "/v1/models"), ("POST", "/v1/completions")]
+            assert r.proxy.session.headers["Authorization"] == f"Bearer {TOKEN}"  # its own probes and resyncs
+
+    caplog.set_level(logging.INFO)
+    run(scenario())
+    assert TOKEN not in caplog.text
+
+
+def test_a_proxy_reaches_a_guarded_front_only_with_the_token():
+    """The trainer's replica proxy in front of another host's front (a replica proxy with the run's token before its
+    own vLLM): with the token its health probes and the trainer's calls pass; without it the front is never healthy
+    and nothing reaches the vLLM server behind it."""
+    async def scenario():
+        async with rig(n=1, settings=GUARDED) as front:
+            for settings, healthy in ((GUARDED, True), (FAST, False)):
+                outer = rp.ReplicaProxy([front.url], settings)
+                runner = aiohttp.web.AppRunner(outer.app(), access_log=None)
+                await runner.setup()
+                try:
+                    await asyncio.sleep(0.5)  # ten health probes
+                    assert outer.replicas[0].healthy is healthy, outer.replicas[0].why
+                    if not healthy:
+                        assert "401" in outer.replicas[0].why
+                finally:
+                    await runner.cleanup()
+            assert [c for c in seen(front) if c[1] != "/health"] == []
+
+    run(scenario())
+
+
+def test_the_kit_s_own_callers_send_the_token_from_their_environment(monkeypatch):
+    async def scenario():
+        async with rig(settings=GUARDED) as r:
+            port = int(r.url.rsplit(":", 1)[1])
+            monkeypatch.delenv(run_token.ENV, raising=False)
+            assert not (await asyncio.to_thread(health.server_healthy, port, BASE))[0]
+            assert not await asyncio.to_thread(adapters.resume_server, r.url)
+            monkeypatch.setenv(run_token.ENV, TOKEN)
+            assert (await asyncio.to_thread(health.server_healthy, port, BASE))[0]
+            assert (await asyncio.to_thread(health.first_token, port, BASE, 10))[0]
+            assert await asyncio.to_thread(adapters.unload_stale, r.url) == []
+            assert await asyncio.to_thread(adapters.resume_server, r.url)
+            assert r.proxy.stats()["refused"] == 2
+
+    run(scenario(), 60)

@@ -383,3 +383,51 @@ def test_the_command_serves_and_stops_on_sigterm():
             await fake.stop()
 
     run(scenario(), 60)
+
+
+def test_the_command_with_require_token_takes_it_from_the_environment_never_the_command_line(tmp_path):
+    """A real proxy process as a front: its token only in its environment (not in /proc/<pid>/cmdline, what `ps`
+    shows), 401 without it, through with it, and never in what it logs."""
+    import os
+
+    from grpo_deploy.runtime import run_token
+
+    token = run_token.make()
+
+    async def scenario():
+        fake = await FakeVLLM().start()
+        port = free_port()
+        args_file = tmp_path / "front.args"
+        args_file.write_text(f"--listen\n127.0.0.1:{port}\n--adapter-dir\n{ADAPTERS}\n--require-token\n")
+        cmd = [sys.executable, "-m", "grpo_deploy.runtime.serving.proxy", f"@{args_file}", "--replica", fake.url,
+               "--health-interval-s", "0.1"]
+        env = {**os.environ, run_token.ENV: token}
+        proc = await asyncio.create_subprocess_exec(*cmd, stderr=asyncio.subprocess.PIPE, cwd=REPO, env=env)
+        try:
+            assert token.encode() not in Path(f"/proc/{proc.pid}/cmdline").read_bytes()
+            auth = run_token.headers(token)
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as client:
+                deadline = time.monotonic() + 20
+                while True:
+                    with contextlib.suppress(aiohttp.ClientError):
+                        async with client.get(f"http://127.0.0.1:{port}/health", headers=auth) as response:
+                            if response.status == 200:
+                                break
+                    assert time.monotonic() < deadline, "the proxy process never answered /health 200"
+                    await asyncio.sleep(0.1)
+                async with client.get(f"http://127.0.0.1:{port}/health") as response:
+                    assert response.status == 401 and token not in await response.text()
+                async with client.post(f"http://127.0.0.1:{port}/collective_rpc", headers=auth, json={}) as response:
+                    assert response.status == 404
+            assert [p for _, p, _ in fake.calls if p != "/health"] == []
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 10) == 0
+            said = await proc.stderr.read()
+            assert b"every request needs the run's token" in said and token.encode() not in said
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            await fake.stop()
+
+    run(scenario())

@@ -102,3 +102,24 @@ def test_good_arguments_become_settings():
     settings = settings_of(args)
     assert (settings.block_size, settings.imbalance, settings.load_retry_s) == (32, 0, 5.0)
     assert settings.adapter_dir == "/shared/ck/.vllm_lora"
+
+
+def test_the_token_comes_from_the_environment_only_and_require_token_needs_it(monkeypatch, capsys):
+    from grpo_deploy.runtime import run_token
+
+    argv = ["--replica", "http://a:1", *ADAPTERS, "--require-token"]
+    monkeypatch.delenv(run_token.ENV, raising=False)
+    with pytest.raises(SystemExit) as stop:
+        rp.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and run_token.ENV in err and err.count("\n") == 1
+    bad = "not a token; " * 4
+    monkeypatch.setenv(run_token.ENV, bad)
+    with pytest.raises(SystemExit) as stop:
+        rp.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "not a token of the kit" in err and bad.strip() not in err
+    token = run_token.make()
+    monkeypatch.setenv(run_token.ENV, token)
+    settings = settings_of(parse_args(argv))
+    assert settings.token == token and token not in repr(settings)

@@ -71,6 +71,20 @@ def test_the_trl_callback_stops_at_the_next_step_end_with_a_save(tmp_path):
     assert control.should_save and control.should_training_stop
 
 
+def test_a_served_policy_finding_stops_the_trl_run_at_that_steps_end_without_a_logged_step(tmp_path):
+    args, state, control = _trl(tmp_path)
+    watch = RunWatch(config(min_gain=0.001), lambda *a, **k: {})
+    callback = WatcherCallback(watch)
+    state.global_step = 3
+    callback.on_step_end(args, state, control)
+    assert not control.should_training_stop
+    watch.report({"adapter": "trl-policy-v3", "verdict": "not-listed", "listed": False, "clear": False})
+    state.global_step = 4
+    callback.on_step_end(args, state, control)
+    assert callback.stopped_at == 4 and control.should_training_stop and control.should_save
+    assert watch.stop.kind == "stale_policy"
+
+
 def test_the_trl_callback_does_not_add_a_save_to_a_run_that_never_saves(tmp_path):
     args, state, control = _trl(tmp_path, save_strategy="no")
     callback = WatcherCallback(RunWatch(config(), lambda *a, **k: {}))

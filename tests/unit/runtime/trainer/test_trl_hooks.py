@@ -107,6 +107,24 @@ def test_first_successful_load_warms_the_lora_path_once(tmp_path):
     assert warm[0][2]["model"] == "trl-policy-v1" and warm[0][2]["max_tokens"] == 1
 
 
+def test_an_acknowledged_load_and_only_that_is_handed_to_the_served_policy_check(tmp_path):
+    submitted = []
+    check = SimpleNamespace(submit=lambda name, path: submitted.append((name, path)))
+    with StubServer({("POST", "/v1/load_lora_adapter"): (200, "Success")}) as server:
+        client = trl_hooks.InstrumentedVLLMClient(server.url, 5, publisher(tmp_path, []), check)
+        client.warmed = True
+        client.load_lora_adapter("trl-policy-v1", "/x/trl-policy-v1")
+    with StubServer({("POST", "/v1/load_lora_adapter"): (500, "no")}) as server:
+        client = trl_hooks.InstrumentedVLLMClient(server.url, 5, publisher(tmp_path, []), check)
+        with pytest.raises(Exception):  # noqa: B017 - TRL's own error for a refused load
+            client.load_lora_adapter("trl-policy-v2", "/x/trl-policy-v2")
+    assert submitted == [("trl-policy-v1", "/x/trl-policy-v1")]
+    trainer = type("T", (), {})()
+    trainer.vllm_client = client_module.VLLMClient("http://h:1", 3)
+    trl_hooks.instrument_adapter_sync(trainer, publisher(tmp_path, []), check)
+    assert trainer.vllm_client.served_check is check
+
+
 # ------------------------------------------------------------------ failpoints (fault suite hooks)
 
 class SavingTrainer:
@@ -155,6 +173,71 @@ def test_failpoint_with_a_bad_value_is_ignored(tmp_path, text):
     trainer._save_rng_state("/x/checkpoint-40")
     assert events == [] and trainer.saved == ["/x/checkpoint-40"] and time.time() - started < 5
 
+
+# ---------------------------------------------------------------- the run's token
+
+
+def test_trl_s_client_and_rollout_session_send_the_run_s_token_through_a_guarded_front(tmp_path, monkeypatch):
+    """TRL's own VLLMClient (its `requests` calls) and the rollout loop's aiohttp session, against a real replica
+    proxy that asks for the run's token: refused without the hook, through with it."""
+    import asyncio
+    import dataclasses
+    import logging
+
+    import aiohttp
+    import requests
+
+    from grpo_deploy.runtime import run_token
+    from tests.unit.runtime.fake_vllm import BASE
+    from tests.unit.runtime.serving.test_proxy import FAST, rig, run
+
+    token = run_token.make()
+    monkeypatch.setattr(client_module, "logger", logging.getLogger("trl"))
+    monkeypatch.setattr(client_module, "requests", requests)  # undone after the test
+    monkeypatch.delenv(run_token.ENV, raising=False)
+    assert not trl_hooks.send_run_token() and client_module.requests is requests  # no token: nothing rebound
+    monkeypatch.setenv(run_token.ENV, token)
+
+    async def scenario():
+        async with rig(n=1, settings=dataclasses.replace(FAST, token=token)) as r:
+            client = client_module.VLLMClient(r.url, 5)
+            with pytest.raises(Exception, match="401"):
+                await asyncio.to_thread(client.pause)
+            assert trl_hooks.send_run_token() and trl_hooks.send_run_token()  # once rebound, kept
+            assert isinstance(client_module.requests, trl_hooks._TokenRequests)
+            await asyncio.to_thread(client.wait_for_server_ready)
+            assert await asyncio.to_thread(client.get_max_model_len) == 512
+            await asyncio.to_thread(client.pause)
+            await asyncio.to_thread(client.resume)
+            # the rollout loop in the spawned child: its session gets the token from the inherited environment
+            loop = trl_hooks.TokenRolloutLoop.__new__(trl_hooks.TokenRolloutLoop)
+            async with aiohttp.ClientSession() as session:
+                loop.session = session
+                payload = {"model": BASE, "prompt": [1, 2, 3], "max_tokens": 1}
+                async with loop.session.post(f"{r.url}/v1/completions", json=payload) as response:
+                    assert response.status == 200
+            loop.session = None
+            assert loop.session is None
+            assert r.proxy.stats()["refused"] == 1
+
+    run(scenario(), 60)
+
+
+def test_the_rollout_worker_runs_the_token_loop_only_with_a_token(monkeypatch):
+    from trl.experimental.async_grpo import async_rollout_worker as rollout_module
+
+    from grpo_deploy.runtime import run_token
+
+    assert pickle.loads(pickle.dumps(trl_hooks.TokenRolloutLoop)) is trl_hooks.TokenRolloutLoop  # by reference
+    assert issubclass(trl_hooks.TokenRolloutLoop, rollout_module._AsyncRolloutLoop)
+    worker = object.__new__(rollout_module.AsyncRolloutWorker)  # its __init__ wants vLLM installed
+    trainer = type("T", (), {"rollout_worker": worker})()
+    monkeypatch.delenv(run_token.ENV, raising=False)
+    trl_hooks.token_for_rollouts(trainer)
+    assert worker._loop_cls is rollout_module._AsyncRolloutLoop
+    monkeypatch.setenv(run_token.ENV, run_token.make())
+    trl_hooks.token_for_rollouts(trainer)
+    assert worker._loop_cls is trl_hooks.TokenRolloutLoop
 
 @pytest.mark.parametrize("staleness, per_step, queue, inflight, generations, budget, groups", [
     (2, 16, 8, 8, 8, 0, 1),  # the cpu rehearsal: buffer 8 + in flight 8 + scoring 8 + 1 group = 2 steps

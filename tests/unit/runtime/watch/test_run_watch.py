@@ -100,3 +100,22 @@ def test_verl_without_a_watcher_is_never_stopped():
     for n in range(1, 10):
         hook.after_step(step(n))
     assert hook.stopped_at is None
+
+
+def test_a_served_policy_report_from_another_thread_is_judged_at_the_next_poll(tmp_path):
+    import threading
+
+    path = tmp_path / "metrics.jsonl"
+    report = {"adapter": "trl-policy-v4", "verdict": "base", "listed": True, "base": "tiny", "max_abs_diff": 0.0,
+              "threshold": 0.001, "syncs": 3, "b_norm": 0.3, "clear": False}
+    with MetricsSink(str(path)) as sink:
+        watch = RunWatch(config(min_gain=0.001), sink.emit)
+        sender = threading.Thread(target=watch.report, args=(report,))
+        sender.start()
+        sender.join()
+        assert watch.stop is None  # nothing judged off the training thread
+        stop = watch.poll(6)
+    assert stop is not None and stop.kind == "stale_policy" and stop.step == 6
+    (event,) = [e for e in read_events(str(path)) if e["event"] == "watch"]
+    assert event["kind"] == "stale_policy" and event["level"] == "stop" and event["adapter"] == "trl-policy-v4"
+    assert event["message"].startswith("stale policy: ")

@@ -194,3 +194,50 @@ def test_disabled_watcher_says_nothing():
     assert found == []
 
 
+
+
+# ---------------------------------------------------------------- the served-policy check's finding
+
+STALE = {"adapter": "trl-policy-v7", "verdict": "base", "listed": True, "base": "tiny-qwen2", "max_abs_diff": 0.0,
+         "threshold": 0.001, "syncs": 3, "b_norm": 0.42, "clear": False}
+
+
+def test_a_stale_policy_warns_once_in_one_line_naming_the_adapter_the_answer_the_causes_and_the_fix():
+    watcher = Watcher(WatchConfig())
+    (found,) = watcher.served_policy(12, STALE)
+    assert (found.kind, found.level, found.step) == ("stale_policy", "warn", 12) and watcher.stop is None
+    line = found.message
+    assert "\n" not in line and line.startswith("stale policy: ")
+    for part in ("trl-policy-v7", "tiny-qwen2", "3 checked syncs", "0.42", "acknowledged but not applied",
+                 "evicted", "stale prefix cache", "restart the server and resume", "watch.action: stop"):
+        assert part in line, part
+    assert watcher.served_policy(13, STALE) == []  # edge-triggered
+    assert found.values["adapter"] == "trl-policy-v7" and "clear" not in found.values
+
+
+def test_a_stale_policy_stops_at_once_under_action_stop():
+    watcher = Watcher(WatchConfig(settings=WatchSettings(action="stop")))
+    (found,) = watcher.served_policy(5, STALE)
+    assert found.level == "stop" and watcher.stop is found and found.message.endswith("saving and stopping")
+    assert watcher.state()["stop_step"] == 5
+
+
+def test_an_unlisted_adapter_is_named_so_and_a_clear_ends_the_warning():
+    watcher = Watcher(WatchConfig())
+    (found,) = watcher.served_policy(3, {**STALE, "verdict": "not-listed", "listed": False, "max_abs_diff": None})
+    assert "does not list it in GET /v1/models" in found.message
+    (cleared,) = watcher.served_policy(4, {"adapter": "trl-policy-v8", "verdict": "applied", "clear": True})
+    assert cleared.level == "clear" and "stale_policy" not in watcher.state()["active"]
+    assert watcher.served_policy(5, {"adapter": "trl-policy-v9", "clear": True}) == []
+
+
+def test_a_stale_policy_report_with_junk_values_is_worded_without_them():
+    watcher = Watcher(WatchConfig())
+    (found,) = watcher.served_policy(1, {"adapter": "trl-policy-v1\x1b[2J" + "x" * 500, "verdict": "base",
+                                         "max_abs_diff": float("nan"), "syncs": "three", "b_norm": [1]})
+    assert "\x1b" not in found.message and "unknown" in found.message and len(found.message) < 1200
+    assert "b_norm" not in found.values and "max_abs_diff" not in found.values
+
+
+def test_a_disabled_watcher_takes_no_stale_policy_report():
+    assert Watcher(WatchConfig(settings=WatchSettings(enabled=False))).served_policy(1, STALE) == []
