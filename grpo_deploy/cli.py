@@ -15,6 +15,7 @@ from grpo_deploy.cli_parser import DEFAULT_SPEC, EXIT_USAGE, CliError, build_par
 from grpo_deploy.common.readback import ReadRefused
 from grpo_deploy.common.shown import printable, shown
 from grpo_deploy.common.table import table
+from grpo_deploy.common.term import escapes_ok
 from grpo_deploy.common.values import ENV_VALUE_FORBIDDEN, SYSTEM_TREES
 from grpo_deploy.hosts.connect import HostError, SshOptions
 from grpo_deploy.kit_data import KitDataMissing
@@ -261,10 +262,10 @@ def cmd_status(args) -> int:
     res = _load(args)
     if args.watch is None:
         return _status_once(res, args)[0]
-    tty = sys.stdout.isatty()
+    redraw = escapes_ok(sys.stdout)  # the screen cleared between two looks; else a dated separator line
     try:
         while True:  # until the run ends or Ctrl-C
-            if tty and not args.json:
+            if redraw and not args.json:
                 print("\x1b[H\x1b[2J", end="")
             elif not args.json:
                 print(f"----- {time.strftime('%H:%M:%S')}")

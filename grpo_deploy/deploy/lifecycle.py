@@ -16,6 +16,7 @@ from collections.abc import Callable
 from grpo_deploy import preflight
 from grpo_deploy.common.readback import ReadRefused
 from grpo_deploy.common.shown import printable
+from grpo_deploy.common.term import fit
 from grpo_deploy.deploy import run_folder, run_view
 from grpo_deploy.deploy.bringup import BRINGUP
 from grpo_deploy.deploy.deployment import Deployment
@@ -149,9 +150,10 @@ def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, 
 
 def up_log(out) -> Callable[[str], None]:
     """`up`'s progress lines to *out*: a timestamp, then the line through printable (a line may quote what a container
-    or a host's command wrote: a step's figures, a fault's message, a refusal)."""
+    or a host's command wrote: a step's figures, a fault's message, a refusal); on a terminal wrapped at its width
+    under the timestamp (term.fit), elsewhere one event a line."""
     def log(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {printable(msg)}", file=out, flush=True)
+        print(fit(printable(msg), out, f"[{time.strftime('%H:%M:%S')}] "), file=out, flush=True)
     return log
 
 
