@@ -26,6 +26,16 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
+class _Paragraphs(argparse.HelpFormatter):
+    """A description of several paragraphs (a module's docstring): each paragraph filled to the terminal's width, the
+    blank lines between them kept (argparse's default joins them; RawDescription leaves lines wider than the
+    terminal, which it then cuts mid-word)."""
+
+    def _fill_text(self, text, width, indent):
+        return "\n\n".join(super(_Paragraphs, self)._fill_text(part, width, indent)
+                             for part in re.split(r"\n\s*\n", text.strip()))
+
+
 class _Append(argparse.Action):
     """action="append" that refuses `--opt=--`: argparse strips a lone `--` from a value and appends an empty list,
     which would silently mean nothing (a check list that runs only the others)."""
@@ -364,7 +374,7 @@ def _add_bench(sub) -> None:
     what = bench.add_subparsers(dest="bench", metavar="WHAT", required=True)
     trainer = what.add_parser(
         "trainer", help="TRL's packed GRPO fwd/bwd: packing off/on x checkpointing, token budget, attention paths",
-        description=bench_trainer.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=bench_trainer.__doc__, formatter_class=_Paragraphs)
     bench_trainer.add_arguments(trainer)
     trainer.set_defaults(fn=bench_trainer.run)
 

@@ -19,6 +19,7 @@ MIN_COLUMNS = 20  # narrower than this, wrapping helps no one: lines leave whole
 SMALL_HANG = 4  # the hanging indent when the line's own prefix would take more than a third of the width
 # A label column: leading spaces, a label (words with single spaces), then two or more spaces before the value.
 _LABEL = re.compile(r"^ *\S+(?: \S+)*  +(?=\S)")
+_SPACES = re.compile(r"(?<=\S)  +(?=\S)")
 
 
 def is_tty(stream: TextIO) -> bool:
@@ -54,13 +55,18 @@ def wrap(text: str, width: int | None, prefix: str = "") -> list[str]:
     """*prefix* + *text* as lines no wider than *width*, broken between words only, each later line under a hanging
     indent: the prefix's width (or the line's label column), SMALL_HANG when that is over a third of the width. A
     word longer than a line keeps a line of its own, whole (a path copied from the terminal stays one path). A line
-    of *text* stays a line; width None: nothing is wrapped."""
+    after a *prefix* that fits once its runs of spaces are single ones is printed so (a step's figures stay one
+    row); without a prefix the runs are kept (they align a label column). A line of *text* stays a line; width None:
+    nothing is wrapped."""
     out: list[str] = []
     for n, line in enumerate(text.split("\n")):
         head = prefix if n == 0 else " " * len(prefix)
         whole = head + line
         if width is None or width < MIN_COLUMNS or len(whole) <= width:
             out.append(whole)
+            continue
+        if prefix and len(squeezed := head + _SPACES.sub(" ", line)) <= width:
+            out.append(squeezed)
             continue
         label = _LABEL.match(whole) if not prefix else None
         hang = len(prefix) if prefix else len(label.group()) if label else len(whole) - len(whole.lstrip(" "))

@@ -91,3 +91,11 @@ def test_escapes_only_on_a_terminal_without_no_color_or_a_dumb_term():
 
 def test_a_redrawn_line_is_cut_with_a_mark():
     assert cut("x" * 50, 40) == "x" * 37 + "..." and cut("short", 40) == "short"
+
+
+def test_a_step_line_that_fits_with_single_spaces_stays_one_row():
+    step = "step 1/40  reward 0.043  len 23.4  staleness 0.00  ratio 1.0000  queue 4"
+    assert wrap(step, 80, "[14:02:07] ") == ["[14:02:07] step 1/40 reward 0.043 len 23.4 staleness 0.00 ratio 1.0000 "
+                                              "queue 4"]
+    assert wrap(step, 120, "[14:02:07] ") == ["[14:02:07] " + step], "wide enough: as it was"
+    assert all(len(x) <= 60 for x in wrap(step, 60, "[14:02:07] ")), "too long even so: wrapped"
