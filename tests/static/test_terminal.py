@@ -1,0 +1,164 @@
+"""What a user sees in a real terminal (tmux, 80 and 120 columns): `grpo-deploy --help` and every verb's help, and
+`up`'s progress (a recorded run re-printed through the kit's printing functions: scripts/replay_up.py), fit the width
+with no line cut by the terminal; no escape sequence with NO_COLOR or where stdout is not a terminal.
+
+One private tmux server (its own socket, no user config) serves every case of the module."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+from dataclasses import dataclass
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TMUX = "/usr/bin/tmux"
+RECORDED = ROOT / "tests" / "static" / "terminal" / "up_fresh_pipe.log"
+WIDTHS = (80, 120)
+MARK = "=== help of:"  # tests/terminal_helps.py's line before each help
+# What the pane's command must not inherit from this process: a width (argparse and the kit would read it instead of
+# the terminal's), a colour switch.
+CLEAN = ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "PYTHON_COLORS", "CLICOLOR_FORCE")
+
+
+@dataclass
+class Pane:
+    rows: list[str]  # the terminal's rows, as shown
+    joined: list[str]  # the same with rows the terminal wrapped joined back (capture-pane -J)
+    escaped: str  # the rows with their attributes as escape sequences (capture-pane -e)
+
+
+class Tmux:
+    """A tmux server on a private socket: a command run in a fresh pane of a given size, then the pane captured."""
+
+    def __init__(self):
+        if not Path(TMUX).is_file():
+            pytest.fail(f"{TMUX} is missing: this test looks at the CLI in a real terminal (Debian: apt-get install "
+                        "tmux)")
+        self.socket = f"grpo-term-{os.getpid()}-{secrets.token_hex(4)}"
+        self.n = 0
+        self.tmux("-f", "/dev/null", "new-session", "-d", "-s", "keep", ";",
+                  "set-option", "-g", "history-limit", "100000")
+
+    def tmux(self, *args: str, timeout: float = 30) -> str:
+        return subprocess.run([TMUX, "-L", self.socket, *args], capture_output=True, text=True, check=True,
+                              timeout=timeout).stdout
+
+    def run(self, argv: list[str], columns: int, env: dict[str, str] | None = None) -> Pane:
+        """*argv* run in a new pane *columns* wide (from the repository root, with *env* added), to its end."""
+        self.n += 1
+        name, done = f"s{self.n}", f"done-{self.socket}-{self.n}"
+        setting = [f"{k}={v}" for k, v in {"PYTHONPATH": str(ROOT), "TERM": "xterm-256color", **(env or {})}.items()]
+        unset = [a for k in CLEAN if k not in (env or {}) for a in ("-u", k)]
+        command = subprocess.list2cmdline(["env", *unset, *setting, *argv])
+        self.tmux("new-session", "-d", "-s", name, "-x", str(columns), "-y", "50", "-c", str(ROOT),
+                  f"{command}; {TMUX} -L {self.socket} wait-for -S {done}; exec sleep 600")
+        self.tmux("wait-for", done, timeout=120)
+        grab = ["capture-pane", "-p", "-S", "-", "-E", "-", "-t", name]
+        pane = Pane(_rows(self.tmux(*grab)), _rows(self.tmux(*grab, "-J")), self.tmux(*grab, "-e"))
+        self.tmux("kill-session", "-t", name)
+        return pane
+
+    def close(self) -> None:
+        subprocess.run([TMUX, "-L", self.socket, "kill-server"], capture_output=True, timeout=30)
+
+
+def _rows(text: str) -> list[str]:
+    rows = [r.rstrip() for r in text.split("\n")]
+    while rows and not rows[-1]:
+        rows.pop()
+    return rows
+
+
+@pytest.fixture(scope="module")
+def tmux():
+    server = Tmux()
+    yield server
+    server.close()
+
+
+def _expected_help_rows(record: dict) -> list[str]:
+    rows = []
+    for one in record["helps"]:
+        rows.append(f"{MARK} {' '.join(one['path']) or '-'}")
+        rows.extend(line.rstrip() for line in one["text"].rstrip("\n").split("\n"))
+    return rows
+
+
+def _helps_in(tmux: Tmux, columns: int, tmp_path: Path, env: dict[str, str] | None = None) -> tuple[dict, Pane]:
+    record = tmp_path / f"helps-{columns}-{len(env or {})}.json"
+    pane = tmux.run([sys.executable, "-m", "tests.terminal_helps", str(record)], columns, env)
+    return json.loads(record.read_text()), pane
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_every_help_fits_the_terminal(tmux, tmp_path, columns):
+    """argparse wrote every help for this terminal's width, and the terminal shows it as written: no row it had to
+    wrap (a wrapped row cuts a word where argparse would not), every verb and sub-verb there."""
+    record, pane = _helps_in(tmux, columns, tmp_path)
+    assert record["isatty"] and record["columns"] == columns, "the helps did not run in a terminal of that width"
+    paths = [" ".join(h["path"]) for h in record["helps"]]
+    assert {"", "up", "status", "k8s render", "images build", "bench trainer"} <= set(paths), paths
+    wide = [(p, line) for p, h in zip(paths, record["helps"], strict=True) for line in h["text"].splitlines()
+            if len(line) > columns]
+    assert not wide, f"help lines wider than {columns} columns (verb, line): {wide[:5]}"
+    split = [(p, a.strip()[-20:], b.strip()[:20]) for p, h in zip(paths, record["helps"], strict=True)
+             for a, b in pairwise(h["text"].splitlines()) if re.search(r"\w-$", a) and re.match(r" *\w", b)]
+    assert not split, f"a hyphenated name split over two lines (verb, end, next): {split[:5]}"
+    expected = _expected_help_rows(record)
+    assert pane.joined == expected, _first_difference(pane.joined, expected)
+    assert pane.rows == pane.joined, f"the terminal wrapped a row: {_first_difference(pane.rows, pane.joined)}"
+
+
+def test_no_escape_sequence_with_no_color_or_without_a_terminal(tmux, tmp_path):
+    record, pane = _helps_in(tmux, 80, tmp_path, {"NO_COLOR": "1"})
+    assert record["isatty"], "NO_COLOR was checked outside a terminal"
+    assert not [h["path"] for h in record["helps"] if "\x1b" in h["text"]], "an escape sequence with NO_COLOR=1"
+    assert "\x1b" not in pane.escaped, "the terminal holds coloured or styled text with NO_COLOR=1"
+    piped = tmp_path / "piped.json"
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN}
+    proc = subprocess.run([sys.executable, "-m", "tests.terminal_helps", str(piped)], cwd=ROOT, timeout=120,
+                          env={**env, "PYTHONPATH": str(ROOT), "TERM": "xterm-256color"}, capture_output=True,
+                          text=True, check=True)
+    assert not json.loads(piped.read_text())["isatty"]
+    assert "\x1b" not in proc.stdout and "\x1b" not in proc.stderr, "an escape sequence written to a pipe"
+
+
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_up_progress_fits_the_terminal_and_loses_nothing(tmux, columns):
+    """A recorded `up` re-printed through the kit's printing functions in a terminal: the kit wrapped every long line
+    itself (the terminal wrapped no row) and every character of the recording is there (whitespace aside; a table's
+    rule of dashes follows the width)."""
+    pane = tmux.run([sys.executable, "scripts/replay_up.py"], columns)
+    assert pane.rows == pane.joined, f"the terminal wrapped a row: {_first_difference(pane.rows, pane.joined)}"
+    assert _ink(pane.rows) == _ink(RECORDED.read_text().splitlines())
+    finding = next(n for n, row in enumerate(pane.rows) if "run watcher: 88.5%" in row)
+    under = pane.rows[finding + 1]
+    assert under.startswith(" " * 11) and under[11] != " ", "the watcher's finding goes on under its timestamp"
+
+
+def test_up_progress_to_a_pipe_is_one_event_a_line():
+    """To a pipe (a log file, CI) the replay is the recording, byte for byte: no line wrapped, so grep finds it."""
+    env = {k: v for k, v in os.environ.items() if k not in CLEAN}
+    proc = subprocess.run([sys.executable, "scripts/replay_up.py"], cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert proc.stdout == RECORDED.read_text()
+
+
+def _ink(lines: list[str]) -> str:
+    """The printed characters of *lines*, whitespace and rules of dashes left out."""
+    return "".join("".join(line.split()) for line in lines if not re.fullmatch(r"[- ]*", line))
+
+
+def _first_difference(got: list[str], want: list[str]) -> str:
+    for n, (a, b) in enumerate(zip(got, want, strict=False)):
+        if a != b:
+            return f"row {n}: shown {a!r}, written {b!r}"
+    return f"{len(got)} rows shown, {len(want)} written"
