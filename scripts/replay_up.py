@@ -11,6 +11,9 @@ The build steps are shown as in a pipe (a start and an end line each); on a term
 line redrawn in place, which a replay cannot show.
 
 Usage: PYTHONPATH=. python3 scripts/replay_up.py [RECORDED_LOG]   (default: tests/static/terminal/up_fresh_pipe.log)
+       PYTHONPATH=. python3 scripts/replay_up.py --tmux COLUMNS OUT [RECORDED_LOG]
+           the same replay in a tmux pane COLUMNS wide, what the pane shows written to OUT under a header that says
+           what it is (docs/assets/up-80-columns.txt is made so)
 """
 
 from __future__ import annotations
@@ -79,7 +82,35 @@ def replay(recorded: list[str], out=sys.stdout) -> None:
     out.flush()
 
 
+HEADER = """\
+What `grpo-deploy up --fresh` shows in a terminal {columns} columns wide: the real
+output of a rehearsal run (the cpu profile on an x86_64 machine, written to
+a pipe), re-printed line by line through the kit's own printing functions in
+a tmux pane of {columns} columns by scripts/replay_up.py, and captured. A replay of
+a recorded run, not a live one: the times are the run's; a build step shows its
+start and end lines as in a pipe.
+{rule}
+"""
+
+
+def capture(columns: int, out: Path, recorded: Path) -> None:
+    """The replay of *recorded* in a tmux pane *columns* wide, captured to *out* under HEADER."""
+    from tests.tmux_pane import Tmux
+
+    tmux = Tmux()
+    try:
+        pane = tmux.run([sys.executable, str(Path(__file__).resolve()), str(recorded)], columns)
+    finally:
+        tmux.close()
+    if pane.rows != pane.joined:
+        raise SystemExit("the terminal wrapped a row: the replay did not fit the pane")
+    out.write_text(HEADER.format(columns=columns, rule="-" * columns) + "\n".join(pane.rows) + "\n")
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--tmux"]:
+        capture(int(argv[1]), Path(argv[2]), Path(argv[3]) if argv[3:] else RECORDED)
+        return 0
     path = Path(argv[0]) if argv else RECORDED
     replay(path.read_text().splitlines())
     return 0
