@@ -111,3 +111,15 @@ def _first_difference(got: list[str], want: list[str]) -> str:
         if a != b:
             return f"row {n}: shown {a!r}, written {b!r}"
     return f"{len(got)} rows shown, {len(want)} written"
+
+
+def test_every_module_that_writes_an_escape_asks_term_first():
+    """A module of the kit with an escape sequence in its source (ESC, CSI) asks common.term.escapes_ok before it
+    writes one; common/shown.py only matches escapes, to remove them."""
+    escape = re.compile(r"\\x1b|\\033|\\u001b|\\x9b|\\e\[|chr\(27\)")
+    writers = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8") for p in (ROOT / "grpo_deploy").rglob("*.py")}
+    writers = {name: text for name, text in writers.items() if escape.search(text)}
+    assert {"grpo_deploy/cli.py", "grpo_deploy/image_build/progress.py"} <= set(writers), sorted(writers)
+    unchecked = [name for name, text in writers.items()
+                 if name != "grpo_deploy/common/shown.py" and "escapes_ok(" not in text]
+    assert not unchecked, f"escape sequences written without common.term.escapes_ok: {unchecked}"
