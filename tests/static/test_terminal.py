@@ -44,6 +44,8 @@ def _expected_help_rows(record: dict) -> list[str]:
 def _helps_in(tmux: Tmux, columns: int, tmp_path: Path, env: dict[str, str] | None = None) -> tuple[dict, Pane]:
     record = tmp_path / f"helps-{columns}-{len(env or {})}.json"
     pane = tmux.run([sys.executable, "-m", "tests.terminal_helps", str(record)], columns, env)
+    if not record.is_file():
+        pytest.fail("tests.terminal_helps wrote no record; the pane showed:\n" + "\n".join(pane.rows[-30:]))
     return json.loads(record.read_text()), pane
 
 
