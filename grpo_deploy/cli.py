@@ -15,6 +15,7 @@ from grpo_deploy.cli_parser import DEFAULT_SPEC, EXIT_USAGE, CliError, build_par
 from grpo_deploy.common.readback import ReadRefused
 from grpo_deploy.common.shown import printable, shown
 from grpo_deploy.common.table import table
+from grpo_deploy.common.term import escapes_ok, fit
 from grpo_deploy.common.values import ENV_VALUE_FORBIDDEN, SYSTEM_TREES
 from grpo_deploy.hosts.connect import HostError, SshOptions
 from grpo_deploy.kit_data import KitDataMissing
@@ -39,8 +40,8 @@ def _load(args) -> Resolved:
         if Path(DEFAULT_SPEC).exists():
             path = DEFAULT_SPEC
         else:
-            print(f"note: no -f and no ./{DEFAULT_SPEC}: using the embedded default (cpu rehearsal on this host)",
-                  file=sys.stderr)
+            print(fit(f"no -f and no ./{DEFAULT_SPEC}: using the embedded default (cpu rehearsal on this host)",
+                      sys.stderr, "note: "), file=sys.stderr)
             return resolve(new_spec.embedded_default())
     return resolve(load(path))
 
@@ -261,10 +262,10 @@ def cmd_status(args) -> int:
     res = _load(args)
     if args.watch is None:
         return _status_once(res, args)[0]
-    tty = sys.stdout.isatty()
+    redraw = escapes_ok(sys.stdout)  # the screen cleared between two looks; else a dated separator line
     try:
         while True:  # until the run ends or Ctrl-C
-            if tty and not args.json:
+            if redraw and not args.json:
                 print("\x1b[H\x1b[2J", end="")
             elif not args.json:
                 print(f"----- {time.strftime('%H:%M:%S')}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import textwrap
 from collections.abc import Callable, Mapping
 
 from grpo_deploy import __version__, preflight
@@ -19,8 +20,35 @@ EXIT_USAGE = 2
 MAX_SIZE = 1e21  # bytes: a zettabyte; --free-space beyond that is a typo
 
 
+class _Help(argparse.HelpFormatter):
+    """argparse's help, wrapped between words only: a hyphenated name (grpo-deploy/debian:bookworm, cuda-trainer-amd64,
+    --free-space) is never split at a hyphen, so that a name copied from the help is the name."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+    def _fill_text(self, text, width, indent):
+        return textwrap.fill(self._whitespace_matcher.sub(" ", text).strip(), width, initial_indent=indent,
+                             subsequent_indent=indent, break_on_hyphens=False)
+
+
+class _Paragraphs(_Help):
+    """A description of several paragraphs (a module's docstring): each paragraph filled to the terminal's width, the
+    blank lines between them kept (argparse's default joins them; RawDescription leaves lines wider than the
+    terminal, which it then cuts mid-word)."""
+
+    def _fill_text(self, text, width, indent):
+        return "\n\n".join(super(_Paragraphs, self)._fill_text(part, width, indent)
+                             for part in re.split(r"\n\s*\n", text.strip()))
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with the kit's error format: one line, exit 2 (the usage is one `--help` away)."""
+    """argparse with the kit's error format (one line, exit 2: the usage is one `--help` away) and its help wrapped
+    between words (_Help), for every verb (a verb's parser is a Parser too)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _Help)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
@@ -364,7 +392,7 @@ def _add_bench(sub) -> None:
     what = bench.add_subparsers(dest="bench", metavar="WHAT", required=True)
     trainer = what.add_parser(
         "trainer", help="TRL's packed GRPO fwd/bwd: packing off/on x checkpointing, token budget, attention paths",
-        description=bench_trainer.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=bench_trainer.__doc__, formatter_class=_Paragraphs)
     bench_trainer.add_arguments(trainer)
     trainer.set_defaults(fn=bench_trainer.run)
 

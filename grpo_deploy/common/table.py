@@ -10,7 +10,8 @@ from grpo_deploy.common.shown import printable
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]], max_width: int | None = None) -> str:
-    """Left-aligned columns; the last column wraps to the terminal width."""
+    """Left-aligned columns; the last column wraps to the terminal width (its later lines indented by 2 more), no line
+    wider than *max_width* unless the columns before the last one already are."""
     max_width = max_width or max(shutil.get_terminal_size((120, 20)).columns, 80)
     cells = [[printable(h) for h in headers]] + [["" if c is None else printable(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
@@ -19,7 +20,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], max_width: i
     lines = []
     for n, row in enumerate(cells):
         head = "  ".join(c.ljust(widths[i]) for i, c in enumerate(row[:-1]))
-        wrapped = _wrap(row[-1], last)
+        wrapped = _wrap(row[-1], last, last - 2 if head else last)
         lines.append((head + "  " if head else "") + wrapped[0])
         lines.extend(" " * (fixed + 2 if head else 0) + w for w in wrapped[1:])
         if n == 0:
@@ -28,14 +29,20 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]], max_width: i
     return "\n".join(line.rstrip() for line in lines)
 
 
-def _wrap(text: str, width: int) -> list[str]:
-    words, lines, cur = text.split(" "), [], ""
-    for w in words:
-        if cur and len(cur) + 1 + len(w) > width:
+def _wrap(text: str, width: int, rest: int) -> list[str]:
+    """*text* in lines of *width* (the first) and *rest* (the others) columns, broken between words; a word longer
+    than a line (a path) broken after a '/' where it has one, else at the width."""
+    lines, cur = [], ""
+    for w in text.split(" "):
+        limit = width if not lines else rest
+        if cur and len(cur) + 1 + len(w) > limit:
             lines.append(cur)
-            cur = w
-        else:
-            cur = f"{cur} {w}" if cur else w
+            cur, limit = "", rest
+        while len(w) > limit and not cur:
+            cut = w.rfind("/", 0, limit) + 1 or limit
+            lines.append(w[:cut])
+            w, limit = w[cut:], rest
+        cur = f"{cur} {w}" if cur else w
     lines.append(cur)
     return lines
 

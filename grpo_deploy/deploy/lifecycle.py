@@ -16,6 +16,7 @@ from collections.abc import Callable
 from grpo_deploy import preflight
 from grpo_deploy.common.readback import ReadRefused
 from grpo_deploy.common.shown import printable
+from grpo_deploy.common.term import fit
 from grpo_deploy.deploy import run_folder, run_view
 from grpo_deploy.deploy.bringup import BRINGUP
 from grpo_deploy.deploy.deployment import Deployment
@@ -149,11 +150,13 @@ def up(res: Resolved, ssh: SshOptions, keep: bool = False, fresh: bool = False, 
         return _up(res, ssh, keep, fresh, out, restarts, scratch)
 
 
-def up_log(out) -> Callable[[str], None]:
+def up_log(out, clock: Callable[[], str] = lambda: time.strftime("%H:%M:%S")) -> Callable[[str], None]:
     """`up`'s progress lines to *out*: a timestamp, then the line through printable (a line may quote what a container
-    or a host's command wrote: a step's figures, a fault's message, a refusal)."""
+    or a host's command wrote: a step's figures, a fault's message, a refusal); on a terminal wrapped at its width
+    under the timestamp (term.fit), elsewhere one event a line. *clock*: the timestamp (a replay passes the recorded
+    one: scripts/replay_up.py)."""
     def log(msg: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {printable(msg)}", file=out, flush=True)
+        print(fit(printable(msg), out, f"[{clock()}] "), file=out, flush=True)
     return log
 
 

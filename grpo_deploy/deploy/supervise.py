@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grpo_deploy import status
+from grpo_deploy.common.term import fit
 from grpo_deploy.deploy.run_state import LaunchError, RunState
 from grpo_deploy.hosts.connect import HostError
 
@@ -155,7 +156,7 @@ def report(state: RunState, events: list[dict], out) -> None:
         png = status.plot(events, str(state.dir / f"{name}.png"), title=status.plot_title(name))
     except status.PlotUnavailable as exc:
         png = f"none ({exc})"
-    print("\n" + status.summary_text(summary), file=out)
+    print("\n" + fit(status.summary_text(summary), out), file=out)  # a label's value wraps under its column
     print(f"\nsummary: {state.dir / 'summary.json'}\nplot:    {png}\nlogs:    {state.dir / 'logs.txt'}", file=out)
 
 def summarize(state: RunState, events: list[dict]) -> status.Summary:

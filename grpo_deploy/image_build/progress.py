@@ -3,13 +3,13 @@ log file whose path is printed, and on failure the last lines of that log."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TextIO
+
+from grpo_deploy.common.term import columns, cut, escapes_ok, fit
 
 TAIL_LINES = 20
 BAR_WIDTH = 24
@@ -44,14 +44,15 @@ def tail(path: Path, lines: int = TAIL_LINES) -> list[str]:
 class Step:
     """One long step: `with Step("deps image", log_path) as step: step.update("3/12 steps", done=3, total=12)`.
 
-    On a terminal the step is one line rewritten in place; elsewhere (CI, a pipe), or with *lines_only* (a step that
-    runs beside another one's redrawn line), a start line and an end line. The log file collects the step's full
-    output (`step.log` is an open text file; subprocesses can write to it)."""
+    On a terminal that takes escapes (term.escapes_ok) the step is one line rewritten in place, cut to the width;
+    elsewhere (CI, a pipe, NO_COLOR), or with *lines_only* (a step that runs beside another one's redrawn line), a
+    start line and an end line, wrapped under the step's name on a terminal (term.fit). The log file collects the
+    step's full output (`step.log` is an open text file; subprocesses can write to it)."""
 
     def __init__(self, name: str, log_path: Path, out: TextIO | None = None, lines_only: bool = False):
         self.name, self.log_path = name, log_path
         self.out = out or sys.stderr
-        self.tty = not lines_only and self.out.isatty() and os.environ.get("TERM") != "dumb"
+        self.tty = not lines_only and escapes_ok(self.out)
         self.start = time.monotonic()
         self.detail = ""
         self._last_draw = 0.0
@@ -63,7 +64,7 @@ class Step:
         if self.tty:
             self._draw("starting")
         else:
-            print(f"{self.name}: started (log: {self.log_path})", file=self.out, flush=True)
+            self._line(f"started (log: {self.log_path})")
         return self
 
     def elapsed(self) -> float:
@@ -71,8 +72,11 @@ class Step:
 
     def _draw(self, text: str, end: str = "") -> None:
         line = f"{self.name}: {text}"
-        width = max(40, shutil.get_terminal_size((100, 20)).columns - 1)
-        print(f"\r\033[K{line[:width]}", end=end, file=self.out, flush=True)
+        width = max(40, (columns(self.out) or 100) - 1)
+        print(f"\r\033[K{cut(line, width)}", end=end, file=self.out, flush=True)
+
+    def _line(self, text: str) -> None:
+        print(fit(text, self.out, f"{self.name}: "), file=self.out, flush=True)
 
     def update(self, detail: str, done: float | None = None, total: float | None = None) -> None:
         """Show progress (a bar when done/total are given); redrawn at most 4 times a second."""
@@ -98,7 +102,7 @@ class Step:
             if self.tty:
                 self._draw(text, end="\n")
             else:
-                print(f"{self.name}: {text}", file=self.out, flush=True)
+                self._line(text)
             return False
         self.log.write(f"=== {self.name}: failed after {took}: {exc}\n")
         self.log.close()
@@ -108,5 +112,5 @@ class Step:
             print(f"--- last lines of {self.log_path}:", file=self.out)
             for line in tail(self.log_path):
                 print(f"    {line}", file=self.out)
-            print(f"{self.name}: FAILED after {took}: {exc} (full log: {self.log_path})", file=self.out, flush=True)
+            self._line(f"FAILED after {took}: {exc} (full log: {self.log_path})")
         return False

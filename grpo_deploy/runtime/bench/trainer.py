@@ -239,8 +239,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                                          "(default: the profile's)")
     parser.add_argument("--budgets", type=lambda s: [int(x) for x in s.split(",")],
                         help="comma-separated budgets to sweep (default 8192,32768,65536)")
-    parser.add_argument("--attention-backend", default="fastest", choices=ATTENTION_BACKENDS,
-                        help="shim backend for the trainer runs (default: fastest exact one, picked at start-up)")
+    parser.add_argument("--attention-backend", default="fastest", choices=ATTENTION_BACKENDS, metavar="BACKEND",
+                        help=f"shim backend for the trainer runs: {', '.join(ATTENTION_BACKENDS)} (default: fastest "
+                             "exact one, picked at start-up)")
     parser.add_argument("--skip-attention", action="store_true", help="skip the attention-path table")
     parser.add_argument("--peak-tflops", type=float, help="dense bf16 peak for MFU when the GPU is not in the table")
     parser.add_argument("--speed-only", action="store_true", help="only the speed-switch rows (no packing off/on x "

@@ -39,3 +39,28 @@ def test_ups_progress_lines_are_printed_without_control_characters():
     out = io.StringIO()
     lifecycle.up_log(out)("step 3/40\x1b[2J  reward 0.5\x1b]0;title\x07\u202e")
     assert out.getvalue().endswith("] step 3/40  reward 0.5\n") and "\x1b" not in out.getvalue()
+
+
+def test_ups_progress_wraps_under_the_timestamp_on_a_terminal_and_stays_one_line_in_a_file(tmp_path, monkeypatch):
+    """A real pseudo-terminal 80 columns wide gets the long line wrapped under its timestamp; a file gets it whole."""
+    import fcntl
+    import os
+    import struct
+    import termios
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    finding = ("run watcher: 88.5% of answers hit the 24-token length cap over the last 1 logged steps (bound 20%; "
+               "mean length 23.4): raise max_completion_length, or use a per-token loss (packing) so long answers "
+               "stop growing")
+    main, side = os.openpty()
+    fcntl.ioctl(side, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    with open(side, "w") as tty:
+        lifecycle.up_log(tty, clock=lambda: "14:02:07")(finding)
+    shown = os.read(main, 4096).decode().replace("\r\n", "\n")
+    os.close(main)
+    lines = shown.splitlines()
+    assert len(lines) == 4 and all(len(line) <= 80 for line in lines), lines
+    assert lines[0].startswith("[14:02:07] run watcher:") and all(line.startswith(" " * 11) for line in lines[1:])
+    with open(tmp_path / "up.log", "w") as log:
+        lifecycle.up_log(log, clock=lambda: "14:02:07")(finding)
+    assert (tmp_path / "up.log").read_text() == f"[14:02:07] {finding}\n"

@@ -46,9 +46,24 @@ class _Tty(io.StringIO):
 
 def test_on_a_terminal_the_step_is_one_line_rewritten_in_place(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.delenv("NO_COLOR", raising=False)
     out = _Tty()
     with progress.Step("deps image", tmp_path / "l.log", out) as step:
         step._last_draw = -1.0
         step.update("step 2/12", 1, 12)
         step.done("built")
     assert out.getvalue().count("\n") == 1 and out.getvalue().count("\r") >= 3
+
+
+def test_with_no_color_a_terminal_gets_plain_lines_and_no_escape(tmp_path: Path, monkeypatch):
+    """NO_COLOR (any non-empty value) turns the redrawn line off: a start line and an end line, no ESC, no CR."""
+    monkeypatch.setenv("TERM", "xterm")
+    monkeypatch.setenv("NO_COLOR", "1")
+    out = _Tty()
+    with progress.Step("deps image", tmp_path / "l.log", out) as step:
+        step._last_draw = -1.0
+        step.update("step 2/12", 1, 12)
+        step.done("built")
+    text = out.getvalue()
+    assert "\x1b" not in text and "\r" not in text, text
+    assert text.startswith("deps image: started (log:") and text.endswith("\ndeps image: built (0 s)\n"), text
