@@ -22,6 +22,8 @@ from grpo_deploy.engines.trl_replicas import (
     front_args,
     fronted,
     host_services,
+    k8s_front_args,
+    pod_vllm_port,
     proxy_args,
     publish_address,
     replica_count,
@@ -268,7 +270,23 @@ class TrlAsync(Engine):
         return diagnose.diagnose(events, hint), diagnose.LABELS
 
     def k8s_params(self, res: Resolved) -> dict[str, Any]:
-        return {"served_model": res.settings.model.served_name, "server_port": res.settings.vllm.port}
+        """The served model (the trainer's wait), the front's port (the Service's, the NetworkPolicy's) and vLLM's
+        port on the server pod's loopback (its probes)."""
+        return {"served_model": res.settings.model.served_name, "server_port": res.settings.vllm.port,
+                "vllm_port": pod_vllm_port(res)}
+
+    def k8s_config_files(self, res: Resolved) -> dict[str, str]:
+        """The server pod's own arguments: vLLM on loopback (127.0.0.1:pod_vllm_port) and the front before it on
+        vllm.port (front.args: the compose fronts' arguments and that one replica), the run's token from the Secret
+        K8S_RUN_TOKEN_SECRET in the front's environment, never here."""
+        spec, s = res.spec, res.settings
+        common = dict(run_name=spec.run.name, model_path=s.model.path, served_name=s.model.served_name,
+                      vllm=trl_files.vllm_context(res), device=s.runtime.device)
+        loopback = ("127.0.0.1", pod_vllm_port(res))
+        return {
+            f"k8s/{FRONT_ARGS}": template("front.args.j2", args=k8s_front_args(res), **common),
+            "k8s/server.args": template("server.args.j2", args=trl_files.server_arg_lines(res, loopback), **common),
+        }
 
     def memory(self, res: Resolved, arch: Architecture, host, role: str, cap: float) -> dict[str, Any] | None:
         """vLLM's share and the trainer's need against the rest (grpo_deploy.engines.trl_memory); a short side carries

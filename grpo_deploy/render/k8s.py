@@ -102,7 +102,7 @@ def admin_files(res: Resolved) -> dict[str, str]:
 
 
 def k8s_files(res: Resolved) -> dict[str, str]:
-    files = {"k8s/params.env": params_text(res)}
+    files = {"k8s/params.env": params_text(res), **res.engine_info.k8s_config_files(res)}
     products = gpu_products(res)
     if products:
         files["k8s/placement.yaml"] = placement_text(res, products)
