@@ -47,6 +47,8 @@ from grpo_deploy.names import (
     COMPOSE_TRAINER_HOSTS,
     COMPOSE_TRAINER_INFINIBAND,
     FRONT_ARGS,
+    K8S_RUN_TOKEN_KEY,
+    K8S_RUN_TOKEN_SECRET,
     PROXY_SERVICE,
     RUN_TOKEN_FILE,
     project_name,
@@ -274,6 +276,10 @@ class TrlAsync(Engine):
         port on the server pod's loopback (its probes)."""
         return {"served_model": res.settings.model.served_name, "server_port": res.settings.vllm.port,
                 "vllm_port": pod_vllm_port(res)}
+
+    def k8s_secrets(self, res: Resolved) -> dict[str, str]:
+        """The run's token, which the front asks of every request and the trainer sends."""
+        return {K8S_RUN_TOKEN_SECRET: K8S_RUN_TOKEN_KEY}
 
     def k8s_config_files(self, res: Resolved) -> dict[str, str]:
         """The server pod's own arguments: vLLM on loopback (127.0.0.1:pod_vllm_port) and the front before it on

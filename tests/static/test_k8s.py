@@ -22,6 +22,7 @@ Also: yamllint over k8s/ and ansible/ with the repository's .yamllint.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -1238,6 +1239,24 @@ def test_wait_for_server_waits_for_the_served_model(overlay, tmp_path):
         assert proc.returncode != 0 and "401" in proc.stderr, proc.stdout + proc.stderr
     finally:
         server.shutdown()
+
+
+def test_the_documented_secret_command_makes_a_token_the_kit_accepts():
+    """The one command `k8s render`/`check` and the docs give makes a Secret of the run's token that the front and the
+    trainer accept (runtime.run_token's form), in the run's namespace, under the name and key the pods read; kubectl
+    builds it client-side here (no cluster), and the command line itself holds no value."""
+    res = resolved("h200")
+    (cmd,) = render_k8s.secret_commands(res)
+    readme = (ROOT / "k8s" / "README.md").read_text()
+    assert cmd.replace(f"-n {res.spec.run.name} ", "-n <run> ") in readme, "k8s/README.md gives another command"
+    proc = subprocess.run(["sh", "-c", cmd + " --dry-run=client -o json"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    secret = json.loads(proc.stdout)
+    assert secret["metadata"]["namespace"] == res.spec.run.name and secret["metadata"]["name"] == TOKEN_REF["name"]
+    value = base64.b64decode(secret["data"][TOKEN_REF["key"]]).decode()
+    assert run_token.well_formed(value) and len(value) == 43, "not a token of the kit's form (no newline)"
+    assert value not in cmd
 
 
 # --- yamllint ------------------------------------------------------------------------------------------------
