@@ -44,9 +44,9 @@ import yaml
 
 from grpo_deploy import names, spec
 from grpo_deploy.render import committed, k8s_overlay
-from grpo_deploy.runtime import run_token
 from grpo_deploy.render import folder as render_folder
 from grpo_deploy.render import k8s as render_k8s
+from grpo_deploy.runtime import run_token
 from grpo_deploy.spec import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
