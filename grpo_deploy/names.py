@@ -50,6 +50,7 @@ K8S_RUN_TOKEN_SECRET = "grpo-run-token"
 user before the first apply (k8s/README.md gives the command); the front and the trainer read it as GRPO_RUN_TOKEN
 through secretKeyRef. The kit renders its name only, never a value."""
 K8S_RUN_TOKEN_KEY = "token"
+"""The key of K8S_RUN_TOKEN_SECRET that holds the token."""
 
 STATE_DIR = ".grpo-deploy"
 """The deployer's state folder: in the working directory for local runs, in the login user's HOME on remote hosts."""
