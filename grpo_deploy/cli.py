@@ -23,7 +23,7 @@ from grpo_deploy.names import STATE_DIR
 from grpo_deploy.plan import plan_text
 from grpo_deploy.render import render_files
 from grpo_deploy.render.folder import WriteFailed, WriteRefused, diff_tree, write_tree
-from grpo_deploy.render.k8s_overlay import OverlayError, overlay_dir, problems, regenerate
+from grpo_deploy.render.k8s_overlay import OverlayError, overlay_dir, problems, regenerate, secret_lines
 from grpo_deploy.spec import new_spec, profiles
 from grpo_deploy.spec.load import load
 from grpo_deploy.spec.new_spec import InitError
@@ -397,6 +397,8 @@ def cmd_k8s_render(args) -> int:
     overlay = overlay_dir(args.overlay)
     written = regenerate(overlay)
     print(f"rendered {len(written)} files into {overlay}/generated/ from {overlay}/spec.yaml")
+    for line in secret_lines(overlay):
+        print(line)
     return 0
 
 
@@ -408,6 +410,8 @@ def cmd_k8s_check(args) -> int:
         raise CliError(found[0] + more)
     print(f"{overlay}: ready: as a cluster admin `kubectl apply -k {overlay}/admin` (when it has one), then "
           f"`kubectl apply -k {overlay}`")
+    for line in secret_lines(overlay):
+        print(line)
     return 0
 
 

@@ -45,6 +45,12 @@ FRONT_ARGS = "front.args"
 RUN_TOKEN_FILE = "secret/run-token.env"
 """The run's token as GRPO_RUN_TOKEN=..., a 0600 file in a 0700 folder of the run's folder on each host (beside
 render/), written by `up` and read by compose for the roles that send or check it; never part of the render."""
+K8S_RUN_TOKEN_SECRET = "grpo-run-token"
+"""On Kubernetes: the Secret in the run's namespace that holds the run's token (key K8S_RUN_TOKEN_KEY), created by the
+user before the first apply (k8s/README.md gives the command); the front and the trainer read it as GRPO_RUN_TOKEN
+through secretKeyRef. The kit renders its name only, never a value."""
+K8S_RUN_TOKEN_KEY = "token"
+"""The key of K8S_RUN_TOKEN_SECRET that holds the token."""
 
 STATE_DIR = ".grpo-deploy"
 """The deployer's state folder: in the working directory for local runs, in the login user's HOME on remote hosts."""

@@ -312,6 +312,16 @@ class Engine:
         """The engine's own values in k8s/params.env (besides the run's, which every engine has)."""
         return {}
 
+    def k8s_secrets(self, res: Resolved) -> dict[str, str]:
+        """The Secrets the engine's pods cannot start without, {name: key}: created by the user in the run's
+        namespace, never rendered (none by default; the optional grpo-deploy-secrets is not one)."""
+        return {}
+
+    def k8s_config_files(self, res: Resolved) -> dict[str, str]:
+        """The engine's run config as its Kubernetes pods read it where it differs from the config/ one, as
+        {k8s/<name>: text}: an overlay's generated/<name> takes it in place of config/<name> (none by default)."""
+        return {}
+
     def memory(self, res: Resolved, arch: Architecture, host, role: str, cap: float) -> dict[str, Any] | None:
         """Plan's memory estimate of *role* on *host* (*cap*: bytes per GPU, or of the host), None when none."""
         return None

@@ -22,6 +22,8 @@ from grpo_deploy.engines.trl_replicas import (
     front_args,
     fronted,
     host_services,
+    k8s_front_args,
+    pod_vllm_port,
     proxy_args,
     publish_address,
     replica_count,
@@ -45,6 +47,8 @@ from grpo_deploy.names import (
     COMPOSE_TRAINER_HOSTS,
     COMPOSE_TRAINER_INFINIBAND,
     FRONT_ARGS,
+    K8S_RUN_TOKEN_KEY,
+    K8S_RUN_TOKEN_SECRET,
     PROXY_SERVICE,
     RUN_TOKEN_FILE,
     project_name,
@@ -141,9 +145,8 @@ class TrlAsync(Engine):
             derived.append(("trl", "save_total_limit", ck.keep, "checkpoints.keep"))
 
     def config_files(self, res: Resolved, publish_ips: dict[str, str] | None = None) -> dict[str, str]:
-        spec, s = res.spec, res.settings
-        common = dict(run_name=spec.run.name, model_path=s.model.path, served_name=s.model.served_name,
-                      vllm=trl_files.vllm_context(res), device=s.runtime.device)
+        spec = res.spec
+        common = _template_context(res)
         proxy = {"config/proxy.args": template("proxy.args.j2", args=proxy_args(res, publish_ips), **common)} \
             if replica_count(res) > 1 else {}
         if any_front(res):
@@ -268,7 +271,25 @@ class TrlAsync(Engine):
         return diagnose.diagnose(events, hint), diagnose.LABELS
 
     def k8s_params(self, res: Resolved) -> dict[str, Any]:
-        return {"served_model": res.settings.model.served_name, "server_port": res.settings.vllm.port}
+        """The served model (the trainer's wait), the front's port (the Service's, the NetworkPolicy's) and vLLM's
+        port on the server pod's loopback (its probes)."""
+        return {"served_model": res.settings.model.served_name, "server_port": res.settings.vllm.port,
+                "vllm_port": pod_vllm_port(res)}
+
+    def k8s_secrets(self, res: Resolved) -> dict[str, str]:
+        """The run's token, which the front asks of every request and the trainer sends."""
+        return {K8S_RUN_TOKEN_SECRET: K8S_RUN_TOKEN_KEY}
+
+    def k8s_config_files(self, res: Resolved) -> dict[str, str]:
+        """The server pod's own arguments: vLLM on loopback (127.0.0.1:pod_vllm_port) and the front before it on
+        vllm.port (front.args: the compose fronts' arguments and that one replica), the run's token from the Secret
+        K8S_RUN_TOKEN_SECRET in the front's environment, never here."""
+        common = _template_context(res)
+        loopback = ("127.0.0.1", pod_vllm_port(res))
+        return {
+            f"k8s/{FRONT_ARGS}": template("front.args.j2", args=k8s_front_args(res), **common),
+            "k8s/server.args": template("server.args.j2", args=trl_files.server_arg_lines(res, loopback), **common),
+        }
 
     def memory(self, res: Resolved, arch: Architecture, host, role: str, cap: float) -> dict[str, Any] | None:
         """vLLM's share and the trainer's need against the rest (grpo_deploy.engines.trl_memory); a short side carries
@@ -320,6 +341,13 @@ class TrlAsync(Engine):
         return (f"per microbatch of {trl.per_device_train_batch_size} answers (token_budget 0): each microbatch's "
                 "token sum / its tokens, between per answer and per token; packing on would make it per token over "
                 "packed rows (seed 004, trl #7206)")
+
+
+def _template_context(res: Resolved) -> dict[str, Any]:
+    """What every config template of the engine reads (config/ and the Kubernetes pods' k8s/ files alike)."""
+    s = res.settings
+    return dict(run_name=res.spec.run.name, model_path=s.model.path, served_name=s.model.served_name,
+                vllm=trl_files.vllm_context(res), device=s.runtime.device)
 
 
 def _scale_with_replicas(res: Resolved, n: int, derived: list) -> int:

@@ -18,19 +18,23 @@ def vllm_context(res: Resolved) -> dict[str, Any]:
     return ctx
 
 
-def server_arg_lines(res: Resolved) -> list[str]:
+def server_arg_lines(res: Resolved, listen: tuple[str, int] | None = None) -> list[str]:
     """vLLM's arguments, one per line: each VllmSettings field's flag in field order (grpo_deploy.settings declares
-    them), each of the kit's own flags just before the field it names, then extra_args as given."""
+    them), each of the kit's own flags just before the field it names, then extra_args as given. *listen* (host,
+    port) replaces the values of --host and --port: a Kubernetes server pod binds vLLM to loopback behind its front
+    (grpo_deploy.engines.trl_replicas.pod_vllm_port)."""
     vllm, lines = res.settings.vllm, []
     for name, flag in vllm_flags().items():
-        lines += [arg for kit in VLLM_KIT_FLAGS if kit.before == name for arg in _kit_args(res, kit)]
-        lines += flag.args(getattr(vllm, name))
+        lines += [arg for kit in VLLM_KIT_FLAGS if kit.before == name for arg in _kit_args(res, kit, listen)]
+        lines += flag.args(listen[1] if listen is not None and name == "port" else getattr(vllm, name))
     return lines + list(vllm.extra_args)
 
 
-def _kit_args(res: Resolved, kit: KitFlag) -> list[str]:
+def _kit_args(res: Resolved, kit: KitFlag, listen: tuple[str, int] | None = None) -> list[str]:
     """A kit flag's lines: its value read from its setting (run.* from the spec, the rest from the settings), else
-    its fixed value, else the bare flag."""
+    its fixed value, else the bare flag; --host is *listen*'s host when given."""
+    if listen is not None and kit.name == "--host":
+        return [kit.name, listen[0]]
     value = kit.value
     if kit.setting is not None:
         section, key = kit.setting.split(".")

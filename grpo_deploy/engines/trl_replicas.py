@@ -8,7 +8,7 @@ from __future__ import annotations
 import posixpath
 from dataclasses import dataclass
 
-from grpo_deploy.common.values import host_part, ip_literal
+from grpo_deploy.common.values import MAX_PORT, host_part, ip_literal
 from grpo_deploy.engines.base import Engine, Resolved
 from grpo_deploy.engines.trl_trainers import trainer_machines
 from grpo_deploy.names import COMPOSE_BASE, COMPOSE_FRONT, FRONT_SERVICE, PROXY_SERVICE, REPLICA_LABEL, ROLE_LABEL
@@ -108,6 +108,20 @@ def front_args(res: Resolved) -> list[str]:
     listens on vLLM's port in its own container, published where the server was, refuses to start without the run's
     token and passes on an adapter load only from the run's adapter folder."""
     return ["--listen", f"0.0.0.0:{res.settings.vllm.port}", "--adapter-dir", adapter_dir(res), "--require-token"]
+
+
+def pod_vllm_port(res: Resolved) -> int:
+    """On Kubernetes, the port vLLM listens on inside the server pod, on loopback only: vllm.port + 1 (vllm.port - 1
+    when vllm.port is the last port), because the front takes vllm.port on the pod's address (the Service's target)
+    and one port cannot be bound on 0.0.0.0 and on 127.0.0.1 at once."""
+    port = res.settings.vllm.port
+    return port + 1 if port < MAX_PORT else port - 1
+
+
+def k8s_front_args(res: Resolved) -> list[str]:
+    """The front's command line in a Kubernetes server pod (k8s/front.args): the compose fronts' (front_args) and the
+    one replica it stands before, vLLM on the pod's loopback (the Kubernetes overlays run one server)."""
+    return [*front_args(res), "--replica", f"http://127.0.0.1:{pod_vllm_port(res)}"]
 
 
 def host_services(res: Resolved, host) -> list[str]:

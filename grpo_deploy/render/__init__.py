@@ -12,6 +12,8 @@ Layout of a render:
   hosts/<host>.env   docker compose environment for that host (services to start, images, users, volume)
   hosts/<host>.gpu.yaml  compose override reserving that host's GPUs (GPU profiles only)
   k8s/params.env     values the kustomize overlays consume (images, UID/GID, mount, HF cache); grpo_deploy.render.k8s
+  k8s/server.args    the server pod's vLLM arguments (vLLM on the pod's loopback; in place of config/'s) (trl-async)
+  k8s/front.args     the server pod's front: the compose fronts' arguments and its --replica            (trl-async)
   k8s/placement.yaml GPU node affinity of the profile (GPU profiles only)
   k8s/admin/         the run's Namespace and NFS PersistentVolume, for a cluster admin (storage.nfs only)
   resolved.json      every effective setting with its source and reason

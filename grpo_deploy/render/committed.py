@@ -32,9 +32,12 @@ def k8s_overlays(root: Path | None = None) -> list[Path]:
 
 def k8s_generated(overlay: Path) -> dict[str, str]:
     """generated/-relative path -> text: the run config files plus what the render writes for kustomize (k8s/:
-    params.env, placement.yaml, admin/)."""
+    params.env, placement.yaml, admin/). A k8s/ file of the same name as a config/ one is the pods' own and takes its
+    place (trl-async: server.args with vLLM on the pod's loopback behind the front)."""
     rendered = render_files(resolve(load(overlay / "spec.yaml")))
-    return {rel.split("/", 1)[1]: text for rel, text in rendered.items() if rel.startswith(("config/", "k8s/"))}
+    out = {rel.split("/", 1)[1]: text for rel, text in rendered.items() if rel.startswith("config/")}
+    out.update({rel.split("/", 1)[1]: text for rel, text in rendered.items() if rel.startswith("k8s/")})
+    return out
 
 
 def renders() -> dict[Path, dict[str, str]]:

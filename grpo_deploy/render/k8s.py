@@ -18,6 +18,19 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 LOCAL_CONFIG = {"config.kubernetes.io/local-config": "true"}
 
 
+# A token of the kit's form (grpo_deploy.runtime.run_token: secrets.token_urlsafe(32), no newline), through a pipe:
+# never on a command line, in shell history or in a file.
+TOKEN_MAKER = "python3 -c 'import secrets, sys; sys.stdout.write(secrets.token_urlsafe(32))'"
+
+
+def secret_commands(res: Resolved) -> list[str]:
+    """The one command per Secret the run's pods cannot start without (Engine.k8s_secrets), for the run's namespace:
+    each makes a random token of the kit's form and hands it to kubectl on stdin."""
+    run = res.spec.run.name
+    return [f"{TOKEN_MAKER} | kubectl -n {run} create secret generic {name} --from-file={key}=/dev/stdin"
+            for name, key in res.engine_info.k8s_secrets(res).items()]
+
+
 def pv_name(run: str) -> str:
     return f"grpo-shared-{run}"
 
@@ -102,7 +115,7 @@ def admin_files(res: Resolved) -> dict[str, str]:
 
 
 def k8s_files(res: Resolved) -> dict[str, str]:
-    files = {"k8s/params.env": params_text(res)}
+    files = {"k8s/params.env": params_text(res), **res.engine_info.k8s_config_files(res)}
     products = gpu_products(res)
     if products:
         files["k8s/placement.yaml"] = placement_text(res, products)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from grpo_deploy.render.committed import k8s_generated
 from grpo_deploy.render.folder import WriteRefused, diff_tree, write_tree
+from grpo_deploy.render.k8s import secret_commands
 from grpo_deploy.spec.load import load
 from grpo_deploy.spec.resolve import resolve
 
@@ -64,6 +65,14 @@ def regenerate(overlay: Path) -> list[Path]:
         return write_tree(files, overlay, adopt=True)
     except WriteRefused as exc:
         raise OverlayError(str(exc)) from None
+
+
+def secret_lines(overlay: Path) -> list[str]:
+    """What the user creates once before the first apply, one line each: the Secrets the pods need (the run's
+    token), each with the command that makes it. SpecError propagates."""
+    res = resolve(load(overlay / "spec.yaml"))
+    return [f"required once, in the run's namespace (after admin/, before the first `kubectl apply -k {overlay}`; "
+            f"the pods do not start without it, the kit renders no value): {cmd}" for cmd in secret_commands(res)]
 
 
 def problems(overlay: Path) -> list[str]:

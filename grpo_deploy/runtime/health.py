@@ -81,6 +81,19 @@ def server_healthy(port: int, model: str, timeout: float = 3.0, host: str = "127
     return False, f"{model} not in {served}"
 
 
+def server_live(port: int, timeout: float = 3.0, host: str = "127.0.0.1") -> tuple[bool, str]:
+    """Whether vLLM's `GET /health` on host:port answers 200 (its engine is alive: a liveness check, where the model
+    list would still answer from a server whose engine died)."""
+    url = f"http://{_bracketed(host)}:{port}/health"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=run_token.env_headers()),
+                                    timeout=timeout) as response:
+            status = response.status
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        return False, f"{url}: {error}"
+    return status == 200, f"{url} answered {status}"
+
+
 def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
@@ -146,13 +159,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=int(os.environ.get("GRPO_SERVER_PORT") or 8000))
     parser.add_argument("--host", default="127.0.0.1", help="server address (default: this container)")
     parser.add_argument("--complete", action="store_true", help="also ask for a one-token completion (server)")
+    parser.add_argument("--live", action="store_true",
+                        help="server: only ask GET /health (the engine is alive), not whether the model is listed")
     parser.add_argument("--heartbeat", default=None, help=f"trainer heartbeat file (default ${HEARTBEAT_ENV})")
     parser.add_argument("--max-age", type=float, default=120.0, help="trainer heartbeat staleness limit, seconds")
     parser.add_argument("--ray-address", default=None, help="Ray GCS host:port (head, worker; default $RAY_ADDRESS, "
                         f"else {RAY_CURRENT_CLUSTER})")
     parser.add_argument("--timeout", type=float, default=3.0)
     args = parser.parse_args(argv)
-    if args.role == "server":
+    if args.role == "server" and args.live:
+        ok, why = server_live(args.port, args.timeout, args.host)
+    elif args.role == "server":
         if not args.model:
             print("server health needs --model or GRPO_SERVED_MODEL", file=sys.stderr)
             return 2

@@ -22,6 +22,7 @@ Also: yamllint over k8s/ and ansible/ with the repository's .yamllint.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -41,10 +42,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from grpo_deploy import render, spec
+from grpo_deploy import names, spec
 from grpo_deploy.render import committed, k8s_overlay
 from grpo_deploy.render import folder as render_folder
 from grpo_deploy.render import k8s as render_k8s
+from grpo_deploy.runtime import run_token
 from grpo_deploy.spec import resolve
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,13 +59,17 @@ CI_OVERLAYS = set(k8s_overlay.CI_OVERLAYS)
 CONFIG_DIR = "/etc/grpo-deploy"
 LAUNCH = "/etc/grpo-launch/verl-launch.sh"
 SECRET_NAME = "grpo-deploy-secrets"
+# The run's token: the one Secret a pod may not start without (the front asks every request for it).
+TOKEN_REF = {"name": names.K8S_RUN_TOKEN_SECRET, "key": names.K8S_RUN_TOKEN_KEY, "optional": False}
+TOKEN_READERS = {"front", "trainer", "wait-for-server"}  # the front checks it, the trainer and its wait send it
 SECRET_LIKE = ("TOKEN", "API_KEY", "PASSWORD", "SECRET")
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 HEALTH_CMD = ["python3", "-m", "grpo_deploy.runtime.health", "--role", "server"]
 K8S_ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 # Role of each container -> the key of its image in the resolved spec.
-IMAGE_OF = {"server": "server", "trainer": "trainer", "wait-for-server": "trainer", "verl": "verl",
+IMAGE_OF = {"server": "server", "front": "server", "trainer": "trainer", "wait-for-server": "trainer", "verl": "verl",
             "ray-head": "verl", "ray-worker": "verl", "submitter": "verl"}
+ENV_OF = {"front": "server"}  # a container whose role environment is another's: the front reads server.env
 MAIN_CONTAINERS = {"server", "trainer", "verl", "ray-head", "ray-worker"}  # they load the model and use the volume
 GPU_CONTAINERS = {"server", "trainer", "verl", "ray-head", "ray-worker"}
 MIN_SERVER_STARTUP_S = 900  # a first model load on a Spark takes 10-15 min
@@ -230,8 +236,23 @@ def image_defaults() -> dict[str, str]:
     return out
 
 
+def _arg_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
 def server_args(build_name: str) -> list[str]:
-    return render.server_args(resolved(build_name))
+    """vLLM's arguments as the server pod reads them (generated/server.args)."""
+    return _arg_lines(expected_generated(build_name)["server.args"])
+
+
+def front_args(build_name: str) -> list[str]:
+    """The front's arguments as the server pod reads them (generated/front.args)."""
+    return _arg_lines(expected_generated(build_name)["front.args"])
+
+
+def _value(args: list[str], flag: str) -> str:
+    (i,) = [i for i, arg in enumerate(args) if arg == flag]
+    return args[i + 1]
 
 
 def trainer_config(build_name: str) -> dict:
@@ -592,25 +613,92 @@ def _startup_budget_s(server: dict) -> int:
     return startup.get("periodSeconds", 10) * startup.get("failureThreshold", 3)
 
 
+def _pod_container(tpl: dict, name: str) -> dict:
+    (c,) = [c for c in tpl["spec"]["containers"] if c["name"] == name]
+    return c
+
+
 @pytest.mark.parametrize("build_name", TRL_BUILDS)
 def test_server_probes(build_name):
-    pod = server_pod(build_name)["spec"]
-    (server,) = [c for c in pod["containers"] if c["name"] == "server"]
-    ports = {p.get("name"): p["containerPort"] for p in server.get("ports", [])}
+    """vLLM listens on the pod's loopback: its three probes are exec inside its container and ask its loopback port;
+    readiness is `/v1/models lists the served model`, liveness vLLM's /health. The front is ready when the model is
+    listed through it (the health check sends the run's token); no probe of the pod is an httpGet (the front
+    answers 401 without the token, and a token in a probe's header would be in the manifest)."""
+    tpl = server_pod(build_name)
+    server, front = _pod_container(tpl, "server"), _pod_container(tpl, "front")
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert probe in server, f"server has no {probe}"
-        http = server[probe].get("httpGet")
-        if http:
-            assert http["port"] in ports or http["port"] in ports.values(), f"{probe} port {http['port']} not exposed"
-    assert server["readinessProbe"].get("exec", {}).get("command") == HEALTH_CMD, \
+        assert set(server[probe]) & {"exec", "httpGet", "tcpSocket", "grpc"} == {"exec"}, \
+            f"server {probe}: vLLM listens on loopback, the kubelet reaches the pod's address: exec only"
+        assert server[probe]["exec"]["command"][:len(HEALTH_CMD)] == HEALTH_CMD
+    assert server["readinessProbe"]["exec"]["command"] == HEALTH_CMD, \
         "readiness must be `/v1/models lists the served model` (grpo_deploy.runtime.health), not /health"
-    # The health command reads the served model and port from the environment (server.env via envFrom).
+    assert server["livenessProbe"]["exec"]["command"] == [*HEALTH_CMD, "--live"], "liveness asks vLLM's /health"
+    assert not server.get("ports"), "vLLM's container publishes no port: it listens on the pod's loopback"
+    # The health command reads the served model and port from the environment (server.env via envFrom, the port
+    # replaced by vLLM's loopback port in the server container).
+    model = resolved(build_name).settings.model.served_name
     env = effective_env(build_name, server)
-    assert env.get("GRPO_SERVED_MODEL") == resolved(build_name).settings.model.served_name
-    assert env.get("GRPO_SERVER_PORT") == str(ports["http"]), "the readiness check would ask another port"
+    assert env.get("GRPO_SERVED_MODEL") == model
+    assert env.get("GRPO_SERVER_PORT") == _value(server_args(build_name), "--port"), \
+        "the server's probes would ask another port than vLLM's"
+    assert front["readinessProbe"]["exec"]["command"] == HEALTH_CMD, "the front is ready when the model is listed"
+    front_env = effective_env(build_name, front)
+    (port,) = [p["containerPort"] for p in front["ports"] if p["name"] == "http"]
+    assert front_env.get("GRPO_SERVED_MODEL") == model and front_env.get("GRPO_SERVER_PORT") == str(port)
+    assert "GRPO_RUN_TOKEN" in front_env, "the front's readiness check must send the run's token"
+    for c in tpl["spec"]["containers"]:
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert "httpGet" not in c.get(probe, {}), f"{c['name']} {probe}: an httpGet probe"
     budget = _startup_budget_s(server)
     assert budget >= MIN_SERVER_STARTUP_S, (f"startupProbe allows {budget} s, less than a model load "
                                             f"({MIN_SERVER_STARTUP_S} s)")
+
+
+@pytest.mark.parametrize("build_name", TRL_BUILDS)
+def test_the_front_stands_before_vllm_on_loopback(build_name):
+    """The server pod: vLLM bound to 127.0.0.1 on its own port, the front (the kit's replica proxy, the server's
+    image, the compose fronts' arguments with --require-token) on the Service's port, its one replica vLLM's
+    loopback address."""
+    tpl = server_pod(build_name)
+    front = _pod_container(tpl, "front")
+    vllm, fargs = server_args(build_name), front_args(build_name)
+    port = resolved(build_name).settings.vllm.port
+    assert _value(vllm, "--host") == "127.0.0.1", "vLLM must listen on the pod's loopback only"
+    loopback = int(_value(vllm, "--port"))
+    assert loopback != port and str(loopback) == params_env(build_name)["vllm_port"]
+    assert front["args"] == ["python3", "-m", "grpo_deploy.runtime.serving.proxy", f"@{CONFIG_DIR}/front.args"]
+    assert "command" not in front, "args, not command: the image's entrypoint (tini) stays in front"
+    assert _value(fargs, "--listen") == f"0.0.0.0:{port}" and "--require-token" in fargs
+    assert [a for i, a in enumerate(fargs) if i and fargs[i - 1] == "--replica"] == [f"http://127.0.0.1:{loopback}"]
+    assert _value(fargs, "--adapter-dir") == posixpath.join(trainer_config(build_name)["adapters"]["dir"],
+                                                            ".vllm_lora")
+    assert [p["containerPort"] for p in front["ports"]] == [port]
+
+
+@pytest.mark.parametrize("build_name", TRL_BUILDS)
+def test_the_run_token_reaches_the_front_and_the_trainer_from_the_users_secret(build_name):
+    """GRPO_RUN_TOKEN from the Secret grpo-run-token (key token, not optional: the pod does not start without it) in
+    the front, the trainer and its wait; nowhere else, and never a value."""
+    readers = set()
+    for where, _, c in all_containers(build_name):
+        for e in c.get("env", []):
+            if e["name"] == "GRPO_RUN_TOKEN":
+                assert "value" not in e and e.get("valueFrom") == {"secretKeyRef": TOKEN_REF}, f"{where}: {e}"
+                readers.add(c["name"])
+    assert readers == TOKEN_READERS, f"GRPO_RUN_TOKEN reaches {sorted(readers)}, expected {sorted(TOKEN_READERS)}"
+
+
+@pytest.mark.parametrize("build_name", BUILDS)
+def test_no_run_token_value_anywhere_in_the_build(build_name):
+    """The kit renders the Secret's name, never a token: nothing in the built objects or in generated/ has the
+    form of a token (runtime.run_token), carries GRPO_RUN_TOKEN=... or an Authorization header."""
+    texts = [yaml.safe_dump(list(build(build_name)))] + list(expected_generated(build_name).values())
+    for text in texts:
+        assert not re.search(r"GRPO_RUN_TOKEN\s*=", text)
+        assert "Bearer " not in text and "httpHeaders" not in text
+        assert not [w for w in re.findall(r"[A-Za-z0-9_-]{43}", text) if re.search(r"[0-9]", w)
+                    and re.search(r"[A-Z]", w) and re.search(r"[a-z]", w)], "a token-shaped value in the build"
 
 
 @pytest.mark.parametrize("build_name", TRL_BUILDS)
@@ -630,11 +718,12 @@ def test_trainer_reaches_the_server_service(build_name):
     (svc_port,) = [p for p in svc["spec"]["ports"] if p["port"] == url.port]
     tpl = server_pod(build_name)
     assert svc["spec"]["selector"].items() <= tpl["metadata"]["labels"].items(), "the Service misses the server"
-    (server,) = [c for c in tpl["spec"]["containers"] if c["name"] == "server"]
-    (port,) = [p for p in server["ports"]
+    (front,) = [c for c in tpl["spec"]["containers"] if c["name"] == "front"]
+    (port,) = [p for p in front["ports"]
                if p["name"] == svc_port["targetPort"] or p["containerPort"] == svc_port["targetPort"]]
-    args = server_args(build_name)
-    assert port["containerPort"] == int(args[args.index("--port") + 1]), "containerPort != vLLM --port"
+    listen = _value(front_args(build_name), "--listen")
+    assert listen == f"0.0.0.0:{port['containerPort']}", "the Service's target is not the front's --listen port"
+    assert url.port == port["containerPort"], "the trainer asks the Service on another port than the front's"
     (init,) = [c for c in trainer_pod(build_name)["spec"]["initContainers"] if c["name"] == "wait-for-server"]
     env = {e["name"]: e.get("value") for e in init["env"]}
     assert env["GRPO_SERVED_MODEL"] == resolved(build_name).settings.model.served_name
@@ -648,10 +737,10 @@ def _selects(selector: dict, labels: dict) -> bool:
 @pytest.mark.parametrize("build_name", TRL_BUILDS)
 def test_server_reachable_only_from_the_runs_trainer(build_name):
     """vLLM's dev-mode and runtime-LoRA endpoints have no authentication: only this run's trainer pods may connect,
-    only on the server port."""
+    only on the server pod's port, which is the front's (vLLM's own is on the pod's loopback)."""
     server, trainer = server_pod(build_name), trainer_pod(build_name)
     run = resolved(build_name).spec.run.name
-    port = int(server_args(build_name)[server_args(build_name).index("--port") + 1])
+    port = int(_value(front_args(build_name), "--listen").rsplit(":", 1)[1])
     policies = [p for p in objects(build_name, "NetworkPolicy")
                 if _selects(p["spec"]["podSelector"], server["metadata"]["labels"])]
     assert len(policies) == 1, f"expected one NetworkPolicy selecting the server pods, found {len(policies)}"
@@ -701,7 +790,10 @@ def test_secrets_only_by_reference(build_name):
     for where, _, c in all_containers(build_name):
         for e in c.get("env", []):
             ref = e.get("valueFrom", {}).get("secretKeyRef")
-            if ref is not None:
+            if ref is not None and e["name"] == "GRPO_RUN_TOKEN":
+                if ref != TOKEN_REF:
+                    problems.append(f"{where}: GRPO_RUN_TOKEN refers to {ref}, expected {TOKEN_REF}")
+            elif ref is not None:
                 if ref.get("name") != SECRET_NAME or ref.get("optional") is not True:
                     problems.append(f"{where}: env {e['name']} refers to {ref}, expected {SECRET_NAME} optional")
             elif any(word in e["name"].upper() for word in SECRET_LIKE):
@@ -776,7 +868,7 @@ def test_verl_goes_offline_for_a_model_path(tmp_path):
 @pytest.mark.parametrize("build_name", BUILDS)
 def test_config_mounted_read_only_with_the_rendered_files(build_name):
     expected = {k: v for k, v in expected_generated(build_name).items()
-                if k.startswith(("server.", "trainer.", "verl-"))}
+                if k.startswith(("server.", "front.", "trainer.", "verl-"))}
     problems = []
     for where, pod in pod_specs(build_name):
         if where.endswith("/submitter"):
@@ -801,7 +893,7 @@ def test_config_mounted_read_only_with_the_rendered_files(build_name):
                 ref = src.get("configMapRef")
                 if ref:
                     (env_cm,) = [o for o in objects(build_name, "ConfigMap") if o["metadata"]["name"] == ref["name"]]
-                    role_env = f"{c['name']}.env"
+                    role_env = f"{ENV_OF.get(c['name'], c['name'])}.env"
                     if env_cm["data"] != render_folder.parse_env(expected[role_env]):
                         problems.append(f"{where}/{c['name']}: env ConfigMap != rendered {role_env}")
     assert not problems, "\n".join(problems)
@@ -934,7 +1026,9 @@ def test_unified_memory_pods_are_guaranteed_with_the_stated_sizes(build_name):
         (main,) = [c for c in pod["containers"] if c["name"] == role]
         memory = quantity(main["resources"]["limits"]["memory"])
         assert memory >= need[role] + shm, f"{role}: {memory / 2**30:.0f} GiB < stated need + /dev/shm"
-        assert memory <= 0.85 * hw["host_memory_gb"] * 1e9, f"{role}: {memory / 2**30:.0f} GiB leaves the node no room"
+        pod_memory = sum(quantity(c["resources"]["limits"]["memory"]) for c in pod["containers"])
+        assert pod_memory <= 0.85 * hw["host_memory_gb"] * 1e9, \
+            f"{role}: {pod_memory / 2**30:.0f} GiB leaves the node no room"
 
 
 @pytest.mark.parametrize("build_name", BUILDS)
@@ -1086,9 +1180,16 @@ def test_verl_launcher_passes_every_override_verbatim(overlay, tmp_path):
 
 
 class _Models(BaseHTTPRequestHandler):
+    """A stand-in for the front: /v1/models with the served models, 401 without `Bearer <token>`."""
+
     served: list[str] = []
+    token = ""
 
     def do_GET(self):  # noqa: N802 (http.server API)
+        if self.headers.get_all("Authorization") != [f"Bearer {self.token}"]:
+            self.send_response(401)
+            self.end_headers()
+            return
         body = json.dumps({"object": "list", "data": [{"id": m} for m in self.served]}).encode()
         self.send_response(200 if self.path == "/v1/models" else 404)
         self.send_header("Content-Type", "application/json")
@@ -1101,13 +1202,15 @@ class _Models(BaseHTTPRequestHandler):
 
 @pytest.mark.parametrize("overlay", TRL_OVERLAYS)
 def test_wait_for_server_waits_for_the_served_model(overlay, tmp_path):
-    """Run the init container's script against a stand-in /v1/models at the URL from trainer.yaml."""
+    """Run the init container's script against a stand-in front (/v1/models, the run's token asked) at the URL from
+    trainer.yaml, with the token in its environment as the Secret would put it."""
     job = one(overlay, "Job", "trainer")
     (init,) = [c for c in job["spec"]["template"]["spec"]["initContainers"] if c["name"] == "wait-for-server"]
     assert init["args"][:2] == ["python3", "-c"] and "command" not in init
-    env = {e["name"]: e["value"] for e in init["env"]}
-    want = env["GRPO_SERVED_MODEL"]
-    handler = type("Models", (_Models,), {"served": []})
+    env = {e["name"]: e["value"] for e in init["env"] if "value" in e}
+    want, token = env["GRPO_SERVED_MODEL"], run_token.make()
+    env.update(GRPO_RUN_TOKEN=token, PYTHONPATH=str(ROOT))
+    handler = type("Models", (_Models,), {"served": [], "token": token})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -1129,8 +1232,31 @@ def test_wait_for_server_waits_for_the_served_model(overlay, tmp_path):
         proc = run("30")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert f"lists {want}" in proc.stdout
+        assert token not in proc.stdout + proc.stderr
+        proc = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+            env={**os.environ, **env, "GRPO_RUN_TOKEN": "", "GRPO_WAIT_S": "0"})
+        assert proc.returncode != 0 and "401" in proc.stderr, proc.stdout + proc.stderr
     finally:
         server.shutdown()
+
+
+def test_the_documented_secret_command_makes_a_token_the_kit_accepts():
+    """The one command `k8s render`/`check` and the docs give makes a Secret of the run's token that the front and the
+    trainer accept (runtime.run_token's form), in the run's namespace, under the name and key the pods read; kubectl
+    builds it client-side here (no cluster), and the command line itself holds no value."""
+    res = resolved("h200")
+    (cmd,) = render_k8s.secret_commands(res)
+    readme = (ROOT / "k8s" / "README.md").read_text()
+    assert cmd.replace(f"-n {res.spec.run.name} ", "-n <run> ") in readme, "k8s/README.md gives another command"
+    proc = subprocess.run(["sh", "-c", cmd + " --dry-run=client -o json"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    secret = json.loads(proc.stdout)
+    assert secret["metadata"]["namespace"] == res.spec.run.name and secret["metadata"]["name"] == TOKEN_REF["name"]
+    value = base64.b64decode(secret["data"][TOKEN_REF["key"]]).decode()
+    assert run_token.well_formed(value) and len(value) == 43, "not a token of the kit's form (no newline)"
+    assert value not in cmd
 
 
 # --- yamllint ------------------------------------------------------------------------------------------------

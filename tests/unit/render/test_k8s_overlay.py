@@ -81,11 +81,18 @@ def test_check_walks_the_user_through_what_to_set(tmp_path, capsys):
     assert "generated/ differs from a render of spec.yaml" in err and "grpo-deploy k8s render" in err
 
     assert cli.main(["k8s", "render", str(overlay)]) == 0
-    capsys.readouterr()
+    secret = "kubectl -n gb10-trl-async create secret generic grpo-run-token --from-file=token=/dev/stdin"
+    assert secret in capsys.readouterr().out, "render says the run's token Secret is required"
     assert "nfs_server=10.20.0.5" in (overlay / "generated" / "params.env").read_text()
     assert "server: 10.20.0.5" in (overlay / "generated" / "admin" / "shared-pv.yaml").read_text()
     assert cli.main(["k8s", "check", str(overlay)]) == 0
-    assert "ready" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "ready" in out and "required once" in out and secret in out
+
+
+def test_verl_overlays_need_no_token_secret():
+    """verl's vLLM is colocated in the trainer's processes and publishes nothing: no front, no token."""
+    assert k8s_overlay.secret_lines(K8S / "a100") == [] and k8s_overlay.secret_lines(K8S / "a100-rayjob") == []
 
 
 def test_check_refuses_replicas_the_overlays_cannot_run(tmp_path, capsys):

@@ -31,6 +31,18 @@ def test_server_role_and_model_from_env(monkeypatch):
     assert health.main([]) == 2
 
 
+def test_server_live_asks_only_health(monkeypatch):
+    """--live: vLLM's /health answers 200 (the engine is alive), whatever the model list says; a 503 (the engine
+    died) or no answer is unhealthy. It reads the port from the environment like readiness (a Kubernetes probe)."""
+    with StubServer({("GET", "/health"): (200, {})}) as server:
+        monkeypatch.setenv("GRPO_SERVER_PORT", str(server.port))
+        assert health.main(["--role", "server", "--live"]) == 0
+        assert [r[:2] for r in server.requests] == [("GET", "/health")]
+    with StubServer({("GET", "/health"): (503, {})}) as server:
+        assert health.main(["--role", "server", "--live", "--port", str(server.port)]) == 1
+    assert health.main(["--role", "server", "--live", "--port", str(server.port), "--timeout", "1"]) == 1
+
+
 def test_trainer_heartbeat(tmp_path, monkeypatch):
     path = tmp_path / "hb"
     monkeypatch.setenv("GRPO_HEARTBEAT_FILE", str(path))
