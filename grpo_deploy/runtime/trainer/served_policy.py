@@ -76,7 +76,8 @@ class Probe:
 @dataclass(frozen=True)
 class Verdict:
     """`verdict`: applied (answers differ from the base), base (the same while the adapter should differ), early (the
-    same, but the adapter may not move the probe yet), not-listed, unknown (no answer to judge); `finding`: the
+    same, but the adapter may not move the probe yet), noisy (the server's two base answers disagree by more than the
+    proof tolerated: no judgement, the streak kept), not-listed, unknown (no answer to judge); `finding`: the
     values to hand to the watcher when this check calls for one (None otherwise); `clear`: a finding ended."""
 
     verdict: str
@@ -93,7 +94,9 @@ class Rule:
     far, so it should differ by about as much; without norms to compare, an earlier version), or it is version
     MIN_VERSION or later. `after` judged checks in a row whose answers equal the base's (within TOLERANCE +
     NOISE_FACTOR x the check's own base-to-base noise) make a finding; an adapter missing from the model list makes
-    one at once."""
+    one at once. A check whose own noise makes its threshold wider than the proof allowed (the proving difference
+    over PROOF_FACTOR) judges nothing: on the CPU rehearsal a base-model request batched with adapter requests was
+    now and then answered as the adapter (2-3 of 36 checks), and such a check would read "equal to the base"."""
 
     def __init__(self, after: int = AFTER, tolerance: float = TOLERANCE, noise_factor: float = NOISE_FACTOR,
                  min_version: int = MIN_VERSION):
@@ -101,6 +104,7 @@ class Rule:
         self.streak = 0
         self.proven_b: float | None = None  # the smallest B norm of an adapter that proved it (PROOF_FACTOR)
         self.proven_version: int | None = None  # the first version that proved it
+        self.proven_diff: float | None = None  # the smallest difference that proved it
         self.proven = False
         self.active = False
 
@@ -111,12 +115,15 @@ class Rule:
         if probe.diff is None:
             return Verdict("unknown", None, self.streak)
         threshold = self.tolerance + self.noise_factor * (probe.noise or 0.0)
+        if self.proven_diff is not None and threshold * PROOF_FACTOR > self.proven_diff and probe.diff <= threshold:
+            return Verdict("noisy", threshold, self.streak)
         if probe.diff > threshold:
             self.streak = 0
             if probe.diff >= PROOF_FACTOR * threshold:
                 self.proven = True
                 if self.proven_version is None:
                     self.proven_version = probe.version
+                self.proven_diff = probe.diff if self.proven_diff is None else min(self.proven_diff, probe.diff)
                 if probe.b_norm is not None:
                     self.proven_b = probe.b_norm if self.proven_b is None else min(self.proven_b, probe.b_norm)
             clear, self.active = self.active, False

@@ -82,6 +82,19 @@ def test_the_servers_own_noise_raises_the_threshold():
     assert rule.judge(probe(3, diff=0.5, b=0.3, noise=0.01)).verdict == "applied"
 
 
+def test_a_check_noisier_than_the_proof_allowed_judges_nothing_and_keeps_the_streak():
+    """Recorded on the CPU rehearsal (split run): a base request answered as the adapter now and then, so the two
+    base answers differ by about the adapter's own difference; such a check read "equal to the base" before."""
+    rule = sp.Rule()
+    assert rule.judge(probe(2, diff=0.18, b=1.0)).verdict == "applied"  # proves: 0.18 >= 10 x 0.001
+    seen = [rule.judge(probe(13, diff=0.81, b=2.0, noise=0.574)),  # threshold 1.72: wider than the proof allowed
+            rule.judge(probe(14, diff=0.0, b=2.1)), rule.judge(probe(15, diff=0.0, b=2.2)),
+            rule.judge(probe(16, diff=0.82, b=2.3, noise=0.774)), rule.judge(probe(17, diff=0.0, b=2.4))]
+    assert [v.verdict for v in seen] == ["noisy", "base", "base", "noisy", "base"]
+    assert [v.streak for v in seen] == [0, 1, 2, 2, 3] and seen[-1].finding is not None
+    assert rule.judge(probe(18, diff=0.31, b=2.5, noise=0.02)).verdict == "applied"  # beyond a noisy threshold: counts
+
+
 def test_an_applied_adapter_resets_the_streak_and_clears_an_active_finding():
     rule = sp.Rule(after=2)
     rule.judge(probe(1, diff=0.4))
