@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -202,9 +203,10 @@ def test_a_server_serving_the_base_model_is_caught_and_the_run_stops(split_run, 
         expected=f"the served-policy check finds the base model's answers under the newest adapter; watch.action: "
                  f"stop saves and stops within {STALE_STOP_WITHIN} steps, one line in `up`")
     assert split_run["code"] == 0, output[-4000:]
-    lines = [line for line in output.splitlines() if "run watcher: stale policy: " in line]
-    assert len(lines) == 1 and "stopped early: run watcher: stale policy: " in output, output[-4000:]
-    assert "acknowledged but not applied" in lines[0] and "trl-policy-v" in lines[0], lines
+    # once as a progress line when found (the summary and `up`'s last line say it again as the reason of the stop)
+    lines = [line for line in output.splitlines() if re.match(r"\[\d\d:\d\d:\d\d\] run watcher: stale policy: ", line)]
+    assert len(lines) == 1 and "] stopped early: run watcher: stale policy: " in output, output[-4000:]
+    assert "trl-policy-v" in lines[0] and "acknowledged but not applied" in output, lines  # the progress line is cut
     events = parse_events(split_run["metrics"])
     ends = [e for e in events if e["event"] == "run_end"]
     assert ends[-1]["status"] == "stopped-early", ends
@@ -213,7 +215,9 @@ def test_a_server_serving_the_base_model_is_caught_and_the_run_stops(split_run, 
     assert found["level"] == "stop" and found["verdict"] == "base", found
     checks = [e for e in events if e["event"] == "served_policy"]
     before = [e for e in checks if e["time"] < stale["time"]]  # a check after it reads the base, whatever version
-    assert before and all(e["verdict"] in ("applied", "early") for e in before), before
+    # no check before the fault read the base: a noisy one judges nothing (the vLLM CPU server answered a base request
+    # as the adapter now and then: 3 of 36 checks in one run)
+    assert before and all(e["verdict"] in ("applied", "early", "noisy") for e in before), before
     assert any(e["verdict"] == "applied" for e in before), before  # the server applied adapters before the fault
     assert all(e["listed"] is not False for e in checks), checks  # the list names them: the probe caught it
     assert stopped - stale["step"] <= STALE_STOP_WITHIN and stopped < STEPS, (stale["step"], stopped, checks[-5:])
