@@ -42,8 +42,9 @@ class Tmux:
         return subprocess.run([TMUX, "-L", self.socket, *args], capture_output=True, text=True, check=True,
                               timeout=timeout).stdout
 
-    def run(self, argv: list[str], columns: int, env: dict[str, str] | None = None) -> Pane:
-        """*argv* run in a new pane *columns* wide (from the repository root, with *env* added), to its end."""
+    def run(self, argv: list[str], columns: int, env: dict[str, str] | None = None, wait_s: float = 120) -> Pane:
+        """*argv* run in a new pane *columns* wide (from the repository root, with *env* added), to its end (at most
+        *wait_s* seconds)."""
         self.n += 1
         name, done = f"s{self.n}", f"done-{self.socket}-{self.n}"
         setting = [f"{k}={v}" for k, v in {"PYTHONPATH": str(ROOT), "TERM": "xterm-256color", **(env or {})}.items()]
@@ -51,7 +52,7 @@ class Tmux:
         command = subprocess.list2cmdline(["env", *unset, *setting, *argv])
         self.tmux("new-session", "-d", "-s", name, "-x", str(columns), "-y", "50", "-c", str(ROOT),
                   f"{command}; {TMUX} -L {self.socket} wait-for -S {done}; exec sleep 600")
-        self.tmux("wait-for", done, timeout=120)
+        self.tmux("wait-for", done, timeout=wait_s)
         grab = ["capture-pane", "-p", "-S", "-", "-E", "-", "-t", name]
         pane = Pane(_rows(self.tmux(*grab)), _rows(self.tmux(*grab, "-J")), self.tmux(*grab, "-e"))
         self.tmux("kill-session", "-t", name)
