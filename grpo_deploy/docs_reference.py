@@ -1,5 +1,6 @@
-"""The documentation site's generated reference pages (docs/reference/*.md): spec keys, profiles and verbs, from the
-schema, the profile files and the command line itself; `python -m grpo_deploy.docs_reference [--check]`."""
+"""The documentation site's generated reference pages (docs/reference/*.md): spec keys, profiles, preflight checks
+and verbs, from the schema, the profile files, the check registry and the command line itself;
+`python -m grpo_deploy.docs_reference [--check]`."""
 
 from __future__ import annotations
 
@@ -123,7 +124,29 @@ def cli_page() -> str:
     return "\n".join(lines)
 
 
-PAGES = {"spec.md": spec_page, "profiles.md": profiles_page, "cli.md": cli_page}
+def preflight_page() -> str:
+    """Every registered preflight check, in the order it runs, with its description and when `up` runs it."""
+    from grpo_deploy import preflight  # noqa: F401 - importing the package registers every check
+    from grpo_deploy.preflight.registry import CHECKS
+
+    def when(check) -> str:
+        if check.needs_images:
+            return "after the images are on their hosts"
+        if check.reads_images:
+            return "before shipping, and again after it"
+        return "before anything is shipped or started"
+
+    lines = ["# Preflight checks", "", NOTICE.strip(), "",
+             "Every check `grpo-deploy preflight` (and `up`, before it starts anything) runs, in the order it runs. "
+             "A check reads facts and never changes a host; each answers OK, WARN, FAIL or SKIP per host, with the "
+             "fix beside a FAIL. Exit status: 0 every check passed (warnings allowed), 1 a check failed, 2 preflight "
+             "could not run. More on each: [preflight](../operations/preflight.md).", "",
+             "| # | check | what it checks | when `up` runs it |", "| --- | --- | --- | --- |"]
+    lines += [f"| {i} | `{c.name}` | {_cell(c.description)} | {when(c)} |" for i, c in enumerate(CHECKS, 1)]
+    return "\n".join(lines) + "\n"
+
+
+PAGES = {"spec.md": spec_page, "profiles.md": profiles_page, "preflight.md": preflight_page, "cli.md": cli_page}
 
 
 def pages() -> dict[str, str]:

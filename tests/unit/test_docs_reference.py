@@ -42,6 +42,17 @@ def test_cli_page_has_every_verb_help_at_a_fixed_width(monkeypatch):
     assert page == docs_reference.cli_page()  # the terminal's width does not reach the page
 
 
+def test_preflight_page_has_every_registered_check_in_order_with_when_up_runs_it():
+    from grpo_deploy.preflight.registry import CHECKS, ORDER
+
+    page = docs_reference.preflight_page()
+    rows = [line for line in page.splitlines() if line.startswith("| ") and "`" in line.split("|")[2]]
+    assert [row.split("|")[2].strip().strip("`") for row in rows] == [c.name for c in CHECKS]
+    assert [c.name for c in CHECKS] == [n for n in ORDER if n in {c.name for c in CHECKS}]
+    shared = next(row for row in rows if "`shared-volume`" in row)
+    assert "after the images are on their hosts" in shared and "before shipping, and again after it" in page
+
+
 def test_cell_keeps_a_table_row_on_one_line():
     assert docs_reference._cell("a |\n b") == "a \\| b"
 
