@@ -15,7 +15,7 @@ from grpo_deploy.cli_parser import DEFAULT_SPEC, EXIT_USAGE, CliError, build_par
 from grpo_deploy.common.readback import ReadRefused
 from grpo_deploy.common.shown import printable, shown
 from grpo_deploy.common.table import table
-from grpo_deploy.common.term import escapes_ok, fit
+from grpo_deploy.common.term import columns, escapes_ok, fit
 from grpo_deploy.common.values import ENV_VALUE_FORBIDDEN, SYSTEM_TREES
 from grpo_deploy.hosts.connect import HostError, SshOptions
 from grpo_deploy.kit_data import KitDataMissing
@@ -193,7 +193,8 @@ def cmd_plan(args) -> int:
     if args.json:
         print(json.dumps({**plan.to_dict(), "forecast": fc.to_dict()}, indent=2, default=str))
         return 0 if plan.ok else 1
-    print(plan_text(plan, forecast.forecast_text(fc), explain=args.explain))
+    width = columns(sys.stdout)  # None off a terminal: lines stay whole (grep-able)
+    print(fit(plan_text(plan, forecast.forecast_text(fc, width), explain=args.explain), sys.stdout))
     return 0 if plan.ok else 1
 
 

@@ -280,8 +280,14 @@ def duration(seconds: float) -> str:
     return f"{hours} h {m:02d} min"
 
 
-def forecast_text(fc: Forecast) -> str:
-    """The forecast block of `plan`: one line per figure with its source, the objective, then the what-if table."""
+WHAT_IF_HEADERS = ["knob", "change", "factor", "training", "wall", "GPU-h", "source"]
+SOURCE_MIN = 20  # the narrowest `source` column the what-if table is drawn with (table's own floor)
+
+
+def forecast_text(fc: Forecast, width: int | None = None) -> str:
+    """The forecast block of `plan`: one line per figure with its source, the objective, then the what-if table. On a
+    terminal *width* columns wide where the table's other columns leave `source` under SOURCE_MIN, each knob's GPU-hours
+    and source go under the table instead (one line each, for the terminal to wrap between words)."""
     lines = ["forecast:"]
     for key in ORDER:
         if key in fc.figures:
@@ -295,7 +301,12 @@ def forecast_text(fc: Forecast) -> str:
                  UNKNOWN if w.wall_s is None else duration(w.wall_s),
                  UNKNOWN if w.gpu_hours is None else f"{w.gpu_hours:,.2f}", w.source] for w in fc.what_if]
         lines.append("what if (one knob at a time, from the forecast above):")
-        lines.append(table(["knob", "change", "factor", "training", "wall", "GPU-h", "source"], rows))
+        fixed = sum(max(len(str(r[i])) for r in [WHAT_IF_HEADERS, *rows]) + 2 for i in range(len(WHAT_IF_HEADERS) - 1))
+        if width is not None and fixed + SOURCE_MIN > width:
+            lines.append(table(WHAT_IF_HEADERS[:-2], [r[:-2] for r in rows], max_width=width))
+            lines += [f"  {r[0]}: {r[-2]} GPU-h; source: {r[-1]}" for r in rows]
+        else:
+            lines.append(table(WHAT_IF_HEADERS, rows, max_width=width))
     else:
         lines.append("what if: no knob of this engine has a measured factor for this profile")
     return "\n".join(lines)

@@ -95,6 +95,29 @@ def test_up_progress_fits_the_terminal_and_loses_nothing(tmux, columns):
     assert under.startswith(" " * 11) and under[11] != " ", "the watcher's finding goes on under its timestamp"
 
 
+@pytest.mark.parametrize("columns", WIDTHS)
+def test_plan_fits_the_terminal_and_keeps_every_source(tmux, tmp_path, columns):
+    """`plan` of the embedded default in a terminal: no row wider than it, none the terminal had to wrap, and every
+    what-if knob's source still there (under the table where the table's other columns leave it no room); to a pipe
+    every line stays whole."""
+    pane = tmux.run([sys.executable, "-m", "grpo_deploy.cli", "plan"], columns, {"HOME": str(tmp_path)})
+    assert max(len(row) for row in pane.rows) <= columns and pane.rows == pane.joined, \
+        f"the terminal wrapped a row: {_first_difference(pane.rows, pane.joined)}"
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    as_json = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "plan", "--json"], capture_output=True,
+                             text=True, cwd=tmp_path, env=env)
+    what_if = json.loads(as_json.stdout)["forecast"]["what_if"]
+    assert what_if and all(_ink([w["source"]]) in _ink(pane.rows) for w in what_if)
+    for w in what_if:  # each knob's row of the table is one row: knob, change, factor, training and wall together
+        row = next(r for r in pane.rows if r.startswith(w["knob"]))
+        assert f"{w['current']} -> {w['proposed']}" in row and f"x{w['factor']:g} " in row, row
+    header = next(n for n, r in enumerate(pane.rows) if r.startswith("knob "))
+    assert set(pane.rows[header + 1]) == {"-", " "}, pane.rows[header:header + 2]  # the header is one row: its rule
+    piped = subprocess.run([sys.executable, "-m", "grpo_deploy.cli", "plan"], capture_output=True, text=True,
+                           cwd=tmp_path, env=env)
+    assert any(len(line) > 120 for line in piped.stdout.splitlines())  # the disk line, whole: grep-able
+
+
 def test_up_progress_to_a_pipe_is_one_event_a_line():
     """To a pipe (a log file, CI) the replay is the recording, byte for byte: no line wrapped, so grep finds it."""
     env = {k: v for k, v in os.environ.items() if k not in CLEAN}
