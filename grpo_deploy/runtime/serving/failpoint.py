@@ -18,13 +18,14 @@ import os
 import posixpath
 import time
 
+from grpo_deploy.runtime.serving import model_list
 from grpo_deploy.runtime.serving.http import Answer
+from grpo_deploy.runtime.storage.adapters import POLICY_PREFIX
 
 log = logging.getLogger("grpo_deploy.replica_proxy")
 
-FAILPOINT_DIR = ".failpoints"  # the trainer's too (trl_hooks.FAILPOINT_DIR), in the same checkpoint folder
+FAILPOINT_DIR = ".failpoints"  # the fault suite's folder in the checkpoint folder (the trainer's failpoints too)
 SERVE_BASE_MODEL = "serve-base-model"
-POLICY_PREFIX = "trl-policy-"
 LOOK_EVERY_S = 1.0  # the file is looked for at most once a second (a stat on the share per completion is too many)
 READ_LIMIT = 64
 
@@ -110,9 +111,7 @@ def base_name(answer: Answer | None) -> str | None:
     if answer is None or answer.status != 200:
         return None
     try:
-        data = json.loads(answer.body)["data"]
-    except (ValueError, KeyError, TypeError):
+        models = model_list.entries(json.loads(answer.body))
+    except (ValueError, RecursionError):
         return None
-    names = [e["id"] for e in data if isinstance(e, dict) and isinstance(e.get("id"), str)
-             and not e["id"].startswith(POLICY_PREFIX) and not e.get("parent")]
-    return names[0] if len(names) == 1 else None
+    return model_list.base_of(models) if models is not None else None

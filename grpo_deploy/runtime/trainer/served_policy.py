@@ -22,7 +22,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from grpo_deploy.runtime import run_token
-from grpo_deploy.runtime.storage.adapters import POLICY_PREFIX, VERSION_PATTERN, WEIGHTS_FILE
+from grpo_deploy.runtime.serving import model_list
+from grpo_deploy.runtime.storage.adapters import VERSION_PATTERN, WEIGHTS_FILE
 from grpo_deploy.runtime.watch.watcher import stale_policy_message
 
 log = logging.getLogger("grpo_deploy.runtime.trainer.served_policy")
@@ -190,24 +191,13 @@ def _get_json(session, method: str, url: str, body: dict | None = None, timeout:
 
 def listed_models(answer: Any) -> dict[str, str | None]:
     """GET /v1/models' answer as {id: parent}; Unreadable when it is not vLLM's list."""
-    data = answer.get("data") if isinstance(answer, dict) else None
-    if not isinstance(data, list):
+    models = model_list.entries(answer)
+    if models is None:
         raise Unreadable("GET /v1/models: no model list")
-    out: dict[str, str | None] = {}
-    for entry in data[:10_000]:
-        if isinstance(entry, dict) and isinstance(entry.get("id"), str) and len(entry["id"]) <= 1024:
-            parent = entry.get("parent")
-            out[entry["id"]] = parent if isinstance(parent, str) and len(parent) <= 1024 else None
-    return out
+    return models
 
 
-def base_of(models: dict[str, str | None], adapter: str) -> str | None:
-    """The base model's served name: the adapter's listed parent, else the one listed name that is no adapter."""
-    parent = models.get(adapter)
-    if parent is not None and parent in models:
-        return parent
-    bases = [name for name, parent in models.items() if parent is None and not name.startswith(POLICY_PREFIX)]
-    return bases[0] if len(bases) == 1 else parent
+base_of = model_list.base_of
 
 
 def prompt_logprobs(answer: Any) -> list[float]:

@@ -12,6 +12,7 @@ from trl.experimental.async_grpo import async_rollout_worker as rollout_module
 from trl.experimental.async_grpo import vllm_client as client_module
 
 from grpo_deploy.runtime import run_token
+from grpo_deploy.runtime.serving import failpoint
 from grpo_deploy.runtime.storage import faults as storage_faults
 from grpo_deploy.runtime.storage.adapters import AdapterPublisher
 
@@ -231,7 +232,7 @@ def instrument_adapter_sync(trainer, publisher: AdapterPublisher, served_check=N
         )
 
 
-FAILPOINT_DIR = ".failpoints"
+FAILPOINT_DIR = failpoint.FAILPOINT_DIR  # one folder for the fault suite's files, the proxy's too
 PAUSE_MID_SAVE = "pause-mid-save"
 
 
