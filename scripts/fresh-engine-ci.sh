@@ -7,6 +7,8 @@
 #   sudo scripts/fresh-engine-ci.sh [COMMIT]      # default HEAD; the log and phase table go to build/fresh-engine/
 #   FRESH_KEEP=1 scripts/fresh-engine-ci.sh       # keep the fresh engine's data root afterwards (tens of GB)
 #   FRESH_COMMAND="make demo" scripts/fresh-engine-ci.sh   # another command than `CI=true bash .ci/run`
+#   FRESH_LOAD=1 scripts/fresh-engine-ci.sh       # CI under load: N CPU-bound jobs (xz -9 of random bytes, normal
+#                                                 # priority, one core each) beside the run for its whole length
 #
 # Root is needed (namespaces, a second dockerd). Exit status: that of .ci/run.
 set -euo pipefail
@@ -46,6 +48,13 @@ OUT_DIR=$REPO/build/fresh-engine
 STAMP=$(date +%Y%m%d-%H%M%S)
 LOG=$OUT_DIR/ci-$COMMIT-$STAMP.log
 
+LOAD=${FRESH_LOAD:-0}
+case "$LOAD" in
+  [0-9]|[0-9][0-9]) ;;
+  *) say "FRESH_LOAD: '$LOAD' must be a number of CPU-bound jobs, 0 to 99"; exit 2 ;;
+esac
+LOAD=$((10#$LOAD))
+load_pids=()
 [ "$(id -u)" -eq 0 ] || { say "needs root (network and mount namespaces, a second dockerd)"; exit 2; }
 if ip netns list 2>/dev/null | grep -qw "$NS"; then
   say "namespace $NS exists: another rehearsal is running (or one was killed: ip netns del $NS)"; exit 2
@@ -57,6 +66,7 @@ editable_before=$(python3 -m pip show grpo-deploy 2>/dev/null | sed -n 's/^Edita
 cleanup() {
   set +e
   rm -f "$FRESH_SELF_COPY"
+  for pid in "${load_pids[@]}"; do kill "$pid" 2>/dev/null; pkill -P "$pid" 2>/dev/null; done
   if [ -S "$SCRATCH/run/docker.sock" ]; then  # its containers first: their processes are in namespaces of their own
     fresh_docker=(docker -H "unix://$SCRATCH/run/docker.sock")
     timeout 300 "${fresh_docker[@]}" ps -aq 2>/dev/null | xargs -r timeout 300 "${fresh_docker[@]}" rm -f >/dev/null 2>&1
@@ -108,6 +118,11 @@ iptables -t nat -A POSTROUTING -s "$NET.0/30" ! -o "$HOST_IF" -j MASQUERADE
 iptables -I FORWARD -i "$HOST_IF" -j ACCEPT
 iptables -I FORWARD -o "$HOST_IF" -j ACCEPT
 
+for _ in $(seq 1 "$LOAD"); do  # the load: each a shell looping one single-threaded compressor
+  ( trap 'exit 0' TERM; while :; do head -c 268435456 /dev/urandom | xz -9 -T1 >/dev/null; done ) &
+  load_pids+=("$!")
+done
+[ "$LOAD" -eq 0 ] || say "under load: $LOAD CPU-bound job(s) beside the run (xz -9, one core each)"
 say "running ${FRESH_COMMAND:-.ci/run} against an empty engine (log: $LOG)"
 set +e
 # `env --default-signal`: started in the background (`... &`, nohup), a shell hands its children SIGINT ignored, and a
@@ -127,5 +142,5 @@ env --default-signal=INT,QUIT nsenter --net=/run/netns/"$NS" unshare --mount --p
 rc=$?
 set -e
 tail -n 40 "$LOG" | sed -n '/== CI phase times ==/,$p'
-say "commit $COMMIT: ${FRESH_COMMAND:-.ci/run} exit $rc (full log: $LOG)"
+say "commit $COMMIT: ${FRESH_COMMAND:-.ci/run} exit $rc$([ "$LOAD" -eq 0 ] || echo ", under load of $LOAD job(s)") (full log: $LOG)"
 exit "$rc"

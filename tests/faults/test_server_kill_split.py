@@ -217,8 +217,13 @@ def test_a_server_serving_the_base_model_is_caught_and_the_run_stops(split_run, 
     checks = [e for e in events if e["event"] == "served_policy"]
     before = [e for e in checks if e["time"] < stale["time"]]  # a check after it reads the base, whatever version
     # no check before the fault read the base: a noisy one judges nothing (the vLLM CPU server answered a base request
-    # as the adapter now and then: 3 of 36 checks in one run)
-    assert before and all(e["verdict"] in ("applied", "early", "noisy") for e in before), before
+    # as the adapter now and then: 3 of 36 checks in one run); an unknown one (no answer) only while the server was dead
+    # (a fresh CI run: the probe right after a load met the killed server through its front, HTTP 502)
+    dead = (split_run["killed"]["time"] - 2, max(e["time"] for e in events if e["event"] == "run_start"))
+    unjudged = [e for e in before if e["verdict"] == "unknown" and e.get("error") and dead[0] <= e["time"] <= dead[1]]
+    judged = [e for e in before if e not in unjudged]
+    assert judged and all(e["verdict"] in ("applied", "early", "noisy") for e in judged), (dead, before)
+    assert len(unjudged) <= 2, unjudged  # the probes of the one or two loads that met the kill
     assert any(e["verdict"] == "applied" for e in before), before  # the server applied adapters before the fault
     assert all(e["listed"] is not False for e in checks), checks  # the list names them: the probe caught it
     assert stopped - stale["step"] <= STALE_STOP_WITHIN and stopped < STEPS, (stale["step"], stopped, checks[-5:])
