@@ -289,6 +289,9 @@ def verl_overrides(res: Resolved) -> list[str]:
         "trainer.logger": ["console", "file"] + ([_VERL_LOGGERS[spec.logger.kind]]
                                                  if spec.logger.kind in _VERL_LOGGERS else []),
     }
+    # the rollout's own log-probs of its answers: verl then logs how far they are from the actor's, which the kit's
+    # served-policy check reads (runtime/verl/rollout_check.py); a user's override may turn it off
+    out["actor_rollout_ref.rollout.calculate_log_probs"] = True
     if s.data.dataset in KIT_REWARDS:  # the kit's own tasks: their reward is the kit's file, loaded by its path
         out["reward.custom_reward_function.path"] = KIT_REWARD_FILE
         out["reward.custom_reward_function.name"] = "compute_score"

@@ -11,6 +11,11 @@ hold three checkpoints, not four), in the order a user of the seed's A100 node w
 3. The ballast removed, `up` resumes from global_step_4.
 4. The run ends at STEPS with the reward risen over the whole run and the kit's retention holding 2 complete
    checkpoints over both attempts' saves.
+5. The stale policy on verl's side, on the resumed attempt: from step ARM_AFTER the rollout failpoint swallows verl's
+   LoRA syncs (acknowledged, not applied: verl #7495 made on purpose, runtime/verl/failpoint.py); verl's own gap
+   between the rollout's and the actor's probabilities of the rollout's answers leaves its floor, and the watcher
+   warns in one line within STALE_WITHIN steps (`up` prints it); the failpoint removed, the next sync applies and
+   the warning clears. No check before it called the rollout off-policy.
 
 A Ray head SIGKILLed mid-run (an OOM kill or a reboot), `up` restarting it and verl resuming from its newest complete
 global_step_N, is tests/faults/test_verl_cluster.py's second fault (the head of a two-host cluster: the same restart
@@ -21,12 +26,17 @@ About 4 minutes on 2 cores once the verl-cpu image exists (two verl start-ups)."
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 
 import pytest
 
+from grpo_deploy.runtime.serving.failpoint import FAILPOINT_DIR
 from grpo_deploy.runtime.storage.checkpoints import list_checkpoints
+from grpo_deploy.runtime.verl.failpoint import ROLLOUT_KEEPS_ADAPTER
 from tests.faults.replay_disk import (
+    UP_TIMEOUT_S,
     complete_steps,
     fill_when,
     guarded,
@@ -42,6 +52,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.verl_rehearsal]
 
 RUN = "verl-replay"
 STEPS, SAVE_EVERY = 20, 2  # saves at 2, 4, ... 20
+ARM_AFTER = 9  # the resumed attempt (steps 5-20) learns its gap floor on steps 5-7
+STALE_WITHIN = 5  # steps from the arming to the warning: the sync in flight, then AFTER (3) steps over the threshold
+SEEN: dict = {}  # what the guarded replay's resumed attempt showed, for the stale-policy row below
 
 
 @pytest.fixture()
@@ -89,8 +102,11 @@ def test_verl_survives_a_full_disk_and_the_reward_rises(verl_disk, verl_image, d
     assert not [c for c in after_stop if c.state == "half-written"], after_stop
 
     filled["path"].unlink()
+    stale_thread, stale = rollout_left_behind(run, res, ckpt_dir)
     second = up(run, "guarded")
     wall = time.time() - started
+    stale_thread.join(timeout=5)
+    SEEN.update(stale=stale, output=second.stdout, events=run_events(run, res))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-2000:]
     assert f"step {STEPS}/{STEPS}" in second.stdout and "Traceback" not in second.stdout + first.stdout
 
@@ -126,3 +142,69 @@ def test_verl_survives_a_full_disk_and_the_reward_rises(verl_disk, verl_image, d
                               f"{STEPS}/{STEPS} steps, reward (steps 1-5 -> {STEPS - 4}-{STEPS}) {first5:.3f} -> "
                               f"{last5:.3f}; kept {kept} ({wall:.0f} s for both `up`s)",
                      **{"steps lost": 1, "data lost": "none"})
+
+
+def rollout_left_behind(run: dict, res, ckpt_dir) -> tuple[threading.Thread, dict]:
+    """A thread that arms the rollout failpoint once the resumed attempt logged step ARM_AFTER, and removes it once
+    the watcher's stale-policy warning is in the metrics (or 8 steps later); the dict says at which steps."""
+    flag = ckpt_dir / FAILPOINT_DIR / ROLLOUT_KEEPS_ADAPTER
+    seen: dict = {"flag": flag}
+
+    def work() -> None:
+        deadline = time.time() + UP_TIMEOUT_S
+        try:
+            while time.time() < deadline:
+                events = run_events(run, res)
+                starts = [e["time"] for e in events if e["event"] == "run_start"]
+                later = [e for e in events if len(starts) >= 2 and e["time"] >= starts[-1]]
+                last = max([int(e["step"]) for e in later if e["event"] == "step"], default=0)
+                if "armed" not in seen and last >= ARM_AFTER:
+                    flag.parent.mkdir(exist_ok=True)
+                    flag.touch()
+                    for path in (flag.parent, flag):
+                        os.chown(path, 1000, 1000)
+                    seen.update(armed=last, armed_time=time.time())
+                warned = [e for e in later if e["event"] == "watch" and e.get("kind") == "stale_policy"]
+                if "armed" in seen and (warned or last >= seen["armed"] + 8):
+                    seen.update(disarmed=last, disarmed_time=time.time())
+                    return
+                if any(e["event"] == "run_end" for e in later):
+                    return
+                time.sleep(0.3)
+        finally:
+            flag.unlink(missing_ok=True)
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    return thread, seen
+
+
+def test_verls_rollout_left_behind_is_caught_in_one_line_and_clears(fault_row):
+    """Rides on the guarded replay's resumed attempt (the test before; this one reads what it saw)."""
+    fault_row.update(fault=f"verl's LoRA syncs into its colocated vLLM acknowledged but never applied from step "
+                           f"{ARM_AFTER} (the rollout failpoint in the actor's ServerAdapter), then applied again",
+                     expected=f"verl's rollout-vs-actor gap leaves its floor; the watcher warns in one line within "
+                              f"{STALE_WITHIN} steps; cleared once syncs apply again")
+    assert SEEN, "the guarded replay did not get to its resumed attempt (the test before this one failed)"
+    stale, output, events = SEEN["stale"], SEEN["output"], SEEN["events"]
+    assert "armed" in stale and "disarmed" in stale, stale
+    starts = [e["time"] for e in events if e["event"] == "run_start"]
+    checks = [e for e in events if e["event"] == "served_policy" and e.get("check") == "rollout-gap"]
+    resumed = [e for e in checks if e["time"] >= starts[-1]]
+    assert [e["verdict"] for e in resumed[:3]] == ["floor"] * 3, resumed[:4]  # each attempt learns its floor
+    before = [e for e in checks if e["time"] < stale["armed_time"]]
+    assert before and all(e["verdict"] in ("floor", "in-step") for e in before), before
+    (found,) = [e for e in events if e["event"] == "watch" and e.get("kind") == "stale_policy" and e["level"] == "warn"]
+    assert found["verdict"] == "rollout-gap" and ARM_AFTER < found["step"] <= stale["armed"] + STALE_WITHIN, found
+    assert found["gap_mean"] > found["threshold"] >= 1e-3, found
+    lines = [ln for ln in output.splitlines() if "run watcher: stale policy: verl's rollout is not sampling" in ln]
+    assert len(lines) == 1, output[-3000:]
+    cleared = [e for e in events if e["event"] == "watch" and e.get("kind") == "stale_policy" and e["level"] == "clear"]
+    assert cleared and cleared[0]["step"] > found["step"], (cleared, checks[-6:])
+    assert checks[-1]["verdict"] == "in-step", checks[-3:]
+    floor = max(e["gap_mean"] for e in before)
+    fault_row.update(observed=f"armed after step {stale['armed']}; warned at step {found['step']} (mean gap "
+                              f"{found['gap_mean']:.3g}, max {found['gap_max']:.3g}; healthy steps at most "
+                              f"{floor:.3g}, threshold {found['threshold']:.3g}); removed after step "
+                              f"{stale['disarmed']}, cleared at step {cleared[0]['step']}; {STEPS}/{STEPS} steps",
+                     **{"steps lost": 0, "data lost": "none"})

@@ -143,8 +143,8 @@ def vllm_lora_names() -> None:
 
 def register() -> None:
     """verl's `verl.plugins` entry point: register the platform and wrap the process-group call (before
-    verl.workers.engine_workers imports its name), and give vLLM the name verl's LoRA loader calls where it lacks
-    it."""
+    verl.workers.engine_workers imports its name), give vLLM the name verl's LoRA loader calls where it lacks it, and
+    install the fault suite's rollout failpoint (failpoint.py; inert unless armed)."""
     from verl.plugin.platform.platform_base import PlatformBase
     from verl.plugin.platform.platform_manager import PlatformRegistry
     from verl.utils import distributed
@@ -158,3 +158,6 @@ def register() -> None:
         # set by this variable, and the engine then runs on the device the platform gives (the CPU).
         os.environ.setdefault("VERL_ENGINE_DEVICE", "cuda")
     vllm_lora_names()  # any platform: inert where vLLM still has the name verl calls (0.24, verl's own pin)
+    from grpo_deploy.runtime.verl import failpoint
+
+    failpoint.install()  # the fault suite's rollout hook: inert without GRPO_DEPLOY_FAILPOINTS and its file

@@ -25,8 +25,11 @@ from pydantic import Field, ValidationError
 from grpo_deploy.common.metrics import MetricsSink
 from grpo_deploy.common.strict import Strict
 from grpo_deploy.runtime.identity import apply_umask, identity
+from grpo_deploy.runtime.serving.failpoint import FAILPOINT_DIR
 from grpo_deploy.runtime.storage.disk_space import DiskWatchdogConfig, free_bytes, judge
-from grpo_deploy.runtime.verl import ray_cluster, ray_node
+from grpo_deploy.runtime.verl import failpoint, ray_cluster, ray_node
+from grpo_deploy.runtime.verl.rollout_check import KEYS as ROLLOUT_GAP_KEYS
+from grpo_deploy.runtime.verl.rollout_check import RolloutGapRule
 from grpo_deploy.runtime.watch.config import WatchConfig
 from grpo_deploy.runtime.watch.run_watch import STOPPED_EARLY, RunWatch, read_history
 
@@ -38,7 +41,8 @@ STEP_KEYS = {
 TELEMETRY = ("actor/kl_loss", "actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/lr", "critic/score/max",
              "critic/score/min", "response_length/clip_ratio", "timing_s/step", "timing_s/gen",
              "timing_s/old_log_prob", "timing_s/ref", "timing_s/update_actor", "timing_s/reward",
-             "timing_s/save_checkpoint", "timing_s/testing", "perf/throughput", "perf/cpu_memory_used_gb")
+             "timing_s/save_checkpoint", "timing_s/testing", "perf/throughput", "perf/cpu_memory_used_gb",
+             *ROLLOUT_GAP_KEYS)
 """verl's metrics kept verbatim in each step event (the seed-000 telemetry: reward, KL, gradient norm, response
 length, time per phase); validation scores (val-core/..., val-aux/...) are kept whenever verl validates."""
 POLL_S = 1.0
@@ -181,21 +185,37 @@ class SaveWatchdog:
 class WatchStop:
     """The run watcher on verl's steps (run_watch.RunWatch; None: off). Once it asks for a stop, the driver is ended
     after the next step that saved — verl saves inside the step, before that step's metrics arrive — so the newest
-    complete checkpoint is the stop's own; a run that never saves is ended at once. *stop*() ends the driver."""
+    complete checkpoint is the stop's own; a run that never saves is ended at once. *stop*() ends the driver.
+    Each step is also judged by verl's side of the served-policy check (rollout_check.RolloutGapRule): a
+    `served_policy` event per step, a finding of it handed to the watcher as the trl-async probe's are."""
 
-    def __init__(self, watch, save_every: int, saves_at, stop):
+    def __init__(self, watch, save_every: int, saves_at, stop, emit=None):
         self.watch, self.save_every, self.saves_at, self.stop = watch, save_every, saves_at, stop
+        self.emit, self.gap = emit, RolloutGapRule()
         self.stopped_at: int | None = None
 
     def after_step(self, event: dict) -> None:
         if self.watch is None or self.stopped_at is not None:
             return
         step = int(event["step"])
+        self.check_rollout(step, event)
         if self.watch.step(step, event) is not None and (not self.save_every or self.saves_at(step)):
             self.stopped_at = step
             print(f"verl node: run watcher: {self.watch.stop.message}: stopping verl after step {step}",
                   file=sys.stderr, flush=True)
             self.stop()
+
+    def check_rollout(self, step: int, event: dict) -> None:
+        verdict = self.gap.judge(step, event)
+        if verdict.verdict == "unknown":
+            return  # no gap logged (rollout.calculate_log_probs off, or verl's own 'invalid'): nothing judged
+        if self.emit is not None:
+            self.emit("served_policy", check="rollout-gap", step=step, verdict=verdict.verdict, gap_mean=verdict.mean,
+                      gap_max=verdict.peak, floor=self.gap.floor, threshold=verdict.threshold, streak=verdict.streak)
+        if verdict.finding is not None:
+            self.watch.report(verdict.finding)
+        elif verdict.clear:
+            self.watch.report({"verdict": "rollout-gap", "clear": True})
 
 
 class StepFollower(threading.Thread):
@@ -337,6 +357,11 @@ def check_cluster(config: VerlNodeConfig, node: ray_node.NodeArgs, sink: Metrics
     return verdict
 
 
+def failpoint_dir(config: VerlNodeConfig) -> str:
+    """The fault suite's failpoint folder of this run (failpoint.py): in its checkpoint folder, as trl-async's."""
+    return str(Path(config.checkpoint_dir) / FAILPOINT_DIR)
+
+
 def head(config: VerlNodeConfig, node: ray_node.NodeArgs, token: Path, overrides_path: Path) -> int:
     run_dir = Path(config.run_dir)
     attempt = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
@@ -351,7 +376,7 @@ def head(config: VerlNodeConfig, node: ray_node.NodeArgs, token: Path, overrides
         resumed_from = retention.before_attempt()
         address = f"{node.node_ip or '127.0.0.1'}:{ray_node.GCS_PORT}"
         env = {**os.environ, **ray_node.socket_env(node), "VERL_FILE_LOGGER_PATH": str(verl_metrics),
-               **ray_node.ray_env(ray_node.ensure_token(token, True), address)}
+               failpoint.ENV: failpoint_dir(config), **ray_node.ray_env(ray_node.ensure_token(token, True), address)}
     except (SystemExit, OSError) as exc:  # one line in the log and a run_end for status: nothing was started
         print(exc, file=sys.stderr, flush=True)
         sink.emit("run_end", status="failed", error=str(exc)[:500], steps=0)
@@ -394,11 +419,12 @@ def drive(config: VerlNodeConfig, sink: MetricsSink, retention: Retention, env: 
     # reaches it through the job's runtime env, not this process's environment (seen: TaskRunner on the worker host,
     # its metrics in the worker container's cwd, no step for `up`)
     logger_path = f"++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={verl_metrics}"
-    driver = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, hydra_dir, logger_path],
-                              env=env)
+    failpoints = f"++ray_kwargs.ray_init.runtime_env.env_vars.{failpoint.ENV}={failpoint_dir(config)}"
+    driver = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, hydra_dir, logger_path,
+                               failpoints], env=env)
     watchdog = SaveWatchdog(config, sink, lambda: driver.send_signal(signal.SIGTERM))
     watched = WatchStop(RunWatch(config.watch, sink.emit, read_history(sink.path)) if config.watch else None,
-                        config.save_every, watchdog.saves_at, lambda: driver.send_signal(signal.SIGTERM))
+                        config.save_every, watchdog.saves_at, lambda: driver.send_signal(signal.SIGTERM), sink.emit)
 
     def on_step(event: dict) -> None:
         step = int(event["step"])

@@ -63,6 +63,14 @@ def stale_policy_message(values: Mapping[str, Any]) -> str:
     """The stale-policy finding's one line: the adapter, what the server answered, the likely causes and what to do
     (values: the served-policy check's report, runtime/trainer/served_policy.py)."""
     adapter, base = _text(values.get("adapter")), _text(values.get("base") or "the base model")
+    if values.get("verdict") == "rollout-gap":  # verl's side (runtime/verl/rollout_check.py)
+        return (f"stale policy: verl's rollout is not sampling the policy being trained: its probabilities of its own "
+                f"answers differ from the actor's by {_g(values.get('gap_mean'))} on average (max "
+                f"{_g(values.get('gap_max'))}) for {_g(values.get('syncs'))} steps in a row, against "
+                f"{_g(values.get('floor'))} in the attempt's first steps (threshold {_g(values.get('threshold'))}) "
+                "(likely: a LoRA sync into the rollout acknowledged but not applied, or an adapter kept from an "
+                "earlier step); check the rollout workers' log for the LoRA sync lines, then resume from the last "
+                "checkpoint (a resume syncs the weights afresh)")
     if values.get("verdict") == "not-listed":
         answered = f"the server acknowledged loading {adapter} but does not list it in GET /v1/models"
     else:
@@ -131,16 +139,19 @@ class Watcher:
         if not self.settings.enabled:
             return []
         kind = "stale_policy"
-        values = {k: report.get(k) for k in ("adapter", "verdict", "listed", "base", "max_abs_diff", "threshold",
-                                             "syncs", "b_norm")}
+        keys = (("verdict", "gap_mean", "gap_max", "floor", "threshold", "syncs")  # verl's rollout_check
+                if report.get("verdict") == "rollout-gap" else
+                ("adapter", "verdict", "listed", "base", "max_abs_diff", "threshold", "syncs", "b_norm"))
+        values = {k: report.get(k) for k in keys}
         values = {k: (_text(v) if isinstance(v, str) else v) for k, v in values.items()
                   if v is None or isinstance(v, (str, bool)) or _number(v) is not None}
         if report.get("clear"):
             if kind not in self.active:
                 return []
             self.active.discard(kind)
-            return [Finding(kind, "clear", step, f"stale policy cleared at step {step}: the server answers "
-                            f"{_text(report.get('adapter'))} differently from the base model again", values)]
+            again = ("verl's rollout samples the actor's policy again" if report.get("verdict") == "rollout-gap" else
+                     f"the server answers {_text(report.get('adapter'))} differently from the base model again")
+            return [Finding(kind, "clear", step, f"stale policy cleared at step {step}: {again}", values)]
         if kind in self.active or self._stop is not None:
             return []
         self.active.add(kind)

@@ -57,6 +57,16 @@ def test_a100_verl_overrides_carry_seed_fixes():
     ckpt = next(ln.split("=", 1)[1] for ln in lines if ln.startswith("trainer.default_local_dir="))
     assert ckpt.startswith("/shared/")
     assert "save_total_limit" not in overrides
+    # the rollout's own log-probs: verl logs their gap to the actor's, the served-policy check's input
+    assert "actor_rollout_ref.rollout.calculate_log_probs=True" in lines
+
+
+def test_a_users_override_turns_the_rollouts_log_probs_off():
+    files = _render("a100", "verl", ["node1"],
+                    overrides="{verl: {actor_rollout_ref.rollout.calculate_log_probs: false}}")
+    lines = files["config/verl-overrides.txt"].splitlines()
+    got = [ln for ln in lines if "calculate_log_probs" in ln]
+    assert got == ["actor_rollout_ref.rollout.calculate_log_probs=False"], got
 
 
 @pytest.mark.parametrize("profile,hosts", [("gb10", ["spark1", "spark2"]), ("h200", ["h200a"])])

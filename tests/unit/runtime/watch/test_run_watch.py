@@ -119,3 +119,33 @@ def test_a_served_policy_report_from_another_thread_is_judged_at_the_next_poll(t
     (event,) = [e for e in read_events(str(path)) if e["event"] == "watch"]
     assert event["kind"] == "stale_policy" and event["level"] == "stop" and event["adapter"] == "trl-policy-v4"
     assert event["message"].startswith("stale policy: ")
+
+
+def test_verls_hook_judges_the_rollout_gap_each_step_and_stops_on_a_rollout_left_behind(tmp_path):
+    """WatchStop runs verl's side of the served-policy check on each step: a served_policy event per step, and a
+    stale_policy finding (the stop under action: stop) three steps after the gap left the floor."""
+    from grpo_deploy.runtime.verl.rollout_check import MAX_KEY, MEAN_KEY
+
+    stopped = []
+    with MetricsSink(str(tmp_path / "m.jsonl")) as sink:
+        watch = RunWatch(config(min_gain=0.001), sink.emit)  # a rising reward: only the gap can stop it
+        hook = WatchStop(watch, 2, lambda s: s % 2 == 0, lambda: stopped.append(True), sink.emit)
+        for n in range(1, 13):
+            mean = 1e-7 if n <= 5 else 0.02
+            hook.after_step({**step(n, 0.05 * n), MEAN_KEY: mean, MAX_KEY: mean * 10})
+            if stopped:
+                break
+    events = read_events(str(tmp_path / "m.jsonl"))
+    checks = [(e["step"], e["verdict"]) for e in events if e["event"] == "served_policy"]
+    assert checks[:4] == [(1, "floor"), (2, "floor"), (3, "floor"), (4, "in-step")]
+    (found,) = [e for e in events if e["event"] == "watch" and e["kind"] == "stale_policy"]
+    assert found["level"] == "stop" and found["step"] == 8 and found["verdict"] == "rollout-gap"
+    assert hook.stopped_at == 8 and stopped == [True]  # step 8 saves: stopped after it
+
+
+def test_verls_hook_without_a_logged_gap_writes_no_check_events(tmp_path):
+    with MetricsSink(str(tmp_path / "m.jsonl")) as sink:
+        hook = WatchStop(RunWatch(config(min_gain=0.001), sink.emit), 2, lambda s: False, lambda: None, sink.emit)
+        for n in range(1, 6):
+            hook.after_step(step(n, 0.05 * n))
+    assert not [e for e in read_events(str(tmp_path / "m.jsonl")) if e["event"] == "served_policy"]
