@@ -25,6 +25,7 @@ ENV = "GRPO_DEPLOY_FAILPOINTS"
 ROLLOUT_KEEPS_ADAPTER = "rollout-keeps-adapter"
 TARGET = "verl.workers.rollout.vllm_rollout.vllm_rollout"
 """verl 0.9.1's module of ServerAdapter, whose update_weights sends the actor's weights to vLLM."""
+MARK = "_grpo_deploy_failpoint"
 
 
 def armed() -> bool:
@@ -36,8 +37,9 @@ def armed() -> bool:
 
 
 def wrap(update_weights):
-    """ServerAdapter.update_weights that returns without sending an adapter sync while the failpoint is armed."""
-    if getattr(update_weights, "__wrapped__", None) is not None:
+    """ServerAdapter.update_weights that returns without sending an adapter sync while the failpoint is armed (marked
+    MARK: verl's own method is already a wrapper, of torch.no_grad, so `__wrapped__` says nothing)."""
+    if getattr(update_weights, MARK, False):
         return update_weights
 
     @functools.wraps(update_weights)
@@ -48,6 +50,7 @@ def wrap(update_weights):
             return None
         return await update_weights(self, weights, *args, **kwargs)
 
+    setattr(update, MARK, True)
     return update
 
 
@@ -58,20 +61,29 @@ def patch(module) -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds TARGET with the other finders, then patches the module once its code ran."""
+    """Finds TARGET with the other finders, then patches the module once its code ran; it stays in sys.meta_path
+    until then (a find_spec probe that never imports does not use it up)."""
+
+    def __init__(self):
+        self.looking = False
 
     def find_spec(self, name, path=None, target=None):
-        if name != TARGET:
+        if name != TARGET or self.looking:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        self.looking = True
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            self.looking = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        run = spec.loader.exec_module
+        run, finder = spec.loader.exec_module, self
 
         def exec_module(module):
             run(module)
             patch(module)
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
 
         spec.loader.exec_module = exec_module
         return spec

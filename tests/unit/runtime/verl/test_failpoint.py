@@ -4,6 +4,7 @@ adapter sync is acknowledged and not sent, a base sync always is; the wrap waits
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 import types
 
@@ -12,12 +13,23 @@ import pytest
 from grpo_deploy.runtime.verl import failpoint
 
 
+def no_grad(function):
+    """What torch.no_grad() does to verl's method: a functools.wraps wrapper, so it has __wrapped__ already."""
+
+    @functools.wraps(function)
+    async def inner(*args, **kwargs):
+        return await function(*args, **kwargs)
+
+    return inner
+
+
 class ServerAdapter:
-    """verl 0.9.1's ServerAdapter.update_weights' signature, recording what it was sent."""
+    """verl 0.9.1's ServerAdapter.update_weights' signature and decoration, recording what it was sent."""
 
     def __init__(self):
         self.sent = []
 
+    @no_grad
     async def update_weights(self, weights, global_steps=None, wire_format="named_tensors", **kwargs):
         self.sent.append((weights, kwargs.get("base_sync_done")))
         return "sent"
@@ -63,20 +75,32 @@ def test_install_wraps_the_module_when_it_is_imported_later(folder, tmp_path, mo
     package = tmp_path / "pkgs" / "fakeverl"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
-    (package / "rollout.py").write_text("class ServerAdapter:\n    async def update_weights(self, w, **k):\n"
-                                        "        return 'sent'\n")
+    (package / "rollout.py").write_text(  # verl's method is a wrapper (torch.no_grad) with __wrapped__ already
+        "import functools\n\n\ndef no_grad(f):\n    @functools.wraps(f)\n    async def inner(*a, **k):\n"
+        "        return await f(*a, **k)\n    return inner\n\n\nclass ServerAdapter:\n    @no_grad\n"
+        "    async def update_weights(self, w, **k):\n        return 'sent'\n")
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
     monkeypatch.setattr(failpoint, "TARGET", "fakeverl.rollout")
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     failpoint.install()
     failpoint.install()  # one hook, not two
     assert sum(isinstance(f, failpoint._AfterImport) for f in sys.meta_path) == 1
+    import importlib.util
+
+    import fakeverl
+
+    assert importlib.util.find_spec("fakeverl.rollout") is not None  # a probe that does not import: hook kept
+    assert "fakeverl.rollout" not in sys.modules and any(isinstance(f, failpoint._AfterImport) for f in sys.meta_path)
     import fakeverl.rollout as rollout
 
-    assert hasattr(rollout.ServerAdapter.update_weights, "__wrapped__")
+    assert fakeverl.rollout is rollout
+
+    assert getattr(rollout.ServerAdapter.update_weights, failpoint.MARK, False)
     assert not any(isinstance(f, failpoint._AfterImport) for f in sys.meta_path)  # it left once used
     (folder / failpoint.ROLLOUT_KEEPS_ADAPTER).touch()
     assert sync(rollout.ServerAdapter(), True) is None
+    (folder / failpoint.ROLLOUT_KEEPS_ADAPTER).unlink()
+    assert sync(rollout.ServerAdapter(), True) == "sent"
     for name in ("fakeverl.rollout", "fakeverl"):
         sys.modules.pop(name, None)
 

@@ -19,8 +19,8 @@ def judge_all(rule: RolloutGapRule, means) -> list:
 
 
 def test_a_rollout_in_step_with_its_actor_is_never_a_finding():
-    # a CPU rehearsal's fp32 numerics, noisy by 10x from step to step, for 200 steps
-    means = [1e-7 * (1 + 9 * ((n * 7919) % 13) / 12) for n in range(200)]
+    # the CPU rehearsal's numerics (9.2e-5 to 9.7e-5 measured), here noisier: 1x-5x of 9e-5, for 200 steps
+    means = [9e-5 * (1 + 4 * ((n * 7919) % 13) / 12) for n in range(200)]
     verdicts = judge_all(RolloutGapRule(), means)
     assert [v.verdict for v in verdicts[:3]] == ["floor"] * 3
     assert {v.verdict for v in verdicts[3:]} == {"in-step"} and not any(v.finding for v in verdicts)
