@@ -53,7 +53,10 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.verl_rehearsal]
 RUN = "verl-replay"
 STEPS, SAVE_EVERY = 20, 2  # saves at 2, 4, ... 20
 ARM_AFTER = 9  # the resumed attempt (steps 5-20) learns its gap floor on steps 5-7
-STALE_WITHIN = 5  # steps from the arming to the warning: the sync in flight, then AFTER (3) steps over the threshold
+# steps from the arming to the warning: the sync of the next step may be under way already, the gap needs a few missed
+# updates to pass its threshold (2 here: a run on this machine warned at step 14 for an arming after step 9), then AFTER
+# (3) steps over it
+STALE_WITHIN = 7
 SEEN: dict = {}  # what the guarded replay's resumed attempt showed, for the stale-policy row below
 
 
