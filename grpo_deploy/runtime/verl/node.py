@@ -32,6 +32,7 @@ from grpo_deploy.runtime.verl.rollout_check import KEYS as ROLLOUT_GAP_KEYS
 from grpo_deploy.runtime.verl.rollout_check import RolloutGapRule
 from grpo_deploy.runtime.watch.config import WatchConfig
 from grpo_deploy.runtime.watch.run_watch import STOPPED_EARLY, RunWatch, read_history
+from grpo_deploy.runtime.watch.watcher import stale_policy_message
 
 STEP_KEYS = {
     "critic/score/mean": "reward",
@@ -187,7 +188,8 @@ class WatchStop:
     after the next step that saved — verl saves inside the step, before that step's metrics arrive — so the newest
     complete checkpoint is the stop's own; a run that never saves is ended at once. *stop*() ends the driver.
     Each step is also judged by verl's side of the served-policy check (rollout_check.RolloutGapRule): a
-    `served_policy` event per step, a finding of it handed to the watcher as the trl-async probe's are."""
+    `served_policy` event per step, a finding of it handed to the watcher as the trl-async probe's are (with the
+    watcher off, as trl-async's: the events, and one line in the node's log instead of a finding, no stop)."""
 
     def __init__(self, watch, save_every: int, saves_at, stop, emit=None):
         self.watch, self.save_every, self.saves_at, self.stop = watch, save_every, saves_at, stop
@@ -195,10 +197,12 @@ class WatchStop:
         self.stopped_at: int | None = None
 
     def after_step(self, event: dict) -> None:
-        if self.watch is None or self.stopped_at is not None:
+        if self.stopped_at is not None:
             return
         step = int(event["step"])
         self.check_rollout(step, event)
+        if self.watch is None:
+            return
         if self.watch.step(step, event) is not None and (not self.save_every or self.saves_at(step)):
             self.stopped_at = step
             print(f"verl node: run watcher: {self.watch.stop.message}: stopping verl after step {step}",
@@ -212,10 +216,15 @@ class WatchStop:
         if self.emit is not None:
             self.emit("served_policy", check="rollout-gap", step=step, verdict=verdict.verdict, gap_mean=verdict.mean,
                       gap_max=verdict.peak, floor=self.gap.floor, threshold=verdict.threshold, streak=verdict.streak)
-        if verdict.finding is not None:
-            self.watch.report(verdict.finding)
-        elif verdict.clear:
-            self.watch.report({"verdict": "rollout-gap", "clear": True})
+        report = verdict.finding if verdict.finding is not None else (
+            {"verdict": "rollout-gap", "clear": True} if verdict.clear else None)
+        if report is None:
+            return
+        if self.watch is not None:
+            self.watch.report(report)
+        elif verdict.finding is not None:
+            print(f"verl node: {stale_policy_message(verdict.finding)} (the run watcher is off: nothing is stopped)",
+                  file=sys.stderr, flush=True)
 
 
 class StepFollower(threading.Thread):

@@ -9,17 +9,21 @@ GPU: ~1e-3, not measured here). A sync acknowledged but not applied (verl #7495:
 policy for a whole run), an adapter dropped or an old one kept, leave the rollout on a policy the actor has left, and
 the gap grows with every update.
 
-The rule: the gap's floor is the smallest of the first FLOOR_STEPS steps this process saw (a resume learns it
-again: each attempt starts with a full sync); AFTER steps in a row whose mean gap is above both FACTOR x the floor
-and TOLERANCE make a finding; a step back under the threshold clears it.
+The rule: the gap's floor is the median of the first FLOOR_STEPS steps this process saw (a resume learns it again:
+each attempt starts with a full sync); AFTER judged steps in a row whose mean gap is above both FACTOR x the floor
+and TOLERANCE make a finding; a step under CLEAR_SHARE of the threshold clears it. A step with no gap logged (NaN,
+verl's own "invalid") is not judged and keeps the count.
 
-Limit: a rollout that never synced from the run's first step is caught once the actor has moved FACTOR times as far
-as it did in its first steps, not at once (the floor then holds the early moves as well as the numerics).
+Limits: a rollout that never synced from the run's first step is caught once the actor has moved FACTOR times as far
+as it did in its first steps, not at once (the floor then holds the early moves as well as the numerics). And a fault
+that outlives a resume is not caught after it: the resumed actor holds a trained adapter while the rollout samples
+the base, and the new attempt's floor takes that gap for the numerics.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +35,8 @@ KEYS = (MEAN_KEY, MAX_KEY, VALID_KEY)
 """verl 0.9.1's per-step metrics the rule reads (verl/utils/debug/metrics.py: probabilities, not log-probabilities,
 over the answers' tokens)."""
 FLOOR_STEPS = 3
-"""Steps whose smallest mean gap is the floor (the numerics of a rollout in step with its actor)."""
+"""Steps whose median mean gap is the floor (the numerics of a rollout in step with its actor; the median, so one
+step unusually low does not lower the threshold)."""
 FACTOR = 10.0
 """A mean gap this many floors above counts as a rollout off the actor's policy."""
 TOLERANCE = 1e-3
@@ -40,6 +45,9 @@ rollout are about 1e-3 (not measured here); the CPU rehearsal's vLLM against its
 9.7e-5 (mean), 4e-4 to 5.3e-4 (max)."""
 AFTER = 3
 """Steps in a row over the threshold before a finding."""
+CLEAR_SHARE = 0.8
+"""A finding clears at a step whose mean gap is under this share of the threshold (no warn/clear lines from a gap
+that hovers at the line), as the watcher's level warnings do."""
 
 
 @dataclass(frozen=True)
@@ -76,7 +84,7 @@ class RolloutGapRule:
 
     @property
     def floor(self) -> float | None:
-        return min(self.early) if len(self.early) >= self.floor_steps else None
+        return statistics.median(self.early) if len(self.early) >= self.floor_steps else None
 
     def threshold(self) -> float | None:
         floor = self.floor
@@ -92,6 +100,8 @@ class RolloutGapRule:
         threshold = self.threshold()
         if mean <= threshold:
             self.streak = 0
+            if self.active and mean > CLEAR_SHARE * threshold:  # hovering at the line: the finding lasts
+                return GapVerdict("in-step", threshold, 0, mean=mean, peak=peak)
             clear, self.active = self.active, False
             return GapVerdict("in-step", threshold, 0, clear=clear, mean=mean, peak=peak)
         self.streak += 1
@@ -99,5 +109,5 @@ class RolloutGapRule:
             return GapVerdict("off-policy", threshold, self.streak, mean=mean, peak=peak)
         self.active = True
         values = {"verdict": "rollout-gap", "step": step, "gap_mean": mean, "gap_max": peak, "floor": self.floor,
-                  "threshold": threshold, "syncs": self.streak}
+                  "threshold": threshold, "steps": self.streak}
         return GapVerdict("off-policy", threshold, self.streak, finding=values, mean=mean, peak=peak)

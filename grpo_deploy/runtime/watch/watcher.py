@@ -1,8 +1,9 @@
 """The run watcher's core: from the trainer's own metric stream, it flags a flat reward (and validation), answers
 running into the length cap, length drift, KL and importance ratio out of band, staleness drops, a changed loss
 normalisation and a server that serves the base model instead of the newest adapter (reported by the trainer's
-served-policy check, runtime/trainer/served_policy.py, through `served_policy()`), and keeps the trend figures status
-and summary show (time to target, GPU-hours after the plateau).
+served-policy check, runtime/trainer/served_policy.py, or on verl by runtime/verl/rollout_check.py, through
+`served_policy()`), and keeps the trend figures status and summary show (time to target, GPU-hours after the
+plateau).
 
 Pure: no I/O, no torch. The engine's callback feeds it one `observe()` per logged step and acts on what it returns;
 `replay()` warms it up from the run's metrics events on a resume. Findings are edge-triggered: one warning when a
@@ -61,12 +62,13 @@ def _text(value: Any, limit: int = 200) -> str:
 
 def stale_policy_message(values: Mapping[str, Any]) -> str:
     """The stale-policy finding's one line: the adapter, what the server answered, the likely causes and what to do
-    (values: the served-policy check's report, runtime/trainer/served_policy.py)."""
+    (values: the served-policy check's report, runtime/trainer/served_policy.py; verl's, verdict `rollout-gap`:
+    the gap, its floor and the steps, runtime/verl/rollout_check.py)."""
     adapter, base = _text(values.get("adapter")), _text(values.get("base") or "the base model")
     if values.get("verdict") == "rollout-gap":  # verl's side (runtime/verl/rollout_check.py)
         return (f"stale policy: verl's rollout is not sampling the policy being trained: its probabilities of its own "
                 f"answers differ from the actor's by {_g(values.get('gap_mean'))} on average (max "
-                f"{_g(values.get('gap_max'))}) for {_g(values.get('syncs'))} steps in a row, against "
+                f"{_g(values.get('gap_max'))}) for {_g(values.get('steps'))} steps in a row, against "
                 f"{_g(values.get('floor'))} in the attempt's first steps (threshold {_g(values.get('threshold'))}) "
                 "(likely: a LoRA sync into the rollout acknowledged but not applied, or an adapter kept from an "
                 "earlier step); check the rollout workers' log for the LoRA sync lines, then resume from the last "
@@ -133,13 +135,14 @@ class Watcher:
         self.pending = [f for f in self.pending if f.kind in self.active]
 
     def served_policy(self, step: int, report: Mapping[str, Any]) -> list[Finding]:
-        """The trainer's served-policy check found the server serving the base model (or, `clear` true, an adapter
-        applied again). A warning under `action: warn`; under `action: stop` the stop itself, at once: every step
-        after it trains on the initial policy's samples."""
+        """The served-policy check found the server serving the base model (trl-async's probe), or verl's rollout off
+        the actor's policy (verdict `rollout-gap`, verl's rule); `clear` true: that ended. A warning under `action:
+        warn`; under `action: stop` the stop itself, at once: every step after it trains on another policy's
+        samples."""
         if not self.settings.enabled:
             return []
         kind = "stale_policy"
-        keys = (("verdict", "gap_mean", "gap_max", "floor", "threshold", "syncs")  # verl's rollout_check
+        keys = (("verdict", "gap_mean", "gap_max", "floor", "threshold", "steps")  # verl's rollout_check
                 if report.get("verdict") == "rollout-gap" else
                 ("adapter", "verdict", "listed", "base", "max_abs_diff", "threshold", "syncs", "b_norm"))
         values = {k: report.get(k) for k in keys}

@@ -149,3 +149,18 @@ def test_verls_hook_without_a_logged_gap_writes_no_check_events(tmp_path):
         for n in range(1, 6):
             hook.after_step(step(n, 0.05 * n))
     assert not [e for e in read_events(str(tmp_path / "m.jsonl")) if e["event"] == "served_policy"]
+
+
+def test_verls_hook_with_the_watcher_off_still_judges_and_says_a_finding_in_one_line(tmp_path, capsys):
+    from grpo_deploy.runtime.verl.rollout_check import MAX_KEY, MEAN_KEY
+
+    with MetricsSink(str(tmp_path / "m.jsonl")) as sink:
+        hook = WatchStop(None, 2, lambda s: True, lambda: pytest.fail("stopped without a watcher"), sink.emit)
+        for n in range(1, 10):
+            mean = 1e-7 if n <= 4 else 0.02
+            hook.after_step({**step(n), MEAN_KEY: mean, MAX_KEY: mean})
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if "stale policy" in ln]
+    assert len(lines) == 1 and "verl's rollout is not sampling" in lines[0] and "watcher is off" in lines[0]
+    assert hook.stopped_at is None
+    checks = [e for e in read_events(str(tmp_path / "m.jsonl")) if e["event"] == "served_policy"]
+    assert len(checks) == 9 and checks[-1]["verdict"] == "off-policy"

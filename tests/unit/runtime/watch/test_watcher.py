@@ -223,20 +223,28 @@ def test_a_stale_policy_stops_at_once_under_action_stop():
 
 
 VERL_GAP = {"verdict": "rollout-gap", "step": 9, "gap_mean": 0.009, "gap_max": 0.18, "floor": 1e-7,
-            "threshold": 0.001, "syncs": 3}
+            "threshold": 0.001, "steps": 3}
 
 
 def test_verls_rollout_gap_is_one_line_with_the_gap_the_floor_the_cause_and_the_fix_then_clears():
     watcher = Watcher(WatchConfig())
-    (found,) = watcher.served_policy(9, {**VERL_GAP, "adapter": "\x1b[31mx"})
+    (found,) = watcher.served_policy(9, VERL_GAP)
     line = found.message
-    assert "\n" not in line and "\x1b" not in line and line.startswith("stale policy: verl's rollout is not sampling")
+    assert "\n" not in line and line.startswith("stale policy: verl's rollout is not sampling")
     for part in ("0.009 on average", "max 0.18", "3 steps in a row", "1e-07", "threshold 0.001",
                  "acknowledged but not applied", "resume from the last checkpoint", "watch.action: stop"):
         assert part in line, part
-    assert set(found.values) == {"verdict", "gap_mean", "gap_max", "floor", "threshold", "syncs"}
+    assert set(found.values) == {"verdict", "gap_mean", "gap_max", "floor", "threshold", "steps"}
     (cleared,) = watcher.served_policy(12, {"verdict": "rollout-gap", "clear": True})
     assert cleared.level == "clear" and "verl's rollout samples the actor's policy again" in cleared.message
+
+
+def test_verls_finding_planted_with_text_where_numbers_belong_prints_none_of_it():
+    """What a metrics file holds is input: a string in a number's place is dropped, never printed."""
+    watcher = Watcher(WatchConfig())
+    planted = {**VERL_GAP, "gap_mean": "\x1b[31m1", "floor": "\x1b]0;x\x07", "adapter": "\x1b[2J"}
+    (found,) = watcher.served_policy(9, planted)
+    assert "\x1b" not in found.message and "\x07" not in found.message and "unknown on average" in found.message
 
 
 def test_an_unlisted_adapter_is_named_so_and_a_clear_ends_the_warning():
