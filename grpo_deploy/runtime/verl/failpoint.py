@@ -28,6 +28,13 @@ TARGET = "verl.workers.rollout.vllm_rollout.vllm_rollout"
 MARK = "_grpo_deploy_failpoint"
 
 
+def folder(checkpoint_dir: str) -> str:
+    """The run's failpoint folder, GRPO_DEPLOY_FAILPOINTS' value: in its checkpoint folder, as trl-async's."""
+    from grpo_deploy.runtime.serving.failpoint import FAILPOINT_DIR
+
+    return os.path.join(checkpoint_dir, FAILPOINT_DIR)
+
+
 def armed() -> bool:
     folder = os.environ.get(ENV, "")
     if not folder:

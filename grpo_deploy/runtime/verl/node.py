@@ -25,7 +25,6 @@ from pydantic import Field, ValidationError
 from grpo_deploy.common.metrics import MetricsSink
 from grpo_deploy.common.strict import Strict
 from grpo_deploy.runtime.identity import apply_umask, identity
-from grpo_deploy.runtime.serving.failpoint import FAILPOINT_DIR
 from grpo_deploy.runtime.storage.disk_space import DiskWatchdogConfig, free_bytes, judge
 from grpo_deploy.runtime.verl import failpoint, ray_cluster, ray_node
 from grpo_deploy.runtime.verl.rollout_check import KEYS as ROLLOUT_GAP_KEYS
@@ -366,11 +365,6 @@ def check_cluster(config: VerlNodeConfig, node: ray_node.NodeArgs, sink: Metrics
     return verdict
 
 
-def failpoint_dir(config: VerlNodeConfig) -> str:
-    """The fault suite's failpoint folder of this run (failpoint.py): in its checkpoint folder, as trl-async's."""
-    return str(Path(config.checkpoint_dir) / FAILPOINT_DIR)
-
-
 def head(config: VerlNodeConfig, node: ray_node.NodeArgs, token: Path, overrides_path: Path) -> int:
     run_dir = Path(config.run_dir)
     attempt = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
@@ -385,7 +379,8 @@ def head(config: VerlNodeConfig, node: ray_node.NodeArgs, token: Path, overrides
         resumed_from = retention.before_attempt()
         address = f"{node.node_ip or '127.0.0.1'}:{ray_node.GCS_PORT}"
         env = {**os.environ, **ray_node.socket_env(node), "VERL_FILE_LOGGER_PATH": str(verl_metrics),
-               failpoint.ENV: failpoint_dir(config), **ray_node.ray_env(ray_node.ensure_token(token, True), address)}
+               failpoint.ENV: failpoint.folder(config.checkpoint_dir),
+               **ray_node.ray_env(ray_node.ensure_token(token, True), address)}
     except (SystemExit, OSError) as exc:  # one line in the log and a run_end for status: nothing was started
         print(exc, file=sys.stderr, flush=True)
         sink.emit("run_end", status="failed", error=str(exc)[:500], steps=0)
@@ -428,7 +423,7 @@ def drive(config: VerlNodeConfig, sink: MetricsSink, retention: Retention, env: 
     # reaches it through the job's runtime env, not this process's environment (seen: TaskRunner on the worker host,
     # its metrics in the worker container's cwd, no step for `up`)
     logger_path = f"++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={verl_metrics}"
-    failpoints = f"++ray_kwargs.ray_init.runtime_env.env_vars.{failpoint.ENV}={failpoint_dir(config)}"
+    failpoints = f"++ray_kwargs.ray_init.runtime_env.env_vars.{failpoint.ENV}={failpoint.folder(config.checkpoint_dir)}"
     driver = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, hydra_dir, logger_path,
                                failpoints], env=env)
     watchdog = SaveWatchdog(config, sink, lambda: driver.send_signal(signal.SIGTERM))

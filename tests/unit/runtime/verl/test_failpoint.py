@@ -110,3 +110,9 @@ def test_nothing_is_installed_without_the_variable(monkeypatch):
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     failpoint.install()
     assert not any(isinstance(f, failpoint._AfterImport) for f in sys.meta_path)
+
+
+def test_the_folder_is_the_trl_failpoints_folder_in_the_checkpoint_folder():
+    from grpo_deploy.runtime.serving.failpoint import FAILPOINT_DIR
+
+    assert failpoint.folder("/shared/runs/r/checkpoints") == f"/shared/runs/r/checkpoints/{FAILPOINT_DIR}"
