@@ -51,7 +51,7 @@ LOG=$OUT_DIR/ci-$COMMIT-$STAMP.log
 LOAD=${FRESH_LOAD:-0}
 case "$LOAD" in  # each job's xz -9 holds ~0.7 GB: a few are a load, many would be a memory test
   [0-8]) ;;
-  *) say "FRESH_LOAD: '$LOAD' must be a number of CPU-bound jobs, 0 to 8"; exit 2 ;;
+  *) say "FRESH_LOAD: '${LOAD//[^[:print:]]/?}' must be a number of CPU-bound jobs, 0 to 8"; exit 2 ;;
 esac
 LOAD=$((10#$LOAD))
 load_pids=()

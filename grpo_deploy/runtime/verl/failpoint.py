@@ -36,10 +36,10 @@ def folder(checkpoint_dir: str) -> str:
 
 
 def armed() -> bool:
-    folder = os.environ.get(ENV, "")
-    if not folder:
+    where = os.environ.get(ENV, "")
+    if not where:
         return False
-    path = os.path.join(folder, ROLLOUT_KEEPS_ADAPTER)
+    path = os.path.join(where, ROLLOUT_KEEPS_ADAPTER)
     return os.path.isfile(path) and not os.path.islink(path)
 
 

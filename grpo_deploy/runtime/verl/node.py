@@ -423,7 +423,7 @@ def drive(config: VerlNodeConfig, sink: MetricsSink, retention: Retention, env: 
     # reaches it through the job's runtime env, not this process's environment (seen: TaskRunner on the worker host,
     # its metrics in the worker container's cwd, no step for `up`)
     logger_path = f"++ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={verl_metrics}"
-    failpoints = f"++ray_kwargs.ray_init.runtime_env.env_vars.{failpoint.ENV}={failpoint.folder(config.checkpoint_dir)}"
+    failpoints = f"++ray_kwargs.ray_init.runtime_env.env_vars.{failpoint.ENV}={env[failpoint.ENV]}"  # head's env
     driver = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, hydra_dir, logger_path,
                                failpoints], env=env)
     watchdog = SaveWatchdog(config, sink, lambda: driver.send_signal(signal.SIGTERM))
