@@ -2,7 +2,10 @@
 teardown of its tests), under each directory its test modules of MODULE_MIN_S or more (the rest in one line), image
 builds as rows of their own (taken out of the directory and the module whose test waited for them),
 and images that a session builds at most once (`built_once`: a failure is reported in full by the first test that
-needed the image and in one line by every later one). Written to build/ci-phases.json at the end of the session."""
+needed the image and in one line by every later one). Written to build/ci-phases.json at the end of the session;
+`make test` runs two sessions (the fast tiers on parallel workers, then the rest) and the second adds its rows to the
+first's (`write(append=True)`). A session on parallel workers is one row of its wall time, its directories' summed
+test times under it."""
 
 from __future__ import annotations
 
@@ -83,9 +86,44 @@ def rows() -> list[dict]:
     return table
 
 
-def write() -> None:
+COLLECTION = "pytest: collection and session teardown"
+
+
+def parallel_rows(workers: int) -> list[dict]:
+    """A session on *workers* parallel workers: one row of its wall time (the directories it ran named), under it each
+    directory's test time summed over the workers (more than the wall time: they ran side by side)."""
+    wall = time.monotonic() - _started
+    dirs = sorted(_directory_s)
+    return [{"phase": f"{', '.join(dirs) or 'no tests'} ({workers} workers side by side)", "seconds": round(wall, 1)},
+            *({"phase": f"  {d}: test time summed over the workers", "seconds": round(_directory_s[d], 1)}
+              for d in dirs)]
+
+
+def merged(earlier: list[dict], later: list[dict]) -> list[dict]:
+    """An earlier session's rows, then a later one's; the two collection rows summed into one, last."""
+    rest = [r for r in earlier + later if r.get("phase") != COLLECTION]
+    collection = sum(float(r.get("seconds", 0)) for r in earlier + later if r.get("phase") == COLLECTION)
+    return rest + ([{"phase": COLLECTION, "seconds": round(collection, 1)}] if collection else [])
+
+
+def read_earlier() -> tuple[float, list[dict]]:
+    """The wall seconds and rows an earlier session of the same `make test` wrote (nothing when none, or unreadable)."""
+    try:
+        data = json.loads(OUT.read_text()[:1 << 20]) if OUT.is_file() and not OUT.is_symlink() else {}
+        return float(data.get("wall_seconds", 0)), [dict(r) for r in data.get("rows", []) if isinstance(r, dict)]
+    except (ValueError, TypeError, AttributeError, OSError):
+        return 0.0, []
+
+
+def write(workers: int = 1, append: bool = False) -> None:
+    """build/ci-phases.json: this session's rows (one wall-time row when it ran on parallel *workers*), after an
+    earlier session's when *append*."""
+    mine = parallel_rows(workers) if workers > 1 else rows()
+    wall = time.monotonic() - _started
+    earlier_wall, earlier = read_earlier() if append else (0.0, [])
     OUT.parent.mkdir(exist_ok=True)
-    OUT.write_text(json.dumps({"wall_seconds": round(time.monotonic() - _started, 1), "rows": rows()}, indent=2))
+    OUT.write_text(json.dumps({"wall_seconds": round(earlier_wall + wall, 1), "rows": merged(earlier, mine)},
+                              indent=2))
 
 
 _once: dict[str, tuple[str, object]] = {}

@@ -96,8 +96,11 @@ def pytest_sessionfinish(session, exitstatus):
     from tests import image_prebuild
 
     image_prebuild.stop()
-    if not session.config.option.collectonly:
-        ci_phases.write()
+    # Under pytest-xdist the controller writes the table (it gets every worker's reports); a worker writes nothing.
+    if not session.config.option.collectonly and not os.environ.get("PYTEST_XDIST_WORKER"):
+        workers = getattr(session.config.option, "numprocesses", None) or 1
+        ci_phases.write(workers=workers if isinstance(workers, int) else 1,
+                        append=os.environ.get("GRPO_CI_PHASES_APPEND") == "1")
     if _SKIPPED:
         print(f"\nGRPO_NO_SKIPS: {len(_SKIPPED)} test(s) skipped, which CI counts as failures:")
         for nodeid in _SKIPPED:

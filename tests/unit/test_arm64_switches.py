@@ -50,8 +50,11 @@ def test_the_record_names_the_machine_versions_and_rows():
 
 def test_make_test_leaves_it_out_and_its_target_records_it():
     makefile = (ROOT / "Makefile").read_text()
-    test_line = re.search(r"^test: .*\n\t(.*)$", makefile, re.M).group(1)
-    assert "not arm64_switches" in test_line
+    recipe = re.search(r"^test: .*\n((?:\t.*\n)+)", makefile, re.M).group(1)
+    marks = re.search(r"^TEST_MARKS := (.*)$", makefile, re.M).group(1)
+    assert "not arm64_switches" in marks
+    pytest_lines = [line for line in recipe.splitlines() if "-m pytest" in line]
+    assert len(pytest_lines) == 2 and all('-m "$(TEST_MARKS)"' in line for line in pytest_lines), pytest_lines
     target = re.search(r"^test-arm64-switches: .*## .*\n((?:\t.*\n)+)", makefile, re.M).group(1)
     assert "-m arm64_switches tests/integration/test_arm64_switches.py" in target
     assert "python" in target.lower() and "-m tests.arm64_switches --record" in target

@@ -41,7 +41,8 @@ from grpo_deploy.runtime.watch.config import WatchSettings
 Z_UPPER = 2.326
 # Points a window's line needs before it is judged (fewer: the noise estimate means little).
 MIN_POINTS = 5
-# Logged values averaged for the level checks (cap share, KL, ratio): one noisy step does not raise a warning.
+# Logged values averaged for the level checks (cap share, KL, ratio), and the points they hold before a warning: one
+# noisy step, the first one included (a base model's first answers run long), does not raise a warning.
 RECENT = 5
 # The plateau's stretch holds the slope's standard error (per window) to min_gain / MARGINS.
 MARGINS = 2.5
@@ -147,6 +148,10 @@ class Series:
         later than step 1)."""
         steps = self.span if steps is None else steps
         return bool(self.points) and self.points[0][0] <= step - steps + max(1, steps // 10)
+
+    def holds(self, count: int) -> bool:
+        """Whether the series holds at least *count* points."""
+        return len(self.points) >= count
 
     def recent(self, count: int = RECENT) -> float | None:
         values = [self.points[-i][1] for i in range(1, min(count, len(self.points)) + 1)]

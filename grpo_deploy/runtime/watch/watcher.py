@@ -271,7 +271,7 @@ class Watcher:
         share, bound = self.capped.recent(), self.settings.cap_share
         cap = self.config.max_completion_length
         at = f" {cap}-token" if cap else ""
-        return self._edge("cap_share", share > bound, share <= bound * CLEAR_MARGIN, step,
+        return self._edge("cap_share", self.capped.holds(RECENT) and share > bound, share <= bound * CLEAR_MARGIN, step,
                           f"{share:.1%} of answers hit the{at} length cap over the last "
                           f"{min(RECENT, len(self.capped.points))} "
                           f"logged steps (bound {bound:.0%}; mean length "
@@ -305,7 +305,7 @@ class Watcher:
             return []
         self.kl.add(step, kl)
         mean = self.kl.recent()
-        return self._edge("kl", mean > bound, mean <= bound * CLEAR_MARGIN, step,
+        return self._edge("kl", self.kl.holds(RECENT) and mean > bound, mean <= bound * CLEAR_MARGIN, step,
                           f"KL to the reference {mean:.3g} over the last {min(RECENT, len(self.kl.points))} logged "
                           f"steps (bound {bound:g}): lower the learning rate or raise beta",
                           {"kl": _r(mean, 6), "bound": bound})
@@ -318,7 +318,7 @@ class Watcher:
         mean = self.ratio.recent()
         low, high = band
         inside = 1 - (1 - low) * CLEAR_MARGIN <= mean <= 1 + (high - 1) * CLEAR_MARGIN
-        return self._edge("ratio", not low <= mean <= high, inside, step,
+        return self._edge("ratio", self.ratio.holds(RECENT) and not low <= mean <= high, inside, step,
                           f"mean importance ratio {mean:.3f} outside [{low:g}, {high:g}]: the rollouts lag the policy "
                           "(lower max_staleness or the learning rate)",
                           {"ratio": _r(mean, 4), "low": low, "high": high})

@@ -182,6 +182,21 @@ def test_kl_ratio_and_staleness_out_of_band_warn_then_clear():
         assert levels == ["warn", "clear"], (kind, levels)
 
 
+def test_a_first_step_out_of_bounds_is_no_warning_five_are():
+    # A base model's first answers run long: the demo's first step had most answers at the cap, then fewer. One step,
+    # the first included, warns of nothing; the level checks judge once they hold five points.
+    def rows(bad_steps):
+        return [{"event": "step", "step": s, "time": float(s), "reward": 0.5, "kl": 0.9 if s in bad_steps else 0.01,
+                 "ratio": 1.4 if s in bad_steps else 1.0, "completions/clipped_ratio": 0.6 if s in bad_steps else 0.05}
+                for s in range(1, 21)]
+    _, found = run(rows({1}))
+    assert not [f for f in found if f.kind in ("kl", "ratio", "cap_share")], [f.message for f in found]
+    _, found = run(rows(set(range(1, 21))))
+    for kind in ("kl", "ratio", "cap_share"):
+        warns = [f.step for f in found if f.kind == kind and f.level == "warn"]
+        assert warns == [5], (kind, warns)
+
+
 def test_non_numbers_and_nan_are_ignored():
     watcher = Watcher(WatchConfig())
     for s in range(1, 30):
