@@ -21,4 +21,5 @@ test -f "$MODEL/config.json" && echo "model: $MODEL"
 python3 -c 'import sys, transformers
 c = transformers.AutoConfig.from_pretrained(sys.argv[1])
 print("model config:", c.model_type, "head_dim", c.hidden_size // c.num_attention_heads)' "$MODEL"
+python3 -m grpo_deploy.runtime.serving.cpu_lora_fix
 echo "verify: all checks passed"

@@ -15,4 +15,5 @@ print("verl platform: cpu registered by the kit plugin")'
 python3 -c 'from vllm.platforms import current_platform as p; assert p.is_cpu(), p; print("vllm platform:", p.device_type)'
 command -v ray >/dev/null && echo "ray cli: $(command -v ray)"
 test -f "$MODEL/config.json" && echo "model: $MODEL"
+python3 -m grpo_deploy.runtime.serving.cpu_lora_fix
 echo "verify: all checks passed"
