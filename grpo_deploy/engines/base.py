@@ -12,6 +12,8 @@ from typing import Any
 
 from grpo_deploy.architecture import Architecture
 from grpo_deploy.names import COMPOSE_BIND, COMPOSE_NFS
+from grpo_deploy.runtime.tasks.rewards import LENGTH_REWARDS
+from grpo_deploy.runtime.watch.config import CAP_SHARE_AUTO
 
 Resolved = Any
 """grpo_deploy.spec.resolve.Resolved, which the engines are given but never import (resolve imports the engines)."""
@@ -367,7 +369,10 @@ class Engine:
         settings = res.spec.watch
         if not settings.enabled:
             return None
-        return {"settings": settings.model_dump(mode="json"), "keys": dict(self.watch_keys),
+        dumped = settings.model_dump(mode="json")
+        if dumped["cap_share"] == "auto":  # off for length rewards alone: their runs start at the cap by design
+            dumped["cap_share"] = None if set(res.settings.data.rewards) <= LENGTH_REWARDS else CAP_SHARE_AUTO
+        return {"settings": dumped, "keys": dict(self.watch_keys),
                 # none when the run's length is not a step count (TRL: max_steps -1 or 0 = epochs)
                 "total_steps": self.total_steps(res) or None, "gpus": self.gpus_in_use(res),
                 "max_completion_length": self.max_completion_length(res),

@@ -117,6 +117,9 @@ def gsm8k_answer(completions, answer, completion_ids, max_completion_length: int
 
 
 REWARDS: dict[str, Callable] = {"brevity": brevity, "boxed_match": boxed_match, "gsm8k_answer": gsm8k_answer}
+LENGTH_REWARDS = frozenset({"brevity"})
+"""Rewards paid by answer length alone: a run of these alone starts with its answers at the cap by design (the run
+watcher's `cap_share: auto` is off for it)."""
 
 
 def build_reward_funcs(names: Sequence[str], max_completion_length: int) -> list[Callable]:

@@ -32,6 +32,8 @@ def _band(value: tuple[float, float]) -> tuple[float, float]:
 
 
 RatioBand = Annotated[tuple[Finite, Finite], BeforeValidator(_pair), AfterValidator(_band)]
+CAP_SHARE_AUTO = 0.2
+"""The answer-cap bound `cap_share: auto` means where the run's rewards are not all length rewards."""
 
 
 class WatchSettings(Strict):
@@ -55,8 +57,11 @@ class WatchSettings(Strict):
     below this counts as flat, even when the reward still rises."""
     target_reward: Finite | None = None
     """A reward to estimate the time to (from the trend and the seconds per step); null: no estimate."""
-    cap_share: Finite = Field(0.2, gt=0, le=1)
-    """Warn when the share of answers cut at the length cap exceeds this (0..1]."""
+    cap_share: Annotated[Finite, Field(gt=0, le=1)] | Literal["auto"] | None = "auto"
+    """Warn when the share of answers cut at the length cap exceeds this (0..1]; null: off. auto: 0.2, and off when
+    every reward of the run is a length reward (brevity, 1 - length / cap: a base model's answers run to the cap, and
+    the reward is paid for leaving it; the cpu rehearsal's first answers, 73-91 % at its 24-token cap, would need a
+    cap near 120 tokens to stay under 0.2)."""
     length_drift: Finite | None = Field(0.15, gt=0, le=100)
     """Warn when the mean completion length changes by more than this share of itself over a window (null: off)."""
     kl_max: Finite | None = Field(0.5, gt=0, le=1e6)

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from grpo_deploy.runtime.watch.config import WatchConfig
+from grpo_deploy.runtime.watch.config import CAP_SHARE_AUTO, WatchConfig
 from grpo_deploy.runtime.watch.series import MIN_POINTS, RECENT, Fit, Plateau, Series, t_upper
 
 # A level warning clears once the recent mean is back inside this share of its bound (hysteresis against flapping).
@@ -269,6 +269,9 @@ class Watcher:
         self.cap_latest = capped
         self.cap_peak = capped if self.cap_peak is None else max(self.cap_peak, capped)
         share, bound = self.capped.recent(), self.settings.cap_share
+        if bound is None:  # off (a run of length rewards alone: the engine resolved `auto` so)
+            return []
+        bound = CAP_SHARE_AUTO if bound == "auto" else bound  # the engine resolves auto; a bare config means 0.2
         cap = self.config.max_completion_length
         at = f" {cap}-token" if cap else ""
         return self._edge("cap_share", self.capped.holds(RECENT) and share > bound, share <= bound * CLEAR_MARGIN, step,

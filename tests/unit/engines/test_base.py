@@ -45,3 +45,23 @@ def test_a_knob_is_found_by_name_and_has_a_known_side():
         VERL.knob("packing")
     with pytest.raises(ValueError, match="side 'sync' is not one of trainer, generation, weight-sync"):
         TuneKnob("x", "overrides.trl.weight_sync_steps", "sync", lambda res: (), "", "why")
+
+
+def test_the_answer_cap_check_auto_is_off_for_length_rewards_alone_and_0_2_otherwise():
+    # The cpu rehearsal's brevity reward is paid for leaving the cap: its first answers sit there by design.
+    from grpo_deploy.spec import resolve
+    from tests.specs import loaded
+
+    brevity = resolve.resolve(loaded("cpu", "trl-async", ("local",), **{"hosts.0.address": "local"}))
+    assert brevity.settings.data.rewards == ["brevity"]
+    assert TRL_ASYNC.watch(brevity)["settings"]["cap_share"] is None
+    verl = resolve.resolve(loaded("cpu", "verl", ("local",), **{"hosts.0.address": "local"}))
+    assert VERL.watch(verl)["settings"]["cap_share"] is None
+    math = resolve.resolve(loaded("h100", "trl-async", ("h",)))
+    assert set(math.settings.data.rewards) - {"brevity"}, math.settings.data.rewards
+    assert TRL_ASYNC.watch(math)["settings"]["cap_share"] == 0.2
+    given = resolve.resolve(loaded("cpu", "trl-async", ("local",), **{"hosts.0.address": "local",
+                                                                       "watch.cap_share": 0.2}))
+    assert TRL_ASYNC.watch(given)["settings"]["cap_share"] == 0.2  # a number in the spec is kept
+    off = resolve.resolve(loaded("h100", "trl-async", ("h",), **{"watch.cap_share": None}))
+    assert TRL_ASYNC.watch(off)["settings"]["cap_share"] is None

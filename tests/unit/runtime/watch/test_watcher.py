@@ -281,3 +281,13 @@ def test_a_stale_policy_report_with_junk_values_is_worded_without_them():
 
 def test_a_disabled_watcher_takes_no_stale_policy_report():
     assert Watcher(WatchConfig(settings=WatchSettings(enabled=False))).served_policy(1, STALE) == []
+
+
+def test_cap_share_off_says_nothing_and_a_bare_auto_means_0_2():
+    rows = [{"event": "step", "step": s, "time": float(s), "reward": 0.5, "completions/clipped_ratio": 0.9}
+            for s in range(1, 11)]
+    watcher, found = run(rows, WatchConfig(settings=WatchSettings(cap_share=None)))
+    assert "cap_share" not in kinds(found) and watcher.state()["cap_share_peak"] == 0.9  # still in status
+    _, found = run(rows, WatchConfig(settings=WatchSettings(cap_share="auto")))
+    assert [f.step for f in found if f.kind == "cap_share"] == [5]
+    assert "(bound 20%" in [f.message for f in found if f.kind == "cap_share"][0]
