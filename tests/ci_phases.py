@@ -20,6 +20,8 @@ import pytest
 
 OUT = Path(__file__).resolve().parents[1] / "build" / "ci-phases.json"
 T = TypeVar("T")
+COLLECTION = "pytest: collection and session teardown"  # the row of what no test's time holds
+MAX_BYTES = 1 << 20  # an earlier session's table is read no further
 
 MODULE_MIN_S = 30.0  # a test module's own row from this many seconds; the budget goes to these
 _directory_s: dict[str, float] = defaultdict(float)
@@ -82,11 +84,8 @@ def rows() -> list[dict]:
     table += [{"phase": b["phase"], "seconds": b["seconds"]} for b in _builds]
     wall = time.monotonic() - _started
     counted = sum(_directory_s.values()) + sum(b["seconds"] for b in _builds if b["within"] is None)
-    table.append({"phase": "pytest: collection and session teardown", "seconds": round(max(0.0, wall - counted), 1)})
+    table.append({"phase": COLLECTION, "seconds": round(max(0.0, wall - counted), 1)})
     return table
-
-
-COLLECTION = "pytest: collection and session teardown"
 
 
 def parallel_rows(workers: int) -> list[dict]:
@@ -109,7 +108,10 @@ def merged(earlier: list[dict], later: list[dict]) -> list[dict]:
 def read_earlier() -> tuple[float, list[dict]]:
     """The wall seconds and rows an earlier session of the same `make test` wrote (nothing when none, or unreadable)."""
     try:
-        data = json.loads(OUT.read_text()[:1 << 20]) if OUT.is_file() and not OUT.is_symlink() else {}
+        if not OUT.is_file() or OUT.is_symlink():
+            return 0.0, []
+        with OUT.open("rb") as handle:
+            data = json.loads(handle.read(MAX_BYTES).decode(errors="replace"))
         return float(data.get("wall_seconds", 0)), [dict(r) for r in data.get("rows", []) if isinstance(r, dict)]
     except (ValueError, TypeError, AttributeError, OSError):
         return 0.0, []
