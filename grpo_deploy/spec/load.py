@@ -55,7 +55,13 @@ def _pydantic_problems(exc: ValidationError, doc: Located) -> list[Problem]:
                                                                          if known else ""))
         else:
             msg = describe_error(err) if msg is None else msg
-        problems.append(Problem(doc.where(loc), key_str(loc), msg))
+        where, key = doc.where(loc), key_str(loc)
+        last = problems[-1] if problems else None
+        if last is not None and (last.where, last.key) == (where, key) and msg not in last.message:
+            # one line a key: a value that is none of a union's kinds (a number or 'auto') says each, joined
+            problems[-1] = Problem(where, key, f"{last.message}; or {msg}")
+        else:
+            problems.append(Problem(where, key, msg))
     return problems
 
 

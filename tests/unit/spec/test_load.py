@@ -20,6 +20,15 @@ def test_unknown_key_names_file_line_and_key():
     assert p.where == f"bad.yaml:{_line_of(text, 'sead')}"
 
 
+def test_a_value_that_is_none_of_a_unions_kinds_is_one_line_naming_each():
+    # watch.cap_share is a number in (0, 1], 'auto' or null: a bad value says both in one line, the newline escaped
+    assert "\n  cap_share: auto\n" in PAIR
+    text = PAIR.replace("\n  cap_share: auto\n", '\n  cap_share: "auto\\nx"\n')
+    (p,) = _problems(text)
+    assert p.key == "watch.cap_share" and "\n" not in str(p)
+    assert "valid number" in p.message and "; or " in p.message and "is not one of 'auto'" in p.message
+
+
 def test_yaml_syntax_error_names_line():
     with pytest.raises(spec.SpecError) as info:
         spec.loads("engine: trl-async\nhosts: [\n", source="broken.yaml")
